@@ -1,0 +1,1 @@
+"""Runnable benchmarks of horovod_sparse (see README: Benchmarks)."""

@@ -1,0 +1,109 @@
+"""The one registry of sparsification methods, shared by both frameworks and the benchmarks.
+
+A method is registered once, framework-free, with its options class (:func:`register_method`);
+each framework then registers its implementation under the same name (:func:`implements`).
+``Compression.<name>(...)`` in either framework, the benchmarks' ``--compressor NAME`` and
+configuration files all resolve names here, so adding a method is one options registration plus
+one implementation file per framework.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Tuple, Type, TypeVar
+
+from horovod_sparse.common.options import SparsifierOptions
+
+T = TypeVar("T")
+
+
+@dataclass
+class MethodSpec:
+    """A registered method: its name, options class, one-line summary and implementations."""
+
+    name: str
+    options: Type[SparsifierOptions]
+    summary: str
+    implementations: Dict[str, type] = field(default_factory=dict)
+
+
+_METHODS: Dict[str, MethodSpec] = {}
+
+
+def register_method(name: str, options: Type[SparsifierOptions], summary: str) -> None:
+    """Register method ``name`` with its options class. Names are unique."""
+    if name in _METHODS:
+        raise ValueError(f"method {name!r} is already registered")
+    # Each options class belongs to exactly one method; subclass to share fields.
+    options_for_method = type(options.__name__, (options,), {"method": name, "__doc__": options.__doc__})
+    _METHODS[name] = MethodSpec(name, options_for_method, summary)
+
+
+def implements(framework: str, name: str) -> Callable[[Type[T]], Type[T]]:
+    """Class decorator: register the ``framework`` implementation of method ``name``."""
+
+    def decorate(cls: Type[T]) -> Type[T]:
+        spec = method(name)
+        if framework in spec.implementations:
+            raise ValueError(f"method {name!r} already has a {framework} implementation")
+        spec.implementations[framework] = cls
+        cls.method_name = name  # type: ignore[attr-defined]
+        return cls
+
+    return decorate
+
+
+def method(name: str) -> MethodSpec:
+    """Look up a method by name, raising a ValueError that lists the known ones."""
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise ValueError(f"unknown sparsification method {name!r}; known methods: "
+                         f"{', '.join(sorted(_METHODS))}") from None
+
+
+def method_names() -> List[str]:
+    """Names of all registered methods, sorted."""
+    return sorted(_METHODS)
+
+
+def make_options(name: str, **kwargs: Any) -> SparsifierOptions:
+    """Build validated options for method ``name``; unknown option names are refused."""
+    spec = method(name)
+    try:
+        return spec.options(**kwargs)
+    except TypeError as err:
+        if "unexpected keyword argument" not in str(err):
+            raise
+        known = ", ".join(f.name for f in spec.options.__dataclass_fields__.values())
+        raise TypeError(f"{name}: {err.args[0].split('__init__() ')[-1]}; options of {name!r} are: {known}") from None
+
+
+def create(framework: str, name: str, **kwargs: Any) -> Any:
+    """Instantiate the ``framework`` implementation of ``name`` with validated options."""
+    spec = method(name)
+    options = make_options(name, **kwargs)
+    try:
+        impl = spec.implementations[framework]
+    except KeyError:
+        raise ValueError(f"method {name!r} has no {framework} implementation yet "
+                         f"(it has: {', '.join(sorted(spec.implementations)) or 'none'})") from None
+    return impl(options)
+
+
+def parse_spec(text: str) -> Tuple[str, Dict[str, Any]]:
+    """Parse a command-line method spec: ``"topk"`` or ``"topk:density=0.01,min_numel=0"``.
+
+    Values are read as JSON where they parse (numbers, true/false, null), else kept as strings.
+    """
+    name, _, rest = text.partition(":")
+    options: Dict[str, Any] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ValueError(f"bad option {item!r} in {text!r}: expected key=value, e.g. density=0.01")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return name.strip(), options

@@ -1,0 +1,130 @@
+"""Per-step sparsification statistics: what was selected, what reached the model, what moved.
+
+Byte counts are *payload* bytes per rank: ``*_sent`` is what this rank contributed to the
+collectives, ``*_received`` what it got from the other ranks. They do not include the
+transport's own overhead (a ring allgather forwards other ranks' chunks too); the cost model in
+the benchmarks turns payloads into wire time.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import IO, Any, Dict, List, Optional
+
+BYTE_KINDS = ("values", "indices", "meta")
+
+
+@dataclass
+class GroupStats:
+    """Statistics of one group (flat buffer) in one step.
+
+    Attributes:
+        name: group name (the first parameter's name, or ``model`` for the whole model).
+        numel: elements in the group.
+        target: target count ``k`` (equal to ``numel`` for dense groups).
+        selected: coordinates this rank selected and sent.
+        union: distinct coordinates that reached the model (the aggregated update's support).
+        dense: True when the group went through a dense allreduce (warm-up, small group,
+            dense compressor).
+        sent / received: payload bytes per kind (``values``, ``indices``, ``meta``).
+        seconds: wall time per phase (``select``, ``communicate``, ``apply``, ...).
+        collectives: number of collective operations issued.
+        extra: method-specific figures (threshold, load_inc, padding, rounds, ...).
+    """
+
+    name: str
+    numel: int
+    target: int
+    selected: int = 0
+    union: int = 0
+    dense: bool = False
+    sent: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
+    received: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
+    seconds: Dict[str, float] = field(default_factory=dict)
+    collectives: int = 0
+    extra: Dict[str, Any] = field(default_factory=dict)
+
+    def add_time(self, phase: str, seconds: float) -> None:
+        """Accumulate ``seconds`` under ``phase``."""
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+
+@dataclass
+class StepStats:
+    """All groups of one optimizer step, with the model-level figures derived from them."""
+
+    step: int
+    groups: List[GroupStats] = field(default_factory=list)
+
+    @property
+    def numel(self) -> int:
+        return sum(g.numel for g in self.groups)
+
+    @property
+    def target_density(self) -> float:
+        """Sum of target counts over all elements (dense groups count fully)."""
+        return sum(g.target for g in self.groups) / max(1, self.numel)
+
+    @property
+    def local_density(self) -> float:
+        """Coordinates this rank sent over all elements."""
+        return sum(g.selected for g in self.groups) / max(1, self.numel)
+
+    @property
+    def union_density(self) -> float:
+        """Coordinates that reached the model over all elements."""
+        return sum(g.union for g in self.groups) / max(1, self.numel)
+
+    @property
+    def density_ratio(self) -> float:
+        """``union / target`` over the sparse groups: 1 is on target; for allgather methods it
+        is the build-up factor (up to n when no two ranks pick the same coordinate)."""
+        sparse = [g for g in self.groups if not g.dense]
+        return sum(g.union for g in sparse) / max(1, sum(g.target for g in sparse))
+
+    def bytes_sent(self, kind: Optional[str] = None) -> int:
+        """Payload bytes this rank sent, of one kind or all."""
+        kinds = BYTE_KINDS if kind is None else (kind,)
+        return sum(g.sent[k] for g in self.groups for k in kinds)
+
+    def bytes_received(self, kind: Optional[str] = None) -> int:
+        """Payload bytes this rank received, of one kind or all."""
+        kinds = BYTE_KINDS if kind is None else (kind,)
+        return sum(g.received[k] for g in self.groups for k in kinds)
+
+    def seconds(self, phase: str) -> float:
+        """Total wall time of ``phase`` over all groups."""
+        return sum(g.seconds.get(phase, 0.0) for g in self.groups)
+
+    def summary(self) -> Dict[str, Any]:
+        """Model-level figures, JSON-serialisable."""
+        phases = sorted({p for g in self.groups for p in g.seconds})
+        return {
+            "step": self.step,
+            "numel": self.numel,
+            "target_density": self.target_density,
+            "local_density": self.local_density,
+            "union_density": self.union_density,
+            "density_ratio": self.density_ratio,
+            "bytes_sent": {k: self.bytes_sent(k) for k in BYTE_KINDS},
+            "bytes_received": {k: self.bytes_received(k) for k in BYTE_KINDS},
+            "seconds": {p: self.seconds(p) for p in phases},
+            "collectives": sum(g.collectives for g in self.groups),
+        }
+
+    def as_dict(self) -> Dict[str, Any]:
+        """Summary plus every group's record."""
+        return {**self.summary(), "groups": [asdict(g) for g in self.groups]}
+
+
+class StatsLog:
+    """Writes one JSON object per step to a file (JSON lines). ``per_group`` adds group records."""
+
+    def __init__(self, stream: IO[str], per_group: bool = False) -> None:
+        self._stream = stream
+        self._per_group = per_group
+
+    def write(self, stats: StepStats) -> None:
+        record = stats.as_dict() if self._per_group else stats.summary()
+        self._stream.write(json.dumps(record) + "\n")
+        self._stream.flush()

@@ -1,0 +1,66 @@
+"""Flat buffers of a parameter group: the error-feedback residual and the aggregated update.
+
+Both buffers are allocated once, on the group's first sparse step, and reused every step: no
+full-size allocation happens per step (allocating 25.6M zeros costs ~45 ms on a CPU core).
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+
+class FlatGroup:
+    """Parameters whose gradients are selected and exchanged as one flat buffer.
+
+    Args:
+        index: position of the group in the optimizer's group list (same on every rank).
+        names: parameter names, in flattening order.
+        params: the parameters, same order; one dtype and device.
+
+    After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy).
+    """
+
+    def __init__(self, index: int, names: List[str], params: List[torch.Tensor]) -> None:
+        self.index = index
+        self.names = names
+        self.params = params
+        self.name = names[0] if len(names) == 1 else f"group{index}.{names[0]}"
+        self.numels = [p.numel() for p in params]
+        self.numel = sum(self.numels)
+        self.residual: Optional[torch.Tensor] = None
+        self.output: Optional[torch.Tensor] = None
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.params[0].dtype
+
+    def _allocate(self) -> None:
+        first = self.params[0]
+        self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
+        self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
+
+    def load_gradients(self) -> torch.Tensor:
+        """Add every parameter's gradient into the residual and return it: ``x = g + e``.
+
+        Parameters without a gradient contribute zero. Non-contiguous gradients are read through
+        ``reshape``.
+        """
+        if self.residual is None:
+            self._allocate()
+        assert self.residual is not None
+        for p, chunk in zip(self.params, self.residual.split(self.numels)):
+            if p.grad is not None:
+                chunk.add_(p.grad.reshape(-1))
+        return self.residual
+
+    def zeroed_output(self) -> torch.Tensor:
+        """The output buffer, zeroed, ready to receive the aggregated update."""
+        assert self.output is not None
+        return self.output.zero_()
+
+    def publish(self) -> None:
+        """Make every parameter's ``.grad`` the matching view of the aggregated update."""
+        assert self.output is not None
+        for p, chunk in zip(self.params, self.output.split(self.numels)):
+            p.grad = chunk.view_as(p)

@@ -1,0 +1,107 @@
+"""Horovod collectives as a sparsifier sees them: named, counted and timed.
+
+A sparsifier never calls Horovod directly. It asks a :class:`Communicator` to *launch* a
+collective, which returns a :class:`Pending`, and yields the pendings it needs to the
+optimizer, which waits for them (:meth:`Communicator.wait`) and sends the outputs back. So every
+collective is named ``hs.<group>.<tag>`` (identical on every rank, unique per step), issued on
+the optimizer's process set, and its payload bytes and wait time land in the group's
+:class:`~horovod_sparse.common.stats.GroupStats`.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Sequence
+
+import horovod.torch as hvd
+import torch
+
+from horovod_sparse.common.stats import GroupStats
+
+
+@dataclass
+class Pending:
+    """A launched collective: Horovod's handle plus what is needed to account for it."""
+
+    handle: Any
+    kind: str
+    #: bytes of the output that this rank contributed itself (not received from others).
+    own_bytes: int
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    """Payload size of ``tensor`` in bytes."""
+    return tensor.numel() * tensor.element_size()
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 for buffers below 2**31 elements, int64 beyond."""
+    return torch.int32 if numel < 2 ** 31 else torch.int64
+
+
+class Communicator:
+    """Launches Horovod collectives for one group in one step and accounts for them.
+
+    Args:
+        process_set: the Horovod process set the optimizer reduces over.
+        name: the group's name; collective names are ``hs.<name>.<tag>``.
+        stats: the group's statistics record for this step.
+        scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
+    """
+
+    def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float) -> None:
+        self.process_set = process_set
+        self.name = name
+        self.stats = stats
+        self.scale = scale
+        self.size: int = process_set.size()
+        self.rank: int = process_set.rank()
+
+    def _name(self, tag: str) -> str:
+        return f"hs.{self.name}.{tag}"
+
+    def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
+        self.stats.collectives += 1
+        self.stats.sent[kind] += sent
+        return Pending(handle, kind, own)
+
+    def allgather(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
+        handle = hvd.allgather_async(tensor, name=self._name(tag), process_set=self.process_set)
+        return self._launched(handle, kind, sent=nbytes(tensor), own=nbytes(tensor))
+
+    def allreduce(self, tensor: torch.Tensor, tag: str, kind: str, op: Any = hvd.Sum,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Pending:
+        """In-place allreduce of ``tensor`` (Horovod's ``allreduce_async_``)."""
+        handle = hvd.allreduce_async_(tensor, name=self._name(tag), op=op, prescale_factor=prescale_factor,
+                                      postscale_factor=postscale_factor, process_set=self.process_set)
+        return self._launched(handle, kind, sent=nbytes(tensor), own=0)
+
+    def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Alltoall with explicit splits; a split non-zero only for one peer is a point-to-point send."""
+        handle = hvd.alltoall_async(tensor, splits=splits, name=self._name(tag), process_set=self.process_set)
+        row_bytes = nbytes(tensor) // tensor.shape[0] if tensor.shape[0] else 0
+        own = int(splits[self.rank]) * row_bytes
+        return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
+
+    def wait(self, pendings: Sequence[Pending]) -> List[Any]:
+        """Wait for ``pendings`` and return their outputs (alltoall: ``(output, received_splits)``)."""
+        outputs = []
+        with self.timer("communicate"):
+            for pending in pendings:
+                output = hvd.synchronize(pending.handle)
+                outputs.append(output)
+                tensor = output[0] if isinstance(output, tuple) else output
+                self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
+        return outputs
+
+    @contextmanager
+    def timer(self, phase: str) -> Iterator[None]:
+        """Accumulate the wall time of the enclosed block under ``phase`` in the group's stats."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.add_time(phase, time.perf_counter() - start)
+

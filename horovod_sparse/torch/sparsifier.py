@@ -1,0 +1,140 @@
+"""The base class of every PyTorch sparsifier and the exchange protocol they follow.
+
+A sparsifier is a :class:`horovod.torch.compression.Compressor` (so it is passed as the familiar
+``compression=`` argument), but its real interface is :meth:`Sparsifier.exchange`: a generator
+that selects coordinates of a group's error-feedback buffer, launches Horovod collectives through
+a :class:`~horovod_sparse.torch.collectives.Communicator`, yields the pending collectives it needs
+finished, and, resumed with their outputs, writes the aggregated update and the new residual.
+:class:`horovod_sparse.torch.DistributedOptimizer` drives these generators; generators let one
+method use any number of rounds (gTop-k) while the optimizer overlaps the first round with the
+rest of the backward pass.
+
+Inside the *stock* ``hvd.DistributedOptimizer`` a sparsifier refuses to run (see
+:meth:`Sparsifier.compress`): that optimizer can only allreduce one dense tensor per gradient,
+gives the compressor no stable name for a residual, and would silently lose whatever is not sent.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Generator, List, Optional, Sequence, Tuple
+
+import torch
+from horovod.torch.compression import Compressor
+
+from horovod_sparse.common.options import SparsifierOptions
+from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
+
+#: The generator type of :meth:`Sparsifier.exchange`: yields pendings, receives their outputs.
+Exchange = Generator[Sequence[Pending], List[Any], None]
+
+STOCK_OPTIMIZER_REFUSAL = (
+    "{cls} is a horovod_sparse sparsifier: it sends (values, indices) payloads and keeps an "
+    "error-feedback residual per gradient, which horovod.torch.DistributedOptimizer cannot do "
+    "(it allreduces one dense tensor per gradient and would silently drop what is not sent). "
+    "Use horovod_sparse.torch.DistributedOptimizer(optimizer, named_parameters=..., "
+    "compression=...) instead; it takes the same arguments."
+)
+
+
+class Sparsifier(Compressor):
+    """Selects and exchanges a sparse part of each group's gradient, with error feedback.
+
+    Subclasses implement :meth:`exchange` (and :meth:`new_state` when they keep per-group state
+    such as thresholds or partition tables) and are registered with
+    :func:`horovod_sparse.common.registry.implements`.
+
+    Args:
+        options: validated options (see :class:`~horovod_sparse.common.options.SparsifierOptions`).
+    """
+
+    #: Registry name, set by ``@implements``.
+    method_name: ClassVar[str] = ""
+    #: Grouping used when the optimizer is given ``groups=None``: ``"tensor"`` or ``"model"``.
+    default_grouping: ClassVar[str] = "tensor"
+
+    def __init__(self, options: SparsifierOptions) -> None:
+        self.options = options
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.options.as_dict().items() if k != "method")
+        return f"Compression.{self.method_name}({fields})"
+
+    # -- stock-optimizer path: refuse clearly instead of producing wrong gradients -------------
+    def compress(self, tensor: torch.Tensor) -> Tuple[torch.Tensor, Any]:
+        """Refuse: sparsifiers only run inside ``horovod_sparse.torch.DistributedOptimizer``."""
+        raise TypeError(STOCK_OPTIMIZER_REFUSAL.format(cls=type(self).__name__))
+
+    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Refuse, like :meth:`compress`."""
+        raise TypeError(STOCK_OPTIMIZER_REFUSAL.format(cls=type(self).__name__))
+
+    # -- the real interface ----------------------------------------------------------------------
+    def new_state(self, numel: int, world_size: int) -> Any:
+        """Per-group state kept across steps (thresholds, partitions); None when stateless."""
+        return None
+
+    def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
+                 step: int) -> Exchange:
+        """Select from ``x``, exchange, and write the aggregated update.
+
+        Contract:
+            * on entry ``x`` is the group's flat buffer ``g + e`` (gradient plus residual), 1-D,
+              contiguous; on exit it must hold the new residual: ``x`` minus what this rank
+              delivered into the aggregate;
+            * ``out`` is a zeroed 1-D buffer of the same size and dtype; on exit it holds the
+              aggregated update, already multiplied by ``comm.scale`` (1/n for Average);
+            * every rank must launch the same collectives with the same tags in the same order,
+              whatever it selected (never skip a collective because a rank has nothing to send);
+            * ``out`` must be bitwise identical on every rank.
+        """
+        raise NotImplementedError
+
+    # -- helpers shared by the methods -----------------------------------------------------------
+    def to_wire(self, values: torch.Tensor) -> torch.Tensor:
+        """Values as they travel: float16 when ``fp16_values`` is set, else unchanged."""
+        return values.to(torch.float16) if self.options.fp16_values else values
+
+    @staticmethod
+    def remove_delivered(x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> None:
+        """Residual update: subtract what was delivered at ``idx`` (distinct indices).
+
+        Subtracting the wire values (rather than zeroing) keeps the float16 rounding error in
+        the residual, so error feedback loses nothing even with ``fp16_values``.
+        """
+        x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
+
+    def allgather_exchange(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor,
+                           comm: Communicator, fixed_count: Optional[int] = None) -> Exchange:
+        """The exchange of Top-k and the threshold baselines: allgather (values, indices),
+        scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``.
+
+        With ``fixed_count`` every rank is known to send exactly that many coordinates;
+        otherwise the per-rank counts are allgathered too (n integers of metadata).
+        """
+        wire = self.to_wire(x[idx])
+        pendings = [comm.allgather(wire, "values", "values"),
+                    comm.allgather(idx.to(index_dtype(x.numel())), "indices", "indices")]
+        if fixed_count is None:
+            count = torch.tensor([idx.numel()], dtype=torch.int64, device=x.device)
+            pendings.append(comm.allgather(count, "counts", "meta"))
+        comm.stats.selected = idx.numel()
+        self.remove_delivered(x, idx, wire)
+        outputs = yield pendings
+        with comm.timer("apply"):
+            values, indices = outputs[0], outputs[1].long()
+            counts = [fixed_count] * comm.size if fixed_count is not None else outputs[2].tolist()
+            scatter_chunks(out, indices, values, counts, comm.scale)
+            comm.stats.union = int(torch.unique(indices).numel())
+
+
+def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor,
+                   counts: Sequence[int], scale: float) -> None:
+    """``out[indices] += scale * values``, one rank's chunk at a time.
+
+    Within a chunk indices are distinct, so each chunk is one race-free ``index_add_`` and the
+    chunks are added in rank order: the result is bitwise identical on every rank, on CPU and
+    on GPU (where one ``index_add_`` with repeated indices would add in a non-deterministic
+    order).
+    """
+    values = values.to(out.dtype)
+    for index_chunk, value_chunk in zip(indices.split(list(counts)), values.split(list(counts))):
+        out.index_add_(0, index_chunk, value_chunk, alpha=scale)

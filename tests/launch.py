@@ -1,0 +1,39 @@
+"""Launch real multi-process Horovod jobs from pytest with ``horovodrun``.
+
+Workers write their observations to files in a directory the test owns; the test reads them
+back and makes its assertions in the pytest process, so a failure shows the test's own message.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+WORKERS = Path(__file__).resolve().parent / "workers"
+HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+
+
+def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
+               timeout: float = 240.0) -> subprocess.CompletedProcess:
+    """Run ``tests/workers/<script>`` on ``np`` local processes; raise with the output on failure."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(WORKERS.parent.parent))
+    command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
+               sys.executable, str(WORKERS / script), *args]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n"
+                             f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}")
+    return result
+
+
+def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",
+                timeout: float = 240.0) -> subprocess.CompletedProcess:
+    """Run one launch that goes through every config in ``configs`` (one launch amortises the
+    few seconds of start-up every worker pays); results go under ``out``."""
+    spec = out / "configs.json"
+    spec.write_text(json.dumps(configs))
+    return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout)

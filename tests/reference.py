@@ -1,0 +1,46 @@
+"""Slow, obviously-correct single-process references of the methods, fed every rank's gradients.
+
+They follow ALGORITHMS.md line by line in NumPy with explicit loops over ranks, in the same
+floating-point type as the workers (float32 unless told), so the selections match exactly and
+aggregated values agree up to rounding.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Sequence, Tuple
+
+import numpy as np
+
+Selector = Callable[[np.ndarray, int], np.ndarray]
+
+
+def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k largest |x| (a stable sort: ties go to the lower index)."""
+    return np.argsort(-np.abs(x), kind="stable")[:k]
+
+
+def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dtype=np.float32,
+                     average: bool = True) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Error-feedback sparsification with an allgather exchange (Top-k and the threshold
+    baselines), for one group.
+
+    Args:
+        grads: ``grads[t][r]`` is rank r's flat gradient at step t.
+        select: ``select(x, step)`` returns the indices rank r sends from ``x = g + e``.
+
+    Returns:
+        (aggregated update per step, final residual per rank).
+    """
+    n = len(grads[0])
+    residuals = [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)]
+    scale = dtype(1.0 / n) if average else dtype(1.0)
+    updates = []
+    for step, per_rank in enumerate(grads):
+        out = np.zeros_like(residuals[0])
+        for r in range(n):
+            x = residuals[r] + per_rank[r].astype(dtype)
+            idx = select(x, step)
+            out[idx] += scale * x[idx]
+            x[idx] = 0
+            residuals[r] = x
+        updates.append(out)
+    return updates, residuals

@@ -1,0 +1,83 @@
+"""Options validation, the registry and grouping: framework-free, one process."""
+import math
+
+import pytest
+
+import horovod_sparse.common.methods  # noqa: F401
+from horovod_sparse.common import registry
+from horovod_sparse.common.grouping import ParamInfo, form_groups, split_evenly
+from horovod_sparse.common.options import target_count
+
+
+@pytest.mark.parametrize("density", [0, -0.1, 1.5, math.nan, math.inf])
+def test_density_out_of_range_is_refused(density):
+    with pytest.raises(ValueError, match=r"density must be .*\(0, 1\]"):
+        registry.make_options("topk", density=density)
+
+
+@pytest.mark.parametrize("density", ["0.1", None, True, [0.1]])
+def test_density_of_wrong_type_is_refused(density):
+    with pytest.raises(TypeError, match="density must be a real number"):
+        registry.make_options("topk", density=density)
+
+
+@pytest.mark.parametrize("option,value,error", [
+    ("min_numel", -1, ValueError), ("min_numel", 1.5, TypeError), ("warmup_steps", "3", TypeError),
+    ("fp16_values", "yes", TypeError), ("fp16_values", 1, TypeError)])
+def test_other_bad_options_name_the_option(option, value, error):
+    with pytest.raises(error, match=option):
+        registry.make_options("topk", **{option: value})
+
+
+def test_unknown_option_lists_the_known_ones():
+    with pytest.raises(TypeError, match="options of 'topk' are: density, min_numel"):
+        registry.make_options("topk", densty=0.1)
+
+
+def test_unknown_method_lists_the_known_ones():
+    with pytest.raises(ValueError, match="unknown sparsification method 'tpok'; known methods: .*topk"):
+        registry.make_options("tpok")
+
+
+def test_options_record_their_method():
+    options = registry.make_options("topk", density=0.25)
+    assert options.as_dict() == {"method": "topk", "density": 0.25, "min_numel": 1024,
+                                 "warmup_steps": 0, "fp16_values": False}
+
+
+@pytest.mark.parametrize("density,numel,expected", [(0.01, 1000, 10), (0.001, 10, 1), (1.0, 7, 7), (0.5, 3, 1)])
+def test_target_count(density, numel, expected):
+    assert target_count(density, numel) == expected
+
+
+def _params(*sizes, kinds=None):
+    kinds = kinds or ["f32"] * len(sizes)
+    return [ParamInfo(f"p{i}", s, k) for i, (s, k) in enumerate(zip(sizes, kinds))]
+
+
+def test_grouping_strategies():
+    params = _params(5, 6, 7, 8, 9)
+    assert form_groups(params, "tensor") == [[0], [1], [2], [3], [4]]
+    assert form_groups(params, "model") == [[0, 1, 2, 3, 4]]
+    assert form_groups(params, 2) == [[0, 1, 2], [3, 4]]
+    assert form_groups(params, [[3, 1]]) == [[1, 3], [0], [2], [4]]
+    assert form_groups(params, None, default="model") == [[0, 1, 2, 3, 4]]
+
+
+def test_grouping_never_mixes_dtypes():
+    params = _params(5, 6, 7, kinds=["f32", "f16", "f32"])
+    assert form_groups(params, "model") == [[0], [1], [2]]
+
+
+def test_grouping_refuses_bad_specs():
+    with pytest.raises(ValueError, match="only appear once"):
+        form_groups(_params(1, 2), [[0], [0]])
+    with pytest.raises(ValueError, match="groups must be an int > 0"):
+        form_groups(_params(1, 2), "layers")
+    with pytest.raises(ValueError, match="groups must be an integer >= 1"):
+        form_groups(_params(1, 2), 0)
+
+
+def test_split_evenly_matches_horovod():
+    assert split_evenly(list(range(7)), 3) == [[0, 1, 2], [3, 4], [5, 6]]
+    assert split_evenly([0, 1], 4) == [[0], [1]]
