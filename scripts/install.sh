@@ -121,7 +121,8 @@ install_horovod() {
 check_build() {
     local report
     report=$("$venv/bin/horovodrun" --check-build)
-    for needed in PyTorch TensorFlow Gloo MPI; do
+    # With HOROVOD_GPU_OPERATIONS=NCCL (the GPU image) NCCL must be listed too.
+    for needed in PyTorch TensorFlow Gloo MPI $gpu_ops; do
         echo "$report" | grep -qE "\[X\] $needed" \
             || { echo "$report" >&2; die "horovodrun --check-build does not list $needed"; }
     done

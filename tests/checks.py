@@ -48,7 +48,8 @@ def assert_identical_replicas(obs: Observed) -> None:
 
 def raw_group_stream(config: dict, size: int, members: Sequence[int]) -> List[List[np.ndarray]]:
     """``grads[t][r]``: every rank's raw flat gradient of a group, per step."""
-    return [[flat_gradients(config["seed"], t, r, config["shapes"], members) for r in range(size)]
+    return [[flat_gradients(config["seed"], t, r, config["shapes"], members, config.get("stream", "normal"))
+             for r in range(size)]
             for t in range(config["steps"])]
 
 

@@ -25,8 +25,12 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
                sys.executable, str(WORKERS / script), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n"
-                             f"--- stdout ---\n{result.stdout[-6000:]}\n--- stderr ---\n{result.stderr[-6000:]}")
+        # horovodrun prefixes worker lines with [rank]<stream>; show the workers' errors first,
+        # then the tail of everything else.
+        workers = [line for line in (result.stdout + result.stderr).splitlines()
+                   if "<stderr>" in line and "tensorflow" not in line]
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- worker stderr ---\n"
+                             + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}")
     return result
 
 

@@ -42,7 +42,8 @@ def test_unknown_method_lists_the_known_ones():
 def test_options_record_their_method():
     options = registry.make_options("topk", density=0.25)
     assert options.as_dict() == {"method": "topk", "density": 0.25, "min_numel": 1024,
-                                 "warmup_steps": 0, "fp16_values": False}
+                                 "warmup_steps": 0, "fp16_values": False,
+                                 "density_schedule": None}
 
 
 @pytest.mark.parametrize("density,numel,expected", [(0.01, 1000, 10), (0.001, 10, 1), (1.0, 7, 7), (0.5, 3, 1)])

@@ -91,3 +91,4 @@ def test_none_through_wrapper_equals_stock_optimizer(tmp_path):
             ours, stock = obs.params(rank), obs.params(rank, "stock")
             for i in range(len(SHAPES)):
                 np.testing.assert_array_equal(ours[f"param_{i}"], stock[f"stock_{i}"])
+

@@ -1,18 +1,28 @@
-"""How parameters are grouped into flat buffers: per tensor, whole model, N groups, explicit lists.
+"""How parameters are grouped into flat buffers: per tensor, whole model, N groups, fixed-size
+merging, explicit lists; and when each group becomes ready during the backward pass.
 
 Grouping is an axis of its own, independent of what is selected: every sparsifier works on
-whatever groups this module forms. Groups are contiguous runs of the parameter order, which is
-the same on every rank, and never mix dtypes or devices (a flat buffer has one of each).
+whatever groups this module forms. Groups are contiguous runs of an order that is the same on
+every rank (the parameter order unless told otherwise), and never mix dtypes or devices (a flat
+buffer has one of each). The MergeComp scheduler (:mod:`horovod_sparse.common.mergecomp`) chooses
+its groups as explicit lists, in the order gradients became ready.
+
+:class:`ReadyTimeline` records when gradients and groups become ready during backward; LAGS
+reads from it how much backward computation is left to hide each group's communication, and
+MergeComp the order gradients become ready and the step times.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Sequence, Union
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from horovod_sparse.common.validation import check_int
 
-#: Named strategies accepted by ``groups=`` besides an int or explicit lists.
+#: Named strategies accepted by ``groups=`` besides an int, ``"size:N"`` or explicit lists.
 STRATEGIES = ("tensor", "model")
+#: Prefix of the fixed-size merging strategy: ``"size:8192"``.
+SIZE_PREFIX = "size:"
 
 
 @dataclass(frozen=True)
@@ -25,7 +35,32 @@ class ParamInfo:
     kind: str
 
 
-GroupSpec = Union[None, int, str, Sequence[Sequence[int]]]
+@dataclass(frozen=True)
+class MergeBySize:
+    """Fixed-size merging: adjacent parameters are merged until a group holds at least
+    ``threshold`` elements (a parameter at least that large is a group of its own; a trailing
+    run below the threshold stays a group). LAGS-SGD's grouping, reference threshold 8192.
+    Written ``"size:8192"`` where a string is expected."""
+
+    threshold: int
+
+    def __post_init__(self) -> None:
+        check_int("size threshold", self.threshold, minimum=1)
+
+    def __str__(self) -> str:
+        return f"{SIZE_PREFIX}{self.threshold}"
+
+    @classmethod
+    def parse(cls, text: str) -> "MergeBySize":
+        """``"size:8192"`` -> ``MergeBySize(8192)``, with an error naming the expected form."""
+        number = text[len(SIZE_PREFIX):]
+        if not number.isdigit():
+            raise ValueError(f"groups={text!r}: the size strategy is written 'size:N' with N the "
+                             f"minimum number of elements per group, e.g. 'size:8192'")
+        return cls(int(number))
+
+
+GroupSpec = Union[None, int, str, MergeBySize, Sequence[Sequence[int]]]
 
 
 def split_evenly(items: Sequence[int], parts: int) -> List[List[int]]:
@@ -34,6 +69,23 @@ def split_evenly(items: Sequence[int], parts: int) -> List[List[int]]:
     size, extra = divmod(len(items), parts)
     runs = [list(items[i * size + min(i, extra):(i + 1) * size + min(i + 1, extra)]) for i in range(parts)]
     return [r for r in runs if r]
+
+
+def merge_by_size(sizes: Sequence[int], threshold: int) -> List[List[int]]:
+    """Positions ``0..len(sizes)-1`` cut into contiguous runs, each closed as soon as its total
+    size reaches ``threshold`` (the last run may stay below it)."""
+    runs: List[List[int]] = []
+    current: List[int] = []
+    total = 0
+    for position, size in enumerate(sizes):
+        current.append(position)
+        total += size
+        if total >= threshold:
+            runs.append(current)
+            current, total = [], 0
+    if current:
+        runs.append(current)
+    return runs
 
 
 def split_by_kind(indices: Sequence[int], params: Sequence[ParamInfo]) -> List[List[int]]:
@@ -47,26 +99,37 @@ def split_by_kind(indices: Sequence[int], params: Sequence[ParamInfo]) -> List[L
     return runs
 
 
-def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: str = "tensor") -> List[List[int]]:
+def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec = "tensor",
+                order: Optional[Sequence[int]] = None) -> List[List[int]]:
     """Partition parameter indices ``0..len(params)-1`` into groups.
 
     Args:
         params: parameters in the order gradients are flattened (identical on every rank).
         spec: ``None`` (use ``default``), ``"tensor"`` (one group per parameter), ``"model"``
             (one group per buffer kind), an int ``N > 0`` (Horovod's ``groups=N``: N contiguous
-            groups of nearly equal parameter count), or explicit lists of indices (parameters in
-            no list form a group each, as in Horovod).
+            groups of nearly equal parameter count), ``"size:T"`` or :class:`MergeBySize`
+            (adjacent parameters merged until a group has ``T`` elements), or explicit lists of
+            indices (parameters in no list form a group each, as in Horovod; lists keep their
+            order, members are sorted).
         default: the strategy used for ``None``; each method names its natural one.
+        order: the order the strategies cut into contiguous runs (e.g. the order gradients
+            become ready); the parameter order when None. Explicit lists ignore it.
 
     Returns:
-        Groups as lists of indices in parameter order; each group has one buffer kind.
+        Groups as lists of indices, in ``order``; each group has one buffer kind.
     """
-    order = list(range(len(params)))
+    order = list(range(len(params))) if order is None else list(order)
+    if sorted(order) != list(range(len(params))):
+        raise ValueError("order must list every parameter index exactly once")
     if spec is None:
         spec = default
-    if isinstance(spec, str):
+    if isinstance(spec, str) and spec.startswith(SIZE_PREFIX):
+        spec = MergeBySize.parse(spec)
+    if isinstance(spec, MergeBySize):
+        runs = [[order[i] for i in run] for run in merge_by_size([params[i].numel for i in order], spec.threshold)]
+    elif isinstance(spec, str):
         if spec not in STRATEGIES:
-            raise ValueError(f"groups must be an int > 0, lists of parameters, or one of "
+            raise ValueError(f"groups must be an int > 0, lists of parameters, 'size:N', or one of "
                              f"{', '.join(map(repr, STRATEGIES))}; got {spec!r}")
         runs = [[i] for i in order] if spec == "tensor" else [order]
     elif isinstance(spec, int) and not isinstance(spec, bool):
@@ -93,3 +156,77 @@ def _explicit_groups(lists: Sequence[Sequence[int]], count: int) -> List[List[in
             groups.append(sorted(group))
     groups.extend([i] for i in range(count) if i not in seen)
     return groups
+
+
+Clock = Callable[[], float]
+
+
+@dataclass
+class StepTimeline:
+    """When gradients and groups became ready in one step (seconds on this rank's clock).
+
+    Attributes:
+        param_order: parameter indices in the order their gradients became ready (the last
+            backward pass of the step, with ``backward_passes_per_step > 1``).
+        group_ready: group name -> when the group was complete and its exchange launched.
+        launch_order: group names in the order their exchanges were launched.
+        backward_end: when the last gradient of the step became ready (None if none did).
+        step_end: when the step's exchanges had all finished.
+        step_seconds: wall time since the previous step ended (None for the first step).
+    """
+
+    param_order: List[int] = field(default_factory=list)
+    group_ready: Dict[str, float] = field(default_factory=dict)
+    launch_order: List[str] = field(default_factory=list)
+    backward_end: Optional[float] = None
+    step_end: float = 0.0
+    step_seconds: Optional[float] = None
+
+    def backward_left(self) -> Dict[str, float]:
+        """Group name -> backward computation still running after the group became ready
+        (``backward_end - ready``, at least 0): the time available to hide its communication.
+        Groups launched after backward (from ``synchronize()``) have 0."""
+        end = self.backward_end
+        return {name: 0.0 if end is None else max(0.0, end - ready) for name, ready in self.group_ready.items()}
+
+
+class ReadyTimeline:
+    """Records, step after step, when gradients and groups become ready during backward.
+
+    The optimizer calls :meth:`param_ready` from its gradient hooks, :meth:`group_ready` when it
+    launches a group's exchange, and :meth:`end_step` once every exchange of the step finished.
+    Consumers read :attr:`last`, the record of the latest finished step.
+
+    Args:
+        clock: monotonic seconds; injectable so tests can drive time.
+    """
+
+    def __init__(self, clock: Clock = time.perf_counter) -> None:
+        self._clock = clock
+        self._current = StepTimeline()
+        self._previous_end: Optional[float] = None
+        self.last: Optional[StepTimeline] = None
+        #: Steps recorded so far.
+        self.steps = 0
+
+    def param_ready(self, index: int) -> None:
+        """Parameter ``index``'s gradient is final for this step."""
+        now = self._clock()
+        self._current.param_order.append(index)
+        self._current.backward_end = now
+
+    def group_ready(self, name: str) -> None:
+        """Group ``name`` is complete and its exchange is being launched."""
+        self._current.group_ready[name] = self._clock()
+        self._current.launch_order.append(name)
+
+    def end_step(self) -> StepTimeline:
+        """Close the step: its record becomes :attr:`last` and a new one starts."""
+        record, self._current = self._current, StepTimeline()
+        record.step_end = self._clock()
+        if self._previous_end is not None:
+            record.step_seconds = record.step_end - self._previous_end
+        self._previous_end = record.step_end
+        self.last = record
+        self.steps += 1
+        return record

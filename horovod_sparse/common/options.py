@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict
+from typing import Any, ClassVar, Dict, Optional
 
+from horovod_sparse.common.schedule import DensitySchedule, parse_schedule
 from horovod_sparse.common.validation import check_bool, check_fraction, check_int
 
 
@@ -34,12 +35,17 @@ class SparsifierOptions:
             empty then, so no residual is lost).
         fp16_values: send selected values as float16 on the wire; the rounding error stays in
             the residual, so nothing is lost.
+        density_schedule: how the density changes with the step (see
+            :mod:`horovod_sparse.common.schedule`): None (off: ``density`` at every step),
+            ``"piecewise:0.004@500"`` (0.004 for steps < 500, then ``density``), or
+            ``"exp_warmup:200"`` (DGC's warm-up, 200 steps per stage, down to ``density``).
     """
 
     density: float = 0.01
     min_numel: int = 1024
     warmup_steps: int = 0
     fp16_values: bool = False
+    density_schedule: Optional[str] = None
 
     #: Registry name of the method these options belong to; set by the registry.
     method: ClassVar[str] = ""
@@ -50,6 +56,8 @@ class SparsifierOptions:
         object.__setattr__(self, "min_numel", check_int("min_numel", self.min_numel))
         object.__setattr__(self, "warmup_steps", check_int("warmup_steps", self.warmup_steps))
         check_bool("fp16_values", self.fp16_values)
+        # Parsed once; not a field, so as_dict() and equality keep the string.
+        object.__setattr__(self, "_schedule", parse_schedule(self.density_schedule))
         self._validate()
 
     def _validate(self) -> None:
@@ -59,6 +67,17 @@ class SparsifierOptions:
         """All options plus the method name, JSON-serialisable."""
         return {"method": self.method, **dataclasses.asdict(self)}
 
-    def count(self, numel: int) -> int:
-        """Target number of coordinates ``k`` for a group of ``numel`` elements."""
-        return target_count(self.density, numel)
+    @property
+    def schedule(self) -> DensitySchedule:
+        """The parsed ``density_schedule``."""
+        return self._schedule  # type: ignore[attr-defined]
+
+    def density_at(self, step: Optional[int] = None) -> float:
+        """The density at optimizer step ``step`` (``density`` when ``step`` is None or no
+        schedule is set)."""
+        return self.density if step is None else self.schedule.density(step, self.density)
+
+    def count(self, numel: int, step: Optional[int] = None) -> int:
+        """Target number of coordinates ``k`` for a group of ``numel`` elements at optimizer step
+        ``step`` (the constant ``density`` when ``step`` is None)."""
+        return target_count(self.density_at(step), numel)

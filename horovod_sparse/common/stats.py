@@ -55,6 +55,8 @@ class StepStats:
 
     step: int
     groups: List[GroupStats] = field(default_factory=list)
+    #: True when the step was abandoned on every rank (a non-finite gradient somewhere).
+    abandoned: bool = False
 
     @property
     def numel(self) -> int:
@@ -101,6 +103,7 @@ class StepStats:
         phases = sorted({p for g in self.groups for p in g.seconds})
         return {
             "step": self.step,
+            "abandoned": self.abandoned,
             "numel": self.numel,
             "target_density": self.target_density,
             "local_density": self.local_density,

@@ -7,7 +7,8 @@
                                   compression=hs.Compression.topk(density=0.01))
 """
 from horovod_sparse.torch.compression import Compression
+from horovod_sparse.torch.functions import broadcast_optimizer_state
 from horovod_sparse.torch.optimizer import DistributedOptimizer
 from horovod_sparse.torch.sparsifier import Sparsifier
 
-__all__ = ["Compression", "DistributedOptimizer", "Sparsifier"]
+__all__ = ["Compression", "DistributedOptimizer", "Sparsifier", "broadcast_optimizer_state"]

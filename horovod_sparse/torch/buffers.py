@@ -54,6 +54,16 @@ class FlatGroup:
                 chunk.add_(p.grad.reshape(-1))
         return self.residual
 
+    def load_residual(self, residual: torch.Tensor) -> None:
+        """Restore the residual from a checkpoint (copied into this group's own buffer)."""
+        if residual.numel() != self.numel:
+            raise ValueError(f"residual of group {self.name!r} has {residual.numel()} elements, "
+                             f"expected {self.numel}")
+        if self.residual is None:
+            self._allocate()
+        assert self.residual is not None
+        self.residual.copy_(residual.reshape(-1))
+
     def zeroed_output(self) -> torch.Tensor:
         """The output buffer, zeroed, ready to receive the aggregated update."""
         assert self.output is not None

@@ -9,10 +9,11 @@ the optimizer's process set, and its payload bytes and wait time land in the gro
 """
 from __future__ import annotations
 
+import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Sequence
+from typing import Any, Iterator, List, Sequence, Tuple
 
 import horovod.torch as hvd
 import torch
@@ -33,6 +34,15 @@ class Pending:
 def nbytes(tensor: torch.Tensor) -> int:
     """Payload size of ``tensor`` in bytes."""
     return tensor.numel() * tensor.element_size()
+
+
+def allgather_json(obj: Any, name: str, process_set: hvd.ProcessSet) -> List[Any]:
+    """Every rank's JSON-serialisable ``obj``, in rank order (blocking; for rare metadata only).
+    Unlike ``hvd.allgather_object`` in Horovod 0.28.1 it honours ``process_set``."""
+    payload = torch.tensor(list(json.dumps(obj, sort_keys=True, default=str).encode()), dtype=torch.uint8)
+    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=f"{name}.sizes", process_set=process_set)
+    data = hvd.allgather(payload, name=f"{name}.data", process_set=process_set)
+    return [json.loads(bytes(chunk.tolist()).decode()) for chunk in data.split(sizes.tolist())]
 
 
 def index_dtype(numel: int) -> torch.dtype:
@@ -57,6 +67,7 @@ class Communicator:
         self.scale = scale
         self.size: int = process_set.size()
         self.rank: int = process_set.rank()
+        self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _name(self, tag: str) -> str:
         return f"hs.{self.name}.{tag}"
@@ -95,6 +106,23 @@ class Communicator:
                 tensor = output[0] if isinstance(output, tuple) else output
                 self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
         return outputs
+
+    def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> None:
+        """Residual update: subtract from ``x`` what this rank delivered at ``idx`` (distinct
+        indices). Every change a sparsifier makes to its residual goes through here.
+
+        Subtracting the wire values (rather than zeroing) keeps float16 rounding error in the
+        residual, so error feedback loses nothing even with ``fp16_values``. Deliveries are
+        recorded so that :meth:`undo_deliveries` can put them back when a step is abandoned.
+        """
+        x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
+        self._deliveries.append((x, idx, wire_values))
+
+    def undo_deliveries(self) -> None:
+        """Add back everything :meth:`remove_delivered` took out of the residual this step."""
+        for x, idx, wire_values in reversed(self._deliveries):
+            x.index_add_(0, idx, wire_values.to(x.dtype))
+        self._deliveries.clear()
 
     @contextmanager
     def timer(self, phase: str) -> Iterator[None]:

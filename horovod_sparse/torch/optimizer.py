@@ -12,17 +12,22 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import warnings
+import weakref
 from contextlib import contextmanager
-from typing import IO, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_sparse.common.grouping import ParamInfo, form_groups
+from horovod_sparse.common.consensus import fingerprint, mismatch_message
+from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.mergecomp import MergeCompOptions
+from horovod_sparse.common.validation import check_choice
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.collectives import Communicator, Pending
+from horovod_sparse.torch.collectives import Communicator, Pending, allgather_json
+from horovod_sparse.torch.mergecomp import MergeCompScheduler, carry_residuals
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -59,14 +64,20 @@ def _dense_exchange(group: FlatGroup, compression: Any, comm: Communicator, op: 
     """Horovod's own path: one in-place allreduce per gradient, through ``compression``."""
     pendings, contexts = [], []
     for name, p in zip(group.names, group.params):
-        compressed, ctx = compression.compress(p.grad)
+        # Horovod's torch collectives do not take bfloat16: such gradients travel as float32.
+        grad = p.grad.float() if p.grad.dtype == torch.bfloat16 else p.grad
+        compressed, ctx = compression.compress(grad)
         pendings.append(comm.allreduce(compressed, name, "values", op=op, prescale_factor=prescale,
                                        postscale_factor=postscale))
         contexts.append(ctx)
     comm.stats.selected = comm.stats.union = group.numel
     outputs = yield pendings
     for p, output, ctx in zip(group.params, outputs, contexts):
-        p.grad.set_(compression.decompress(output, ctx))
+        result = compression.decompress(output, ctx)
+        if result.dtype == p.grad.dtype:
+            p.grad.set_(result)
+        else:
+            p.grad.copy_(result)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -75,7 +86,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
-                 stats_log: Optional[IO[str]]) -> None:
+                 stats_log: Optional[IO[str]], nonfinite: Optional[str]) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression
         self._sparse = isinstance(compression, Sparsifier)
@@ -86,12 +97,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.process_set = process_set
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
 
+        self.nonfinite = nonfinite
         names = _parameter_names(self.param_groups, named_parameters)
+        # Integer/bool parameters, frozen ones and zero-size ones carry no gradient to exchange.
         ordered = [(names[p], p) for group in self.param_groups for p in group["params"]
-                   if p.requires_grad and (p.is_floating_point() or p.is_complex())]
-        self._groups = self._form_groups(ordered, groups)
+                   if p.requires_grad and p.is_floating_point() and p.numel() > 0]
+        self._ordered = ordered
+        self._position = {p: i for i, (_, p) in enumerate(ordered)}
+        mergecomp = MergeCompOptions.from_spec(groups)
+        #: The MergeComp scheduler choosing the grouping (``groups="mergecomp"``), else None.
+        self.mergecomp = None if mergecomp is None else MergeCompScheduler(
+            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set)
+        #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
+        self.timeline = ReadyTimeline()
+        self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
-        self._states: Dict[int, Any] = {}
+        #: Per-group sparsifier state and the world size it was built for.
+        self._states: Dict[int, Tuple[int, Any]] = {}
+        self._nonfinite_groups: List[str] = []
+        self._skip_step = False
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
         self._inflight: Dict[int, _Inflight] = {}
@@ -101,8 +125,22 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         if self.process_set.included():
+            _require_same_configuration(self._configuration(), self.process_set)
+            # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
+            # a bound method there would keep the optimizer and its flat buffers alive for good.
+            hook = _weak_hook(self._hook)
             for _, p in ordered:
-                p.register_post_accumulate_grad_hook(self._hook)
+                p.register_post_accumulate_grad_hook(hook)
+
+    def _configuration(self) -> Dict[str, Any]:
+        """Everything that must agree across ranks for the collectives to match."""
+        compression = (self._compression.options.as_dict() if self._sparse
+                       else getattr(self._compression, "__name__", type(self._compression).__name__))
+        return {"compression": compression, "op": str(self.op),
+                "gradient_predivide_factor": self.gradient_predivide_factor,
+                "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
+                "groups": {g.name: f"{g.numel} x {g.dtype}" for g in self._groups},
+                "mergecomp": None if self.mergecomp is None else repr(self.mergecomp.options)}
 
     # -- grouping ---------------------------------------------------------------------------------
     def _form_groups(self, ordered: List[Tuple[str, torch.Tensor]], spec: Any) -> List[FlatGroup]:
@@ -117,6 +155,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         default = self._compression.default_grouping if self._sparse else "tensor"
         return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members])
                 for i, members in enumerate(form_groups(infos, spec, default))]
+
+    def _use_groups(self, members: List[List[int]]) -> None:
+        """Switch to new groups (lists of positions in the parameter order) between steps:
+        residuals carry over exactly, sparsifier states restart."""
+        groups = self._form_groups(self._ordered, [[self._ordered[j][1] for j in m] for m in members])
+        carry_residuals(self._groups, groups)
+        self._groups = groups
+        self._group_of = {p: g for g in groups for p in g.params}
+        self._ready_count = {g.index: 0 for g in groups}
+        self._states.clear()
 
     @property
     def groups(self) -> List[List[str]]:
@@ -139,6 +187,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay[p] -= 1
         if self._delay[p] > 0:
             return
+        self.timeline.param_ready(self._position[p])
         group = self._group_of[p]
         self._ready_count[group.index] += 1
         if self._ready_count[group.index] == len(group.params):
@@ -146,9 +195,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _is_dense(self, group: FlatGroup) -> bool:
         return (not self._sparse or self.steps < self._compression.options.warmup_steps
-                or group.numel < self._compression.options.min_numel)
+                or group.numel < self._compression.options.min_numel
+                or (self.mergecomp is not None and self.mergecomp.recording))
 
     def _launch(self, group: FlatGroup) -> None:
+        self.timeline.group_ready(group.name)
         for p in group.params:
             if p.grad is None:
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
@@ -158,8 +209,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"parameter {self._group_of[p].name!r} has a sparse gradient; "
                                      "pass sparse_as_dense=True to exchange it as a dense one")
                 p.grad = p.grad.to_dense()
+        if self.nonfinite is not None and not all(bool(torch.isfinite(p.grad).all()) for p in group.params):
+            # This rank's gradient is unusable: it contributes nothing this step and never
+            # reaches the residual; synchronize() tells every rank and applies the policy.
+            for p in group.params:
+                p.grad.zero_()
+            self._nonfinite_groups.append(group.name)
         sparse = not self._is_dense(group)
-        target = self._compression.options.count(group.numel) if sparse else group.numel
+        target = self._compression.options.count(group.numel, self.steps) if sparse else group.numel
         stats = GroupStats(group.name, group.numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
         size = self.process_set.size()
@@ -170,12 +227,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             prescale = postscale = scale = 1.0
         comm = Communicator(self.process_set, group.name, stats, scale)
         if sparse:
-            if group.index not in self._states:
-                self._states[group.index] = self._compression.new_state(group.numel, size)
+            built_for, state = self._states.get(group.index, (None, None))
+            if built_for != size:
+                # First step, or the world changed size (elastic): rebuild partition tables,
+                # schedules and thresholds for the new size; the residual is kept.
+                state = self._compression.new_state(group.numel, size)
+                self._states[group.index] = (size, state)
             with comm.timer("flatten"):
                 x = group.load_gradients()
                 out = group.zeroed_output()
-            exchange = self._compression.exchange(x, out, comm, self._states[group.index], self.steps)
+            exchange = self._compression.exchange(x, out, comm, state, self.steps)
         else:
             compression = hvd.Compression.none if self._sparse else self._compression
             exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale)
@@ -200,18 +261,68 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for group in self._groups:
             if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
                 self._launch(group)
-        for index in sorted(self._inflight):
-            inflight = self._inflight[index]
+        finished = [self._inflight[index] for index in sorted(self._inflight)]
+        for inflight in finished:
             inflight.finish()
-            if inflight.sparse:
-                inflight.group.publish()
         self._inflight.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         for index in self._ready_count:
             self._ready_count[index] = 0
+        bad_ranks = self._ranks_with_nonfinite_gradients()
+        if bad_ranks:
+            self._abandon_step(finished)
+        for inflight in finished:
+            if inflight.sparse:
+                inflight.group.publish()
         self._close_step()
+        self._after_step()
         self._synchronized = True
+        if bad_ranks:
+            self._apply_nonfinite_policy(bad_ranks)
+
+    def _ranks_with_nonfinite_gradients(self) -> List[int]:
+        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather)."""
+        if self.nonfinite is None:
+            return []
+        local = torch.tensor([len(self._nonfinite_groups)], dtype=torch.int32)
+        counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)
+        return [rank for rank, count in enumerate(counts.tolist()) if count]
+
+    def _abandon_step(self, finished: List[_Inflight]) -> None:
+        """Undo this step everywhere: residuals get back what they delivered (so they hold
+        ``e + g``: this step's finite gradient is kept), and every aggregated gradient is zero."""
+        for inflight in finished:
+            inflight.comm.undo_deliveries()
+            if inflight.sparse:
+                inflight.group.zeroed_output()
+            else:
+                for p in inflight.group.params:
+                    p.grad.zero_()
+        self._step_stats.abandoned = True
+
+    def _apply_nonfinite_policy(self, bad_ranks: List[int]) -> None:
+        groups = ", ".join(self._nonfinite_groups) or "(on other ranks)"
+        self._nonfinite_groups = []
+        message = (f"non-finite (NaN/Inf) gradient on rank(s) {bad_ranks} at step {self.steps - 1}; "
+                   f"this rank's affected groups: {groups}. The step was abandoned on every rank: no "
+                   "update, replicas unchanged, finite gradients kept in the residuals.")
+        self._skip_step = True
+        if self.nonfinite == "raise":
+            raise FloatingPointError(message + " Lower the learning rate or loss scale, or pass "
+                                     "nonfinite='skip' to skip such steps with a warning.")
+        warnings.warn(message, RuntimeWarning)
+
+    def _after_step(self) -> None:
+        """Hand the finished step's timeline to the sparsifier and to the MergeComp scheduler (on
+        every rank, outside the hooks) and switch groups when the scheduler says so."""
+        record = self.timeline.end_step()
+        if self._sparse:
+            self._compression.on_step_end(self.process_set, record)
+        if self.mergecomp is not None:
+            members = self.mergecomp.after_step(record, self._groups)
+            if members is not None:
+                self._use_groups(members)
 
     def _close_step(self) -> None:
         self._step_stats.groups.sort(key=lambda s: s.name)
@@ -237,6 +348,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "after optimizer.synchronize(). This can cause training slowdown.")
             self.synchronize()
         self._synchronized = False
+        if self._skip_step:
+            self._skip_step = False
+            return None
         return super(self.__class__, self).step(closure)  # type: ignore[misc]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -250,6 +364,63 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.backward_passes_per_step = passes
         for p in self._delay:
             self._delay[p] = passes
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """The wrapped optimizer's state plus, under ``"horovod_sparse"``, this rank's
+        sparsification state: step counter, and per group its residual and sparsifier state
+        (thresholds, partition tables, schedules). Residuals are per rank: save every rank's
+        state dict to resume exactly."""
+        state = super(self.__class__, self).state_dict()  # type: ignore[misc]
+        state["horovod_sparse"] = {
+            "steps": self.steps,
+            "groups": {g.name: {"numel": g.numel, "residual": g.residual,
+                                "state": self._states.get(g.index)} for g in self._groups},
+            "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
+            else self.mergecomp.result.as_dict(),
+        }
+        return state
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; groups must match by name and size."""
+        state_dict = dict(state_dict)
+        ours = state_dict.pop("horovod_sparse", None)
+        self._inflight.clear()
+        self._synchronized = False
+        self._should_synchronize = True
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
+        if ours is None:
+            return
+        saved = ours["groups"]
+        if self.mergecomp is not None and ours.get("mergecomp") is not None:
+            self._use_groups(self.mergecomp.restore(ours["mergecomp"]))
+        for group in self._groups:
+            record = saved.get(group.name)
+            if record is None or record["numel"] != group.numel:
+                raise ValueError(f"checkpoint does not match the optimizer's groups: group {group.name!r} "
+                                 f"({group.numel} elements) is {'missing' if record is None else 'of '}"
+                                 f"{'' if record is None else str(record['numel']) + ' elements'} in it; "
+                                 "load it with the same model and groups= it was saved with")
+            if record["residual"] is not None:
+                group.load_residual(record["residual"])
+            if record["state"] is not None:
+                self._states[group.index] = record["state"]
+        self.steps = ours["steps"]
+        self._step_stats = StepStats(step=self.steps)
+
+
+def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+    """``method`` called through a weak reference to its object: a no-op once it is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(p: torch.Tensor) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(p)
+
+    return hook
 
 
 def _parameter_names(param_groups: List[Dict[str, Any]],
@@ -286,7 +457,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          groups: Any = None,
                          sparse_as_dense: bool = False,
                          process_set: hvd.ProcessSet = hvd.global_process_set,
-                         stats_log: Optional[IO[str]] = None) -> torch.optim.Optimizer:
+                         stats_log: Optional[IO[str]] = None,
+                         nonfinite: Optional[str] = "default") -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so gradients are exchanged, sparsely when ``compression`` sparsifies.
 
     Takes every argument of ``horovod.torch.DistributedOptimizer`` with the same meaning:
@@ -303,12 +475,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             compression (it is delegated to Horovod's own Adasum optimizer).
         gradient_predivide_factor: splits the averaging before and after the sum (dense path).
         num_groups: deprecated alias of ``groups`` (as in Horovod).
-        groups: an int, lists of parameters (Horovod's meaning), or ``"tensor"`` / ``"model"``;
-            ``None`` uses the sparsifier's natural grouping (per tensor for Top-k).
+        groups: an int or lists of parameters (Horovod's meaning); ``"tensor"`` (one group per
+            parameter), ``"model"`` (one group), ``"size:N"`` (adjacent parameters merged up to
+            N elements); or ``"mergecomp"`` / a ``MergeCompOptions`` (the MergeComp scheduler
+            chooses from measured step times: see ``optimizer.mergecomp.result``). ``None`` uses
+            the sparsifier's natural grouping (per tensor for Top-k, ``"size:8192"`` for LAGS).
         sparse_as_dense: exchange ``torch.sparse`` gradients as dense tensors (required for
             them; sparse gradients are otherwise refused with an error).
         process_set: the Horovod process set to reduce over.
         stats_log: optional text stream; one JSON line of statistics is written per step.
+        nonfinite: what a NaN/Inf gradient on any rank does. ``"raise"`` (default with a
+            sparsifier): every rank raises ``FloatingPointError`` from ``synchronize()``/``step()``;
+            ``"skip"``: every rank skips the step with a warning. Either way the step is
+            abandoned everywhere: no parameter update on any rank (replicas stay identical),
+            what the sparse exchange took out of the residuals is put back, so each healthy
+            rank keeps this step's gradient in its residual (delivered later: nothing lost),
+            and the non-finite gradient is dropped before it can reach a residual. Dense groups
+            (warm-up, ``min_numel``) of the abandoned step are dropped. ``None`` (default with a dense
+            compression): no check, Horovod's own behaviour.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -334,9 +518,24 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if sparse and gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
                          "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")
+    if nonfinite == "default":
+        nonfinite = "raise" if sparse else None
+    if nonfinite is not None:
+        check_choice("nonfinite", nonfinite, ("raise", "skip"))
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite)
+
+
+def _require_same_configuration(config: Dict[str, Any], process_set: hvd.ProcessSet) -> None:
+    """Compare ``config`` across the ranks of ``process_set``; on a mismatch raise the same
+    ValueError on every rank, naming the ranks and settings that differ."""
+    digest = torch.tensor(list(fingerprint(config)), dtype=torch.uint8).view(1, -1)
+    digests = hvd.allgather(digest, name="hs.config.fingerprint", process_set=process_set)
+    if bool((digests == digests[0]).all()):
+        return
+    configs = allgather_json(config, "hs.config.describe", process_set)
+    raise ValueError(mismatch_message(configs))
 
 
 __all__ = ["DistributedOptimizer"]

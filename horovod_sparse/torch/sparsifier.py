@@ -20,6 +20,7 @@ from typing import Any, ClassVar, Generator, List, Optional, Sequence, Tuple
 import torch
 from horovod.torch.compression import Compressor
 
+from horovod_sparse.common.grouping import StepTimeline
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
 
@@ -48,7 +49,7 @@ class Sparsifier(Compressor):
 
     #: Registry name, set by ``@implements``.
     method_name: ClassVar[str] = ""
-    #: Grouping used when the optimizer is given ``groups=None``: ``"tensor"`` or ``"model"``.
+    #: Grouping used when the optimizer is given ``groups=None`` (any ``groups=`` strategy).
     default_grouping: ClassVar[str] = "tensor"
 
     def __init__(self, options: SparsifierOptions) -> None:
@@ -72,6 +73,13 @@ class Sparsifier(Compressor):
         """Per-group state kept across steps (thresholds, partitions); None when stateless."""
         return None
 
+    def on_step_end(self, process_set: Any, record: StepTimeline) -> None:
+        """Called by the optimizer on every rank of ``process_set`` at the end of each
+        ``synchronize()``, after every group finished, outside the backward hooks: the place for
+        work that must happen at the same point on every rank (blocking collectives, such as a
+        cost-model calibration). ``record`` says when each group became ready during this
+        step's backward (LAGS measures ``t_comp`` from it). Default: nothing."""
+
     def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
                  step: int) -> Exchange:
         """Select from ``x``, exchange, and write the aggregated update.
@@ -90,17 +98,11 @@ class Sparsifier(Compressor):
 
     # -- helpers shared by the methods -----------------------------------------------------------
     def to_wire(self, values: torch.Tensor) -> torch.Tensor:
-        """Values as they travel: float16 when ``fp16_values`` is set, else unchanged."""
-        return values.to(torch.float16) if self.options.fp16_values else values
-
-    @staticmethod
-    def remove_delivered(x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> None:
-        """Residual update: subtract what was delivered at ``idx`` (distinct indices).
-
-        Subtracting the wire values (rather than zeroing) keeps the float16 rounding error in
-        the residual, so error feedback loses nothing even with ``fp16_values``.
-        """
-        x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
+        """Values as they travel: float16 when ``fp16_values`` is set; bfloat16 as float32
+        (Horovod's torch collectives do not take bfloat16); otherwise unchanged."""
+        if self.options.fp16_values:
+            return values.to(torch.float16)
+        return values.float() if values.dtype == torch.bfloat16 else values
 
     def allgather_exchange(self, x: torch.Tensor, idx: torch.Tensor, out: torch.Tensor,
                            comm: Communicator, fixed_count: Optional[int] = None) -> Exchange:
@@ -117,7 +119,7 @@ class Sparsifier(Compressor):
             count = torch.tensor([idx.numel()], dtype=torch.int64, device=x.device)
             pendings.append(comm.allgather(count, "counts", "meta"))
         comm.stats.selected = idx.numel()
-        self.remove_delivered(x, idx, wire)
+        comm.remove_delivered(x, idx, wire)
         outputs = yield pendings
         with comm.timer("apply"):
             values, indices = outputs[0], outputs[1].long()

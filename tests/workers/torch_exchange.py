@@ -2,11 +2,20 @@
 writes what it observed (aggregated gradients, residuals, parameters, statistics) for the test.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype",
-"compare_stock"}. With ``compare_stock`` a second copy of the parameters is trained by
-``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
+"compare_stock", "stream", "backward_passes", "backward_sleep"}:
+
+- ``stream``: see ``tests.streams.raw_gradient``;
+- ``groups``: what ``groups=`` takes, with lists of parameter indices for lists of parameters
+  and ``{"mergecomp": {options}}`` for ``MergeCompOptions``;
+- ``backward_passes``: each step's gradient arrives over that many backward passes
+  (``backward_passes_per_step`` of both optimizers);
+- ``backward_sleep``: seconds each gradient takes to compute, for a slow backward;
+- ``compare_stock``: a second copy of the parameters is trained by
+  ``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
 """
 import argparse
 import json
+import time
 from pathlib import Path
 
 import horovod.torch as hvd
@@ -14,6 +23,7 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
+from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.streams import raw_gradient
 
 
@@ -22,10 +32,30 @@ def make_params(shapes, seed, dtype):
     return [torch.nn.Parameter(torch.randn(*s, generator=generator, dtype=dtype)) for s in shapes]
 
 
-def backward(params, seed, step, rank):
-    loss = sum((p * torch.from_numpy(raw_gradient(seed, step, rank, p.shape, i)).to(p.dtype)).sum()
-               for i, p in enumerate(params))
-    loss.backward()
+def backward(params, seed, step, rank, stream="normal", passes=1):
+    """Accumulate the step's gradient over ``passes`` backward passes, in parts 1:2:...:passes."""
+    grads = [torch.from_numpy(raw_gradient(seed, step, rank, p.shape, i, stream)).to(p.dtype)
+             for i, p in enumerate(params)]
+    for part in range(1, passes + 1):
+        loss = sum((p * g).sum() for p, g in zip(params, grads)) * (part / (passes * (passes + 1) / 2))
+        loss.backward()
+
+
+def slowly(seconds):
+    """A gradient hook that makes computing the gradient take ``seconds`` longer."""
+    def hook(grad):
+        time.sleep(seconds)
+        return grad
+    return hook
+
+
+def grouping(spec, params):
+    """``groups=`` from a config value (see the module docstring)."""
+    if isinstance(spec, list):
+        return [[params[i] for i in members] for members in spec]
+    if isinstance(spec, dict):
+        return MergeCompOptions(**spec["mergecomp"])
+    return spec
 
 
 def run(config, out: Path):
@@ -33,27 +63,33 @@ def run(config, out: Path):
     seed, steps = config["seed"], config["steps"]
     params = make_params(config["shapes"], seed, dtype)
     named = [(f"p{i}", p) for i, p in enumerate(params)]
+    for p in params if config.get("backward_sleep") else []:
+        p.register_hook(slowly(config["backward_sleep"]))
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
+    passes = config.get("backward_passes", 1)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9), named_parameters=named,
-                                  compression=compression, groups=config.get("groups"))
+                                  compression=compression, groups=grouping(config.get("groups"), params),
+                                  backward_passes_per_step=passes)
     stock = None
     if config.get("compare_stock"):
         stock_params = make_params(config["shapes"], seed, dtype)
         stock = (stock_params, hvd.DistributedOptimizer(
             torch.optim.SGD(stock_params, lr=0.01, momentum=0.9),
-            named_parameters=[(f"p{i}", p) for i, p in enumerate(stock_params)], compression=compression))
-    aggregated, stats = [], []
+            named_parameters=[(f"p{i}", p) for i, p in enumerate(stock_params)], compression=compression,
+            groups=grouping(config.get("groups"), stock_params), backward_passes_per_step=passes))
+    aggregated, stats, launch_order = [], [], []
     for step in range(steps):
         opt.zero_grad()
-        backward(params, seed, step, rank)
+        backward(params, seed, step, rank, config.get("stream", "normal"), passes)
         opt.synchronize()
+        launch_order.append(opt.timeline.last.launch_order)
         aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
         with opt.skip_synchronize():
             opt.step()
         stats.append(opt.last_stats.as_dict())
         if stock is not None:
             stock[1].zero_grad()
-            backward(stock[0], seed, step, rank)
+            backward(stock[0], seed, step, rank, config.get("stream", "normal"), passes)
             stock[1].step()
     arrays = {f"agg_{t}_{i}": a for t, grads in enumerate(aggregated) for i, a in enumerate(grads)}
     arrays.update({f"param_{i}": p.detach().double().numpy() for i, p in enumerate(params)})
@@ -62,7 +98,9 @@ def run(config, out: Path):
         arrays.update({f"stock_{i}": p.detach().double().numpy() for i, p in enumerate(stock[0])})
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     groups = [[int(n[1:]) for n in names] for names in opt.groups]
-    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps({"groups": groups, "stats": stats}))
+    mergecomp = None if opt.mergecomp is None or opt.mergecomp.result is None else opt.mergecomp.result.as_dict()
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
+        {"groups": groups, "stats": stats, "launch_order": launch_order, "mergecomp": mergecomp}))
 
 
 def main():

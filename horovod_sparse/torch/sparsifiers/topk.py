@@ -20,7 +20,7 @@ class TopK(Sparsifier):
 
     def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
                  step: int) -> Exchange:
-        k = self.options.count(x.numel())
+        k = self.options.count(x.numel(), step)
         with comm.timer("select"):
             idx = torch.topk(x.abs(), k, sorted=False).indices
         yield from self.allgather_exchange(x, idx, out, comm, fixed_count=k)

@@ -1,0 +1,53 @@
+"""Detecting a configuration that differs across ranks, before it can hang a collective.
+
+Horovod matches collectives by name. If one rank sparsifies with density 0.01 and another with
+0.02, or groups parameters differently, their collectives differ in size or name and the job
+errors obscurely or stalls. So the optimizer wrappers compare a fingerprint of the configuration
+on every rank once, at construction, and on a mismatch every rank raises the same error naming
+the ranks and the settings that differ.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Dict, List, Sequence
+
+FINGERPRINT_BYTES = 16
+
+
+def fingerprint(config: Dict[str, Any]) -> bytes:
+    """A fixed-size digest of a JSON-serialisable configuration (key order does not matter)."""
+    text = json.dumps(config, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).digest()[:FINGERPRINT_BYTES]
+
+
+def _flatten(config: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(config, dict):
+        flat: Dict[str, Any] = {}
+        for key, value in config.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): config}
+
+
+def mismatch_message(configs: Sequence[Dict[str, Any]]) -> str:
+    """Explain how the configurations of the ranks differ from rank 0's.
+
+    Args:
+        configs: every rank's configuration, indexed by rank.
+
+    Returns:
+        A message naming each differing rank and setting, e.g.
+        ``rank 1 differs from rank 0: options.density=0.02 (rank 0: 0.01)``.
+    """
+    reference = _flatten(configs[0])
+    lines: List[str] = []
+    for rank, config in enumerate(configs[1:], start=1):
+        flat = _flatten(config)
+        diffs = [f"{key}={flat.get(key, '<missing>')!r} (rank 0: {reference.get(key, '<missing>')!r})"
+                 for key in sorted(set(reference) | set(flat)) if reference.get(key) != flat.get(key)]
+        if diffs:
+            shown = "; ".join(diffs[:5]) + (f"; and {len(diffs) - 5} more" if len(diffs) > 5 else "")
+            lines.append(f"rank {rank} differs from rank 0: {shown}")
+    return ("horovod_sparse configuration differs across ranks; every rank must build the "
+            "optimizer with the same compression, options, grouping and model: " + " | ".join(lines))

@@ -1,0 +1,208 @@
+"""Worker: reliability scenarios (bad configuration across ranks, non-finite gradients, dtypes,
+parameters without gradients, checkpoints). Each scenario writes a JSON record per rank; the
+test asserts on them. Scenarios run one after another in the same launch, so a scenario that
+hung or left Horovod in a bad state would also fail every later one.
+"""
+import argparse
+import io
+import json
+import warnings
+from pathlib import Path
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import horovod_sparse.torch as hs
+from tests.streams import raw_gradient
+
+SHAPES = [[40, 30], [30], [20, 9]]
+
+
+def make_params(shapes=SHAPES, dtype=torch.float32, seed=5):
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.nn.Parameter(torch.randn(*s, generator=generator, dtype=torch.float64).to(dtype)) for s in shapes]
+
+
+def wrap(params, method="topk", nonfinite="default", **options):
+    options.setdefault("min_numel", 0)
+    options.setdefault("density", 0.05)
+    return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9),
+                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                   compression=hs.Compression.create(method, **options), nonfinite=nonfinite)
+
+
+def backward(params, step, seed=5, poison=False, skip=()):
+    terms = []
+    for i, p in enumerate(params):
+        if i in skip:
+            continue
+        g = torch.from_numpy(raw_gradient(seed, step, hvd.rank(), p.shape, i)).to(p.dtype)
+        if poison and i == 0:
+            g.view(-1)[3] = float("nan")
+        terms.append((p * g).sum())
+    sum(terms).backward()
+
+
+def snapshot(opt, params):
+    return ([p.detach().double().numpy().copy() for p in params],
+            [r.double().numpy().copy() for r in opt.residuals().values()])
+
+
+def scenario_mismatch(config):
+    """Rank 1 asks for another density: every rank must raise, naming rank 1 and density."""
+    density = 0.05 if hvd.rank() != 1 else 0.02
+    try:
+        wrap(make_params(), density=density)
+    except ValueError as err:
+        return {"raised": "ValueError", "message": str(err)}
+    return {"raised": None}
+
+
+def scenario_stock_refuses(config):
+    """A sparsifier inside the stock hvd.DistributedOptimizer must refuse on every rank."""
+    params = make_params()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
+                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                   compression=hs.Compression.topk(density=0.1))
+    try:
+        backward(params, 0)
+        opt.step()
+    except TypeError as err:
+        return {"raised": "TypeError", "message": str(err)}
+    return {"raised": None}
+
+
+def scenario_nonfinite(config):
+    """Rank 1's gradient is NaN at step 3; the policy decides what every rank sees."""
+    params = make_params()
+    opt = wrap(params, nonfinite=config["policy"])
+    record = {"raised": None, "warned": False}
+    for step in range(6):
+        opt.zero_grad()
+        before = snapshot(opt, params)  # before backward: its hooks already start the exchange
+        backward(params, step, poison=(step == 3 and hvd.rank() == 1))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                opt.step()
+            except FloatingPointError as err:
+                record["raised"] = str(err)
+        if step == 3:
+            after = snapshot(opt, params)
+            record["params_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before[0], after[0]))
+            # Healthy groups keep this step's gradient in their residual (nothing lost); the
+            # poisoned group (rank 1, parameter 0) drops its gradient: residual as before.
+            def kept(i, p):
+                healthy = hvd.rank() != 1 or i != 0
+                return raw_gradient(5, step, hvd.rank(), p.shape, i).reshape(-1) if healthy else 0
+
+            expected = [b + kept(i, p) for i, (b, p) in enumerate(zip(before[1], params))]
+            record["residuals_restored"] = all(np.allclose(a, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
+                                               for a, e in zip(after[1], expected))
+            record["warned"] = any(issubclass(w.category, RuntimeWarning) and "non-finite" in str(w.message)
+                                   for w in caught)
+            record["abandoned"] = opt.last_stats.abandoned
+    record["residuals_finite"] = all(bool(torch.isfinite(r).all()) for r in opt.residuals().values())
+    record["params"] = [p.detach().double().numpy().tolist() for p in params]
+    return record
+
+
+def scenario_dtypes(config):
+    """Train a few steps with parameters of one dtype; report parameters and conservation terms."""
+    dtype = getattr(torch, config["dtype"])
+    params = make_params(dtype=dtype)
+    opt = wrap(params, fp16_values=config.get("fp16_values", False))
+    delivered = [np.zeros(p.numel()) for p in params]
+    for step in range(5):
+        opt.zero_grad()
+        backward(params, step)
+        opt.synchronize()
+        for total, p in zip(delivered, params):
+            total += p.grad.detach().double().numpy().reshape(-1)
+        with opt.skip_synchronize():
+            opt.step()
+    return {"params": [p.detach().double().numpy().tolist() for p in params],
+            "delivered": [d.tolist() for d in delivered],
+            "residuals": [r.double().numpy().tolist() for r in opt.residuals().values()],
+            "grad_dtypes": [str(p.grad.dtype) for p in params]}
+
+
+def scenario_odd_parameters(config):
+    """Integer, frozen and zero-size parameters are ignored; a non-contiguous gradient works;
+    rank 0 skips parameter 1 on even steps (dynamic graph): no hang, identical replicas."""
+    params = make_params()
+    counter = torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)
+    frozen = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    empty = torch.nn.Parameter(torch.zeros(0))
+    transposed = torch.nn.Parameter(torch.randn(6, 5, generator=torch.Generator().manual_seed(1)))
+    everything = params + [counter, frozen, empty, transposed]
+    opt = hs.DistributedOptimizer(torch.optim.SGD(everything, lr=0.01),
+                                  named_parameters=[(f"q{i}", p) for i, p in enumerate(everything)],
+                                  compression=hs.Compression.topk(density=0.1, min_numel=0))
+    for step in range(6):
+        opt.zero_grad()
+        skip = (1,) if hvd.rank() == 0 and step % 2 == 0 else ()
+        backward(params, step, skip=skip)
+        (transposed.t() * torch.arange(30.0).view(5, 6)).sum().backward()  # grad of a transposed view
+        opt.step()
+    return {"params": [p.detach().double().numpy().tolist() for p in params + [transposed]],
+            "groups": opt.groups}
+
+
+def scenario_resume(config):
+    """Continuous 2N steps vs N steps + save; the test runs a second launch that loads and
+    continues (a fresh process), then compares."""
+    out, n = Path(config["out"]), config["half"]
+    params = make_params()
+    opt = wrap(params, method=config.get("method", "topk"))
+    start = 0
+    checkpoint = out / f"resume.rank{hvd.rank()}.pt"
+    if config["phase"] == "second":
+        saved = torch.load(checkpoint, weights_only=False)
+        for p, value in zip(params, saved["params"]):
+            p.data.copy_(value)
+        opt.load_state_dict(saved["optimizer"])
+        start = n
+    stop = n if config["phase"] == "first" else 2 * n
+    for step in range(start, stop):
+        opt.zero_grad()
+        backward(params, step)
+        opt.step()
+    if config["phase"] == "first":
+        buffer = io.BytesIO()
+        torch.save({"params": [p.detach().clone() for p in params], "optimizer": opt.state_dict()}, buffer)
+        checkpoint.write_bytes(buffer.getvalue())
+    return {"params": [p.detach().double().numpy().tolist() for p in params], "steps": opt.steps}
+
+
+def scenario_broadcast_state(config):
+    """hvd.broadcast_optimizer_state and hs.broadcast_optimizer_state on a fresh wrapper."""
+    params = make_params()
+    opt = wrap(params)
+    hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(params)}, root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+    hs.broadcast_optimizer_state(opt, root_rank=0)
+    for step in range(3):
+        opt.zero_grad()
+        backward(params, step)
+        opt.step()
+    return {"params": [p.detach().double().numpy().tolist() for p in params], "steps": opt.steps}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    hvd.init()
+    torch.set_num_threads(1)
+    for config in json.loads(Path(args.configs).read_text()):
+        config["out"] = args.out
+        record = globals()[f"scenario_{config['scenario']}"](config)
+        path = Path(args.out) / f"{config['name']}.rank{hvd.rank()}.json"
+        path.write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
