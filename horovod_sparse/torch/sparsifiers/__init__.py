@@ -1,3 +1,10 @@
 """PyTorch implementations, one module per method; importing this package registers them all."""
 import horovod_sparse.common.methods  # noqa: F401  (the options must be registered first)
 from horovod_sparse.torch.sparsifiers import topk  # noqa: F401
+from horovod_sparse.torch.sparsifiers import gtopk  # noqa: F401
+from horovod_sparse.torch.sparsifiers import lags  # noqa: F401
+from horovod_sparse.torch.sparsifiers import micro  # noqa: F401
+from horovod_sparse.torch.sparsifiers import exdyna  # noqa: F401
+from horovod_sparse.torch.sparsifiers import threshold  # noqa: F401
+from horovod_sparse.torch.sparsifiers import dgc  # noqa: F401
+from horovod_sparse.torch.sparsifiers import gaussiank  # noqa: F401

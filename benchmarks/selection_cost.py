@@ -1,0 +1,140 @@
+"""Selection cost of MiCRO/ExDyna against Top-k and against reading the partition once.
+
+    python -m benchmarks.selection_cost --numel 25600000 --workers 2 4 --density 0.001
+
+One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--numel`` elements
+(the size of ResNet-50 by default). For each worker count ``n`` it times, on rank 0's partition
+``[0, numel / n)``, side by side and interleaved (medians over ``--repeats``):
+
+* ``topk``: ``torch.topk(x.abs(), k)`` over the whole buffer (what Top-k does, k = density * numel);
+* ``sum``: ``x[partition].sum()``, a read-only pass over the partition;
+* ``histogram``: MiCRO/ExDyna's selection with the default controller, as the exchange runs it:
+  block scan, candidate read and local histogram, threshold, filter (the other ranks' histograms
+  are taken equal to this one's);
+* ``paper``: the selection with a given threshold (the paper controller's path): block scan and pick;
+* ``naive``: ``torch.where(x[partition].abs() >= threshold)``, for orientation.
+
+and prints each time and the ratios ``histogram / topk`` and ``histogram / sum``. Timings taken on
+a shared machine are only meaningful as ratios measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+
+from horovod_sparse.common.controllers import (HistogramController, ThresholdState, candidate_budget,
+                                               local_histogram, scan_block_size)
+from horovod_sparse.torch.selection import Candidates, pick, scan
+
+
+PHASES = ("scan", "candidates", "histogram", "threshold", "filter")
+
+
+def histogram_selection(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState
+                        ) -> Tuple[torch.Tensor, List[float]]:
+    """Rank 0's selection with the histogram controller, the global histogram emulated as
+    ``workers`` copies of rank 0's (the bar markers are not summed: they hold a maximum).
+    Returns the indices and the clock at the start and at the end of each of :data:`PHASES`."""
+    controller = HistogramController()
+    clock = [time.perf_counter()]
+    scanned = scan(x, 0, end, scan_block_size(k / x.numel()))
+    clock.append(time.perf_counter())
+    candidates = Candidates.collect(scanned, candidate_budget(k, workers, state.last_counts))
+    clock.append(time.perf_counter())
+    window = controller.window(state)
+    local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, 0, workers)
+    clock.append(time.perf_counter())
+    bins = len(window) + 1
+    threshold = controller.next_threshold(state, k, np.concatenate([local[:bins] * workers, local[bins:]]))
+    clock.append(time.perf_counter())
+    selected = candidates.select(threshold)
+    clock.append(time.perf_counter())
+    return selected, clock
+
+
+def steady_state(x: torch.Tensor, end: int, k: int, workers: int) -> ThresholdState:
+    """The controller's state after one step at the target (so the fine window is used)."""
+    state = ThresholdState()
+    selected, _ = histogram_selection(x, end, k, workers, state)
+    state.record([selected.numel()] * workers)
+    return state
+
+
+def time_side_by_side(candidates: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, float]:
+    """Median seconds of each callable, run in turn ``repeats`` times (after one warm-up each)."""
+    samples: Dict[str, List[float]] = {name: [] for name in candidates}
+    for name, run in candidates.items():
+        run()
+    for _ in range(repeats):
+        for name, run in candidates.items():
+            start = time.perf_counter()
+            run()
+            samples[name].append(time.perf_counter() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--numel", type=int, default=25_600_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
+    k = max(1, int(args.density * args.numel))
+    rows = []
+    print(f"selection over a float32 gradient of {args.numel} elements, density {args.density} (k = {k}), "
+          f"1 thread, medians of {args.repeats}")
+    print(f"{'n':>3s} {'topk ms':>9s} {'sum ms':>8s} {'hist ms':>8s} {'paper ms':>9s} {'naive ms':>9s} "
+          f"{'hist/topk':>10s} {'hist/sum':>9s}  histogram phases (ms)")
+    for workers in args.workers:
+        end = args.numel // workers
+        state = steady_state(x, end, k, workers)
+        threshold = state.threshold
+        block = scan_block_size(args.density)
+        seconds = time_side_by_side({
+            "topk": lambda: torch.topk(x.abs(), k, sorted=False),
+            "sum": lambda: x[:end].sum(),
+            "histogram": lambda: histogram_selection(x, end, k, workers, ThresholdState(**vars(state))),
+            "paper": lambda: pick(scan(x, 0, end, block), threshold),
+            "naive": lambda: torch.where(x[:end].abs() >= threshold),
+        }, args.repeats)
+        phases = time_phases(x, end, k, workers, state, args.repeats)
+        row = {"workers": workers, "numel": args.numel, "density": args.density,
+               **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},
+               "histogram_over_topk": seconds["histogram"] / seconds["topk"],
+               "histogram_over_sum": seconds["histogram"] / seconds["sum"],
+               "phases_ms": {name: 1e3 * value for name, value in phases.items()}}
+        rows.append(row)
+        print(f"{workers:3d} {row['topk_ms']:9.1f} {row['sum_ms']:8.2f} {row['histogram_ms']:8.2f} "
+              f"{row['paper_ms']:9.2f} {row['naive_ms']:9.2f} {row['histogram_over_topk']:10.4f} "
+              f"{row['histogram_over_sum']:9.2f}  "
+              + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_ms"].items()))
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps(rows, indent=2))
+
+
+def time_phases(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState,
+                repeats: int) -> Dict[str, float]:
+    """Median seconds of each of :data:`PHASES` of :func:`histogram_selection`."""
+    samples: Dict[str, List[float]] = {name: [] for name in PHASES}
+    for _ in range(repeats):
+        _, clock = histogram_selection(x, end, k, workers, ThresholdState(**vars(state)))
+        for name, begin, finish in zip(PHASES, clock, clock[1:]):
+            samples[name].append(finish - begin)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,294 @@
+"""Threshold controllers of the partitioned methods (MiCRO, ExDyna): each step's threshold.
+
+Every rank selects ``|x| >= threshold`` over the partition it owns, so the global count (the
+union, since partitions are exclusive) is whatever the threshold lets through. The threshold
+must be the same on every rank, so a controller derives it only from numbers every rank holds
+identically: the previous steps' global counts, and, for the default controller, a histogram
+summed over ranks by one small allreduce.
+
+Controllers (``controller=`` option):
+
+``"histogram"`` (default)
+    Follows the *current* step's gradient with one allreduce of about 560 bytes.
+
+    1. Each rank already has the largest ``|x|`` of every block of its partition (the
+       selection scan, :func:`scan_block_size`). It re-reads its ``budget`` blocks with the
+       largest maxima (:func:`candidate_budget`: 1.5 times the largest per-rank count of the
+       last step, at least ``1.5 k / n``); they hold every coordinate at or above the
+       ``budget``-th largest maximum, the rank's *bar* (:func:`candidate_bar`). These
+       candidates are at least ``budget`` coordinates.
+    2. It counts the candidates' magnitudes into a histogram (:class:`HistogramWindow`: bin
+       edges 1/2048 octave apart next to the last threshold, where error feedback piles
+       residuals up just below it, each next bin 1/8 wider, out to 4 octaves either side; at
+       the first step, and after a step whose answer fell outside the window, 4 bins per
+       octave over every positive float32) and marks which edge its bar lies under
+       (:func:`local_histogram`).
+    3. The allreduce sums these. Above every rank's bar the global tail counts are exact, and
+       every rank reads the same threshold off them (:func:`threshold_from_histogram`: log-log
+       interpolation inside a bin, never below the highest bar). The threshold can only be
+       short of ``k`` when one rank holds more than its ``budget`` of the ``k``; lock-in takes
+       one step, and a gradient whose scale jumps from step to step is followed at once.
+    4. Each rank keeps the candidates at or above the threshold: no further pass.
+
+``"paper"``
+    The published rule of MiCRO/ExDyna, exactly as the authors' code runs it: the first
+    threshold is ``1 / (2 sqrt(k))`` (data independent), then with ``ratio = k_prev / k``
+    (``k_prev``: last step's global count) the threshold is multiplied by 1.005 if
+    ``ratio > 1.1``, by 1.00125 if ``0.909 < ratio <= 1.1``, else by 0.995. It moves at most
+    0.5% a step, so it needs hundreds of steps to reach the target and cannot follow a gradient
+    whose scale changes faster than that.
+``"paper_intent"``
+    The same, with the presumed intent of the reference code's unreachable branch inside the
+    band: ×1.00125 if ``ratio > 1`` else ×0.9987.
+
+Selection thresholds are rounded to float32 (:func:`as_float32`) so that every framework and the
+NumPy references compare against the same number; the paper rule compounds in double precision
+as the reference code does. Histogram edges are float32 bit patterns built with integer
+arithmetic, so every rank on every machine gets the same ones.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+
+#: Names accepted by the ``controller=`` option, default first.
+CONTROLLERS = ("histogram", "paper", "paper_intent")
+
+#: A rank re-reads this many times the largest per-rank count of the last step, in blocks.
+CANDIDATE_MARGIN = 1.5
+#: Float32 bit patterns hold 2**23 per octave; +inf is the first non-finite one.
+_OCTAVE_BITS = 1 << 23
+_INF_BITS = 0x7F800000
+#: The smallest positive float32: thresholds never go below it, so zeros are never selected.
+SMALLEST_THRESHOLD = float(np.nextafter(np.float32(0), np.float32(1)))
+
+
+def _fine_offsets() -> np.ndarray:
+    """Edge offsets (bit patterns) of the fine window on one side of its centre: 1/2048 octave
+    apart next to it, each gap then 1/8 of the distance, out to 4 octaves (67 edges)."""
+    offsets = [0]
+    while offsets[-1] < 4 * _OCTAVE_BITS:
+        offsets.append(offsets[-1] + max(_OCTAVE_BITS >> 11, offsets[-1] >> 3))
+    return np.array(offsets, dtype=np.int64)
+
+
+_FINE_OFFSETS = _fine_offsets()
+
+
+def as_float32(value: float) -> float:
+    """``value`` rounded to the nearest float32 (returned as a Python float), at least
+    :data:`SMALLEST_THRESHOLD`."""
+    return max(float(np.float32(value)), SMALLEST_THRESHOLD)
+
+
+def float32_bits(value: float) -> int:
+    """The bit pattern of ``value`` rounded to float32 (monotone in ``value`` for ``value >= 0``)."""
+    return int(np.array([value], dtype=np.float32).view(np.int32)[0])
+
+
+def scan_block_size(density: float) -> int:
+    """Block length of the selection scan: a power of two near ``1 / (16 density)`` in [32, 512].
+
+    The scan reads each block's largest ``|x|`` (one fast reduction) and only re-reads the blocks
+    whose maximum passes the threshold; at about one selected coordinate per 16 blocks few
+    blocks are re-read.
+    """
+    return int(min(512, max(32, 2 ** round(math.log2(1.0 / (16.0 * density))))))
+
+
+def candidate_budget(k: int, parts: int, last_counts: Sequence[int]) -> int:
+    """Blocks a rank re-reads to count its candidates exactly: ``CANDIDATE_MARGIN`` times the
+    largest per-rank count of the last step (``last_counts``), at least ``k / parts`` (twice
+    that before the first step)."""
+    share = max(k / parts, max(last_counts)) if len(last_counts) else 2.0 * k / parts
+    return max(1, math.ceil(CANDIDATE_MARGIN * share))
+
+
+def candidate_bar(maxima: np.ndarray, budget: int) -> float:
+    """The ``budget``-th largest of the block ``maxima`` (the smallest positive float32 when
+    there are no more blocks than that, or when it is 0)."""
+    if maxima.size <= budget:
+        return SMALLEST_THRESHOLD
+    cut = maxima.size - budget
+    return max(float(np.partition(maxima, cut)[cut]), SMALLEST_THRESHOLD)
+
+
+@dataclass
+class ThresholdState:
+    """What a threshold controller remembers between steps (plain numbers: saved and restored
+    with the group's state).
+
+    Attributes:
+        threshold: the last threshold, in double precision (the paper rule compounds it).
+        steps: sparse steps taken so far.
+        last_union: coordinates selected over all ranks at the last step (``k_prev``).
+        last_counts: coordinates each rank selected at the last step.
+        clamped: the last histogram threshold fell outside its window (so the next histogram
+            covers the whole float range).
+    """
+
+    threshold: float = 0.0
+    steps: int = 0
+    last_union: int = 0
+    last_counts: List[int] = field(default_factory=list)
+    clamped: bool = False
+
+    def record(self, counts: Sequence[int]) -> None:
+        """After a step in which rank ``r`` selected ``counts[r]`` coordinates."""
+        self.steps += 1
+        self.last_counts = [int(c) for c in counts]
+        self.last_union = sum(self.last_counts)
+
+
+class HistogramWindow:
+    """Histogram bins over non-negative float32 values, given by increasing positive finite edges.
+
+    ``histogram`` arrays have ``len(edges) + 1`` counts: below the first edge, between
+    consecutive edges, at or above the last edge.
+    """
+
+    def __init__(self, edge_bits: np.ndarray) -> None:
+        self.edge_bits = np.asarray(edge_bits, dtype=np.int64)
+        self._edges32 = self.edge_bits.astype(np.int32).view(np.float32)
+
+    @classmethod
+    def around(cls, threshold: float) -> "HistogramWindow":
+        """The fine window centred on ``threshold`` (see the module docstring)."""
+        centre = float32_bits(threshold)
+        bits = np.concatenate([centre - _FINE_OFFSETS[:0:-1], centre + _FINE_OFFSETS])
+        return cls(np.unique(np.clip(bits, 1, _INF_BITS - 1)))
+
+    @classmethod
+    def everything(cls) -> "HistogramWindow":
+        """4 edges per octave over every positive finite float32 (the first step)."""
+        return cls(np.arange(1, _INF_BITS >> 21, dtype=np.int64) << 21)
+
+    def __len__(self) -> int:
+        return self.edge_bits.size
+
+    def edges(self) -> np.ndarray:
+        """The edges as float64 (exact float32 values, increasing, > 0)."""
+        return self._edges32.astype(np.float64)
+
+    def histogram(self, values: np.ndarray) -> np.ndarray:
+        """Counts of non-negative ``values`` (``len(self) + 1`` int32, see the class docstring)."""
+        slots = np.searchsorted(self._edges32, np.asarray(values, dtype=np.float32), side="right")
+        return np.bincount(slots, minlength=len(self) + 1).astype(np.int32)
+
+    def edge_at_or_above(self, value: float) -> int:
+        """Index of the first edge ``>= value`` (``len(self)`` when there is none)."""
+        return int(np.searchsorted(self._edges32, np.float32(value), side="left"))
+
+
+def local_histogram(window: HistogramWindow, magnitudes: np.ndarray, bar: float, rank: int,
+                    parts: int) -> np.ndarray:
+    """Rank ``rank``'s share of the global histogram, ``len(window) + 1 + parts`` int32: the
+    counts of its candidates' ``magnitudes`` (all its coordinates ``>= bar``), then, at
+    position ``rank`` of the last ``parts`` entries, the first edge at or above its ``bar``."""
+    marks = np.zeros(parts, dtype=np.int32)
+    marks[rank] = window.edge_at_or_above(bar)
+    return np.concatenate([window.histogram(magnitudes), marks])
+
+
+def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int],
+                             target: float) -> Tuple[float, bool]:
+    """The float32 threshold that about ``target`` coordinates reach, read off a summed
+    :func:`local_histogram`, and whether the answer fell outside the window.
+
+    With ``T(e)`` the number of coordinates ``>= e``, exact at every edge at or above all the
+    ranks' bars, the result is the edge or the point inside the bin where ``T`` crosses
+    ``target``, interpolated linearly in ``(log e, log T)`` (in ``log e`` alone when ``T`` is 0
+    at the bin's top). It is the window's top edge when more than ``target`` lie above the
+    window (outside), and the lowest exact edge when fewer than ``target`` reach it (outside
+    when that is the window's first edge). Non-increasing in ``target``; identical on every
+    rank for the same histogram.
+    """
+    size = len(window)
+    counts = np.asarray(histogram[:size + 1], dtype=np.int64)
+    lowest = int(np.max(histogram[size + 1:]))
+    tails = np.cumsum(counts[::-1])[::-1][1:]  # tails[j] = T(edge j), j = 0 .. size - 1
+    edges = window.edges()
+    if tails[-1] >= target or lowest >= size:
+        return as_float32(edges[-1]), True
+    if tails[lowest] < target:
+        return as_float32(edges[lowest]), lowest == 0
+    j = int(np.count_nonzero(tails >= target)) - 1
+    above, beyond = float(tails[j]), float(tails[j + 1])
+    if beyond > 0:
+        fraction = math.log(above / target) / math.log(above / beyond)
+    else:
+        fraction = (above - target) / above
+    value = edges[j] * (edges[j + 1] / edges[j]) ** fraction
+    return min(max(as_float32(value), float(edges[j])), float(edges[j + 1])), False
+
+
+def paper_factor(ratio: float, intended_band: bool = False) -> float:
+    """The published multiplicative update for ``ratio = k_prev / k``.
+
+    The reference code's band branch reads ``1.00125 if ratio > 0 else 0.9987``, so inside the
+    band it always raises; ``intended_band`` uses ``ratio > 1`` instead (the presumed intent).
+    """
+    if ratio > 1.1:
+        return 1.005
+    if ratio > 0.909:
+        return 1.00125 if ratio > (1.0 if intended_band else 0.0) else 0.9987
+    return 0.995
+
+
+class Controller(Protocol):
+    """Chooses each step's threshold from globally known numbers."""
+
+    def window(self, state: ThresholdState) -> Optional[HistogramWindow]:
+        """The histogram to sum over ranks before choosing (see :func:`local_histogram`), or
+        None when the controller needs none."""
+
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
+        """Update ``state`` for this step and return the float32 selection threshold.
+        ``histogram`` is the global histogram of :meth:`window` (None when it returned None)."""
+
+
+class PaperController:
+    """The published rule (see the module docstring); ``intended_band`` selects ``paper_intent``."""
+
+    def __init__(self, intended_band: bool = False) -> None:
+        self.intended_band = intended_band
+
+    def window(self, state: ThresholdState) -> Optional[HistogramWindow]:
+        return None
+
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
+        if state.steps == 0:
+            state.threshold = 1.0 / (2.0 * math.sqrt(k))
+        else:
+            state.threshold *= paper_factor(state.last_union / k, self.intended_band)
+        return as_float32(state.threshold)
+
+
+class HistogramController:
+    """The default controller: the threshold read off this step's global histogram (see the
+    module docstring)."""
+
+    def window(self, state: ThresholdState) -> Optional[HistogramWindow]:
+        if state.steps == 0 or state.clamped:
+            return HistogramWindow.everything()
+        return HistogramWindow.around(state.threshold)
+
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
+        window = self.window(state)  # the window the histogram was counted in
+        if histogram is None:
+            raise ValueError("the histogram controller needs the global histogram of its window")
+        state.threshold, state.clamped = threshold_from_histogram(window, histogram, k)
+        return state.threshold
+
+
+def make_controller(name: str) -> Controller:
+    """The controller called ``name`` (one of :data:`CONTROLLERS`)."""
+    factories: Dict[str, Controller] = {"histogram": HistogramController(), "paper": PaperController(),
+                                        "paper_intent": PaperController(intended_band=True)}
+    try:
+        return factories[name]
+    except KeyError:
+        raise ValueError(f"controller must be one of {', '.join(map(repr, CONTROLLERS))}, got {name!r}") from None
