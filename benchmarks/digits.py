@@ -2,7 +2,7 @@
 methods side by side, on every worker of a ``horovodrun`` job, and print what each one buys.
 
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.digits \
-        --compressors none topk:density=0.01
+        --compressors none topk:density=0.01 [--framework tensorflow]
 
 Prints, per method: test accuracy, training samples/s (all workers), payload bytes sent per
 step per rank (values + indices + metadata) and the density that reached the model.
@@ -72,13 +72,23 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, help="write the table as JSON here (rank 0)")
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
+                        help="torch: horovod_sparse.torch.DistributedOptimizer; tensorflow: Keras model.fit "
+                             "with horovod_sparse.tensorflow.keras.DistributedOptimizer (benchmarks/digits_tf.py)")
     args = parser.parse_args()
-    hvd.init()
-    torch.set_num_threads(1)
-    rows = [train(spec, args) for spec in args.compressors]
-    if hvd.rank() != 0:
+    if args.framework == "tensorflow":
+        from benchmarks import digits_tf
+
+        rank, size, rows = digits_tf.run(args)
+    else:
+        hvd.init()
+        torch.set_num_threads(1)
+        rows = [train(spec, args) for spec in args.compressors]
+        rank, size = hvd.rank(), hvd.size()
+    if rank != 0:
         return
-    print(f"digits MLP ({rows[0]['parameters']} parameters), {hvd.size()} workers, {args.epochs} epochs")
+    framework = " (TensorFlow, Keras model.fit)" if args.framework == "tensorflow" else ""
+    print(f"digits MLP ({rows[0]['parameters']} parameters), {size} workers, {args.epochs} epochs{framework}")
     print(f"{'compressor':34s} {'accuracy':>8s} {'samples/s':>10s} {'bytes sent/step':>16s} {'union density':>14s}")
     for row in rows:
         print(f"{row['compressor']:34s} {row['accuracy']:8.4f} {row['samples_per_s']:10.0f} "

@@ -1,0 +1,35 @@
+"""Checks of the wrapper arguments that both front ends take from Horovod (``op``,
+``gradient_predivide_factor``, ``compression``), with the same messages in both frameworks."""
+from __future__ import annotations
+
+from typing import Any
+
+
+def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: type, op_name: str,
+                            gradient_predivide_factor: float) -> None:
+    """Refuse combinations a sparse exchange cannot honour, naming what to use instead.
+
+    Args:
+        compression: the ``compression=`` argument as given.
+        sparse: whether ``compression`` is a sparsifier instance.
+        sparsifier_base: the framework's sparsifier base class (to recognise a class passed
+            where an instance is expected).
+        op_name: ``"average"``, ``"sum"``, ``"adasum"`` or another Horovod reduction's name.
+        gradient_predivide_factor: as given.
+    """
+    if gradient_predivide_factor != 1.0 and op_name != "average":
+        raise ValueError("gradient_predivide_factor not supported with op != Average")
+    if isinstance(compression, type) and issubclass(compression, sparsifier_base):
+        raise TypeError(f"compression={compression.__name__} is a class; create an instance with "
+                        f"Compression.{compression.method_name}(density=...)")
+    if not sparse:
+        return
+    if op_name == "adasum":
+        raise ValueError("op=hvd.Adasum combines dense gradients and cannot be used with a "
+                         "sparsifier; use op=hvd.Average")
+    if op_name not in ("average", "sum"):
+        raise ValueError(f"a sparsifier sums the selected values over ranks, so op must be hvd.Average "
+                         f"or hvd.Sum, got op={op_name}")
+    if gradient_predivide_factor != 1.0:
+        raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
+                         "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")

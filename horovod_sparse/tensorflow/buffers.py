@@ -1,0 +1,72 @@
+"""A group of variables exchanged as one flat buffer, and its error-feedback residual (TensorFlow).
+
+The counterpart of :mod:`horovod_sparse.torch.buffers`. TensorFlow tensors are immutable, so
+instead of updating buffers in place the group builds ``x = g + e`` as a new tensor, the
+sparsifier returns the new residual and the aggregated update, and the residual is written back
+into a non-trainable ``tf.Variable``. That variable is created once per group, outside any
+``tf.function`` (``tf.init_scope``), and keeps its place across steps: the residual of a group is
+keyed by the group's position in the layout, which is fixed by the variables' order.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import tensorflow as tf
+
+from horovod_sparse.tensorflow.collectives import op_name
+
+
+class FlatGroup:
+    """Variables whose gradients are selected and exchanged as one flat buffer.
+
+    Args:
+        index: position of the group in the layout (same on every rank).
+        names: variable names, in flattening order.
+        positions: where each member's gradient sits in the gradient list, same order.
+        shapes: the members' (static, fully defined) shapes.
+        dtype: the members' common dtype.
+    """
+
+    def __init__(self, index: int, names: List[str], positions: List[int], shapes: List[tf.TensorShape],
+                 dtype: tf.DType) -> None:
+        self.index = index
+        self.names = names
+        self.positions = positions
+        self.shapes = shapes
+        self.dtype = dtype
+        self.name = names[0] if len(names) == 1 else f"group{index}.{names[0]}"
+        self.numels = [int(shape.num_elements()) for shape in shapes]
+        self.numel = sum(self.numels)
+        self.residual: Optional[tf.Variable] = None
+
+    def _ensure_residual(self) -> tf.Variable:
+        if self.residual is None:
+            with tf.init_scope():
+                self.residual = tf.Variable(tf.zeros([self.numel], dtype=self.dtype), trainable=False,
+                                            name=op_name(f"hs_residual_{self.index}"))
+        return self.residual
+
+    def flatten(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """The members' gradients (taken from the full list ``grads``) as one flat tensor."""
+        parts = [tf.reshape(tf.convert_to_tensor(grads[i]), [-1]) for i in self.positions]
+        return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
+
+    def load_gradients(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
+        """``x = g + e``: the members' flat gradient plus the residual kept from earlier steps."""
+        return self._ensure_residual() + tf.cast(self.flatten(grads), self.dtype)
+
+    def store_residual(self, residual: tf.Tensor) -> None:
+        """Keep ``residual`` for the next step."""
+        self._ensure_residual().assign(residual)
+
+    def unflatten(self, flat: tf.Tensor) -> List[tf.Tensor]:
+        """Split a flat buffer back into tensors of the members' shapes, in member order."""
+        if len(self.numels) == 1:
+            return [tf.reshape(flat, self.shapes[0])]
+        return [tf.reshape(part, shape) for part, shape in zip(tf.split(flat, self.numels), self.shapes)]
+
+    def residual_value(self) -> tf.Tensor:
+        """The residual between steps (zeros before the group's first sparse step)."""
+        if self.residual is None:
+            return tf.zeros([self.numel], dtype=self.dtype)
+        return tf.convert_to_tensor(self.residual)

@@ -1,0 +1,175 @@
+"""Horovod collectives as a sparsifier sees them: named, counted and timed (TensorFlow).
+
+The counterpart of :mod:`horovod_sparse.torch.collectives`, with the same protocol: a sparsifier
+never calls Horovod directly; it asks a :class:`Communicator` to *launch* a collective, which
+returns a :class:`Pending`, and yields the pendings it needs to the driver, which waits for them
+(:meth:`Communicator.wait`) and sends the outputs back. Every collective is named
+``hs.<group>.<tag>`` (identical on every rank, unique per step), issued on the driver's process
+set, and its payload bytes land in the group's :class:`~horovod_sparse.common.stats.GroupStats`.
+
+TensorFlow differences: ``horovod.tensorflow``'s collectives are ops. In eager mode an op has
+finished when the call returns, so "launch" does the work and "wait" only hands the outputs
+over; inside a ``tf.function`` the ops are symbolic and TensorFlow runs them as their inputs
+become ready. Byte counts are Python ints where shapes are static and int64 scalar tensors where
+they are not (a variable-length allgather traced in a graph); the driver materialises them (see
+:mod:`horovod_sparse.tensorflow.recording`). Wall times are only measured in eager mode.
+"""
+from __future__ import annotations
+
+import re
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Union
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from horovod_sparse.common.stats import GroupStats
+
+#: A byte count: a Python int when the shape is static, else an int64 scalar tensor.
+ByteCount = Union[int, tf.Tensor]
+
+
+@dataclass
+class Pending:
+    """A launched collective: its output (eager or symbolic) plus what accounting needs."""
+
+    output: Any
+    kind: str
+    #: bytes of the output that this rank contributed itself (not received from others).
+    own_bytes: ByteCount
+
+
+def nbytes(tensor: tf.Tensor) -> ByteCount:
+    """Payload size of ``tensor`` in bytes: an int for a static shape, else an int64 tensor."""
+    count = tensor.shape.num_elements()
+    if count is not None:
+        return count * tensor.dtype.size
+    return tf.size(tensor, out_type=tf.int64) * tensor.dtype.size
+
+
+def index_dtype(numel: int) -> tf.DType:
+    """int32 for buffers below 2**31 elements, int64 beyond."""
+    return tf.int32 if numel < 2 ** 31 else tf.int64
+
+
+def op_name(text: str) -> str:
+    """``text`` made a valid TensorFlow op name (Horovod matches collectives by this name)."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", text)
+
+
+class Communicator:
+    """Launches Horovod collectives for one group in one step and accounts for them.
+
+    When traced, every collective is made to run after the previous one of the same group
+    (after ``anchor`` for the first). Horovod's ops are not marked stateful, so a graph
+    optimiser may merge two collectives whose inputs are equal (say two empty payloads of an idle
+    rank) or drop one whose output is unused, and then that rank never takes part in the other
+    ranks' collective. The chain of control dependencies gives every collective distinct inputs
+    and the same order on every rank, as in eager mode; the driver makes the update depend on all
+    of them (:attr:`launched`).
+
+    Args:
+        process_set: the Horovod process set the driver reduces over.
+        name: the group's name; collective names are ``hs.<name>.<tag>`` (made op-name safe).
+        stats: the group's statistics record for this step.
+        scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
+        anchor: a tensor of this group and step (its flat buffer) that the first collective
+            waits for when traced.
+    """
+
+    def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float,
+                 anchor: Optional[tf.Tensor] = None) -> None:
+        self.process_set = process_set
+        self.name = name
+        self.stats = stats
+        self.scale = scale
+        self.size: int = process_set.size()
+        self.rank: int = process_set.rank()
+        #: The output tensors of every collective launched, in order.
+        self.launched: List[tf.Tensor] = []
+        self._after: List[tf.Tensor] = [] if anchor is None else [anchor]
+
+    def _name(self, tag: str) -> str:
+        return op_name(f"hs.{self.name}.{tag}")
+
+    @contextmanager
+    def _in_order(self) -> Iterator[None]:
+        """Traced: run the enclosed collective after the previous one (see the class docstring)."""
+        if tf.executing_eagerly():
+            yield
+            return
+        with tf.control_dependencies(self._after):
+            yield
+
+    def _launched(self, output: Any, kind: str, sent: ByteCount, own: ByteCount) -> Pending:
+        outputs = output if isinstance(output, tuple) else (output,)
+        self.launched.extend(outputs)
+        self._after = [outputs[0]]
+        self.stats.collectives += 1
+        self.stats.sent[kind] += sent
+        return Pending(output, kind, own)
+
+    def allgather(self, tensor: tf.Tensor, tag: str, kind: str) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
+        with self.timer("communicate"), self._in_order():
+            output = hvd.allgather(tensor, name=self._name(tag), ignore_name_scope=True,
+                                   process_set=self.process_set)
+        return self._launched(output, kind, sent=nbytes(tensor), own=nbytes(tensor))
+
+    def allreduce(self, tensor: tf.Tensor, tag: str, kind: str, op: Any = hvd.Sum,
+                  prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Pending:
+        """Allreduce of ``tensor`` (Horovod's ``_allreduce``: no compression, no averaging
+        beyond ``op``)."""
+        with self.timer("communicate"), self._in_order():
+            output = hvd._allreduce(tensor, name=self._name(tag), op=op, prescale_factor=prescale_factor,
+                                    postscale_factor=postscale_factor, ignore_name_scope=True,
+                                    process_set=self.process_set)
+        return self._launched(output, kind, sent=nbytes(tensor), own=0)
+
+    def alltoall(self, tensor: tf.Tensor, splits: Union[Sequence[int], tf.Tensor], tag: str, kind: str) -> Pending:
+        """Alltoall with explicit splits (rows for each rank, a list of ints or an int32 tensor);
+        a split non-zero only for one peer is a point-to-point send. The output is
+        ``(tensor, received_splits)``."""
+        with self.timer("communicate"), self._in_order():
+            output = hvd.alltoall(tensor, splits=tf.constant(splits, dtype=tf.int32)
+                                  if isinstance(splits, (list, tuple)) else splits,
+                                  name=self._name(tag), ignore_name_scope=True, process_set=self.process_set)
+        row_bytes = tensor.shape[1:].num_elements() * tensor.dtype.size
+        if isinstance(splits, (list, tuple)):
+            own: ByteCount = int(splits[self.rank]) * row_bytes
+        else:
+            own = tf.cast(splits[self.rank], tf.int64) * row_bytes
+            if tf.executing_eagerly():
+                own = int(own)
+        return self._launched(output, kind, sent=nbytes(tensor) - own, own=own)
+
+    def wait(self, pendings: Sequence[Pending]) -> List[Any]:
+        """The outputs of ``pendings`` (alltoall: ``(output, received_splits)``), with the bytes
+        received from other ranks accounted."""
+        outputs = []
+        for pending in pendings:
+            outputs.append(pending.output)
+            tensor = pending.output[0] if isinstance(pending.output, tuple) else pending.output
+            self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
+        return outputs
+
+    def timer(self, phase: str) -> ContextManager[None]:
+        """Accumulate the wall time of the enclosed block under ``phase`` in the group's stats
+        (eager mode only; see :func:`phase_timer`)."""
+        return phase_timer(self.stats, phase)
+
+
+@contextmanager
+def phase_timer(stats: GroupStats, phase: str) -> Iterator[None]:
+    """Accumulate the wall time of the enclosed block under ``phase`` in ``stats``, in eager
+    mode only: while tracing, Python time says nothing about the step."""
+    if not tf.executing_eagerly():
+        yield
+        return
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        stats.add_time(phase, time.perf_counter() - start)

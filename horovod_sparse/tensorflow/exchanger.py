@@ -1,0 +1,371 @@
+"""The gradient-exchange driver behind ``DistributedGradientTape`` and the Keras optimizer.
+
+The counterpart of the driving half of :mod:`horovod_sparse.torch.optimizer`. A
+:class:`GradientExchanger` takes the list of gradients of one step and returns the aggregated
+ones, in the same order:
+
+* with Horovod's own ``Compression.none`` / ``Compression.fp16`` it is exactly Horovod's
+  gradient-allreduce function (``horovod.tensorflow._make_allreduce_grads_fn``: same ops, same
+  names, same grouping), so the tape behaves like ``hvd.DistributedGradientTape``;
+* with a sparsifier, gradients are grouped into flat buffers (the shared
+  :func:`~horovod_sparse.common.grouping.form_groups`), each group's ``g + e`` is handed to the
+  sparsifier's exchange generator, all groups are started in group order and then finished in
+  group order (as the PyTorch optimizer does), the residuals are written back, and groups
+  below ``min_numel`` or within ``warmup_steps`` take Horovod's dense allreduce.
+
+Works in eager mode and inside ``tf.function`` (Keras ``model.fit``) for methods whose exchange
+is traceable; others raise a ``RuntimeError`` that says how to run eagerly. Residuals and
+per-group state are keyed by the list of variables (their order fixes the groups), so they are
+found again at every step, in eager mode and across traces.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from horovod_sparse.common.arguments import check_wrapper_arguments
+from horovod_sparse.common.grouping import ParamInfo, form_groups
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.tensorflow import recording
+from horovod_sparse.tensorflow.buffers import FlatGroup
+from horovod_sparse.tensorflow.collectives import Communicator, Pending, nbytes, phase_timer
+from horovod_sparse.tensorflow.sparsifier import Exchange, Result, Sparsifier
+
+OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
+            hvd.Max: "max", hvd.Product: "product"}
+
+EAGER_ONLY = ("{what} cannot run inside a tf.function (a traced graph): {why}. Run the training "
+              "step eagerly: model.compile(..., run_eagerly=True) with Keras, or call "
+              "DistributedGradientTape.gradient() outside any tf.function.")
+
+
+@dataclass
+class Layout:
+    """The groups of one list of variables (one model), each group's sparsifier state, and the
+    number of exchanges this list has gone through (the ``step`` the sparsifiers see)."""
+
+    groups: List[FlatGroup]
+    states: Dict[int, Any] = field(default_factory=dict)
+    step: Optional[tf.Variable] = None
+
+    def step_counter(self) -> tf.Variable:
+        """The step counter, created on first use outside any ``tf.function``."""
+        if self.step is None:
+            with tf.init_scope():
+                self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hs_step")
+        return self.step
+
+
+class _Inflight:
+    """A group's exchange that has been started and not yet finished."""
+
+    def __init__(self, exchange: Exchange, comm: Communicator, group: FlatGroup) -> None:
+        self.exchange = exchange
+        self.comm = comm
+        self.group = group
+        self.pendings: Optional[Sequence[Pending]] = None
+        self.result: Optional[Result] = None
+
+    def advance(self, outputs: Optional[List[Any]]) -> None:
+        """Run the exchange up to its next wait (or its end, keeping its result)."""
+        try:
+            self.pendings = next(self.exchange) if outputs is None else self.exchange.send(outputs)
+        except StopIteration as stop:
+            self.pendings = None
+            self.result = stop.value
+
+    def finish(self) -> Result:
+        """Drive the exchange to completion and return ``(update, residual)``.
+
+        When traced, the update depends on every collective the exchange launched: a graph
+        prunes ops whose outputs are unused, and a collective that one rank prunes (say an
+        alltoall that receives nothing there) would leave the other ranks waiting forever.
+        """
+        while self.pendings is not None:
+            self.advance(self.comm.wait(self.pendings))
+        if self.result is None:
+            raise RuntimeError(f"{type(self.exchange).__name__} of group {self.group.name!r} ended "
+                               "without returning (update, residual)")
+        update, residual = self.result
+        if not tf.executing_eagerly():
+            with tf.control_dependencies(self.comm.launched):
+                update = tf.identity(update)
+        return update, residual
+
+
+def _unique_names(names: List[str]) -> List[str]:
+    """Names that identify each source (groups and collectives are named after them): a name
+    TensorFlow gave to several variables gets the source's position appended, ``name@3``."""
+    repeated = {name for name in names if names.count(name) > 1}
+    return [f"{name}@{i}" if name in repeated else name for i, name in enumerate(names)]
+
+
+def _source_name(source: Any, position: int) -> str:
+    try:
+        return str(source.name)
+    except (AttributeError, ValueError):  # eager tensors have no name
+        return f"source{position}"
+
+
+class GradientExchanger:
+    """Exchanges one step's gradients over Horovod: sparsely through a sparsifier, or densely
+    through Horovod's own allreduce function.
+
+    Args:
+        name: prefix of Horovod's op names on the dense path (as Horovod's wrappers use).
+        compression: a horovod_sparse sparsifier or Horovod's ``Compression.none`` / ``.fp16``.
+        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (required for
+            them with a sparsifier, which refuses them otherwise).
+        op: ``hvd.Average`` or ``hvd.Sum`` with a sparsifier; any Horovod op densely.
+        gradient_predivide_factor: dense path only (a sparsifier refuses anything but 1.0).
+        groups: with a sparsifier: an int, ``"tensor"``, ``"model"``, ``"size:N"`` or lists of
+            variables (``None``: the method's natural grouping); densely: Horovod's meaning.
+        process_set: the Horovod process set to reduce over.
+        device_dense / device_sparse: devices of the dense and IndexedSlices collectives.
+        stats_log: optional text stream; one JSON line of statistics per exchange.
+    """
+
+    def __init__(self, name: str, compression: Any, sparse_as_dense: bool = False, op: Any = hvd.Average,
+                 gradient_predivide_factor: float = 1.0, groups: Any = None,
+                 process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
+                 device_sparse: str = "", stats_log: Optional[IO[str]] = None) -> None:
+        self.sparse = isinstance(compression, Sparsifier)
+        check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
+                                gradient_predivide_factor)
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.groups_spec = groups
+        self.process_set = process_set
+        self.device_dense = device_dense
+        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
+        horovod_groups = groups if not self.sparse else None
+        self._horovod_reduce = hvd._make_allreduce_grads_fn(
+            name, device_dense, device_sparse, hvd.Compression.none if self.sparse else compression,
+            sparse_as_dense, op, gradient_predivide_factor, horovod_groups, process_set)
+        self._layouts: Dict[Tuple[Any, ...], Layout] = {}
+        self._last_layout: Optional[Layout] = None
+        self.last_stats: Optional[StepStats] = None
+
+    # -- bookkeeping ------------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Exchanges run so far by the variable list exchanged last (on this rank)."""
+        layout = self._last_layout
+        return 0 if layout is None or layout.step is None else int(layout.step.numpy())
+
+    def _record(self, stats: StepStats) -> None:
+        stats.groups.sort(key=lambda g: g.name)
+        self.last_stats = stats
+        if self._stats_log is not None:
+            self._stats_log.write(stats)
+
+    def groups(self) -> List[List[str]]:
+        """Variable names of every group of the variable list exchanged last, in group order."""
+        layout = self._last_layout
+        return [] if layout is None else [list(g.names) for g in layout.groups]
+
+    def residuals(self) -> Dict[str, tf.Tensor]:
+        """Each group's residual between steps, flat, keyed by group name (variable list
+        exchanged last)."""
+        layout = self._last_layout
+        return {} if layout is None else {g.name: g.residual_value() for g in layout.groups}
+
+    # -- layout -----------------------------------------------------------------------------------
+    def _layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
+        key = tuple(s.ref() for s in sources)
+        layout = self._layouts.get(key)
+        if layout is None:
+            layout = self._layouts[key] = Layout(self._form_groups(grads, sources))
+        self._last_layout = layout
+        return layout
+
+    def _form_groups(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[FlatGroup]:
+        names = _unique_names([_source_name(s, i) for i, s in enumerate(sources)])
+        shapes = [tf.TensorShape(g.shape) for g in grads]
+        for name, shape in zip(names, shapes):
+            if not shape.is_fully_defined():
+                raise ValueError(f"gradient of {name!r} has shape {shape}, which is not fully defined; "
+                                 "horovod_sparse needs static shapes to lay out its flat buffers")
+        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
+                 for name, shape, g in zip(names, shapes, grads)]
+        spec = self.groups_spec
+        if isinstance(spec, (list, tuple)):
+            position = {s.ref(): i for i, s in enumerate(sources)}
+            spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
+        default = self.compression.default_grouping if self.sparse else "tensor"
+        return [FlatGroup(i, [names[j] for j in members], list(members), [shapes[j] for j in members],
+                          grads[members[0]].dtype)
+                for i, members in enumerate(form_groups(infos, spec, default))]
+
+    # -- the exchange -----------------------------------------------------------------------------
+    def __call__(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool = False) -> List[Any]:
+        """The aggregated gradients of ``grads`` (one per source, same order; None stays None).
+
+        ``use_generic_names`` is Horovod's option for its dense op names; sparse exchanges always
+        name their collectives after the group.
+        """
+        if not self.sparse:
+            return self._exchange_dense(grads, sources, use_generic_names)
+        return self._exchange_sparse(grads, sources)
+
+    @tf.autograph.experimental.do_not_convert
+    def _exchange_dense(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool) -> List[Any]:
+        reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
+        present = [i for i, g in enumerate(grads) if g is not None]
+        if present and self.process_set.included():
+            layout = self._layout([grads[i] for i in present], [sources[i] for i in present])
+            counter = layout.step_counter()
+            stats = StepStats(step=counter.read_value())
+            stats.groups = [self._dense_stats(group, [grads[present[i]] for i in group.positions])
+                            for group in layout.groups]
+            counter.assign_add(1)
+            recording.publish(stats, self._record)
+        return reduced
+
+    def _dense_stats(self, group: FlatGroup, grads: Sequence[Any]) -> GroupStats:
+        """Statistics of a group exchanged by Horovod's dense allreduce (one per gradient)."""
+        stats = GroupStats(group.name, group.numel, group.numel, selected=group.numel,
+                           union=group.numel, dense=True, collectives=len(grads))
+        for grad in grads:
+            if isinstance(grad, tf.IndexedSlices):
+                stats.sent["values"] += nbytes(grad.values)
+                stats.sent["indices"] += nbytes(grad.indices)
+            else:
+                wire_bytes = nbytes(grad) // grad.dtype.size * self._dense_wire_itemsize(grad.dtype)
+                stats.sent["values"] += wire_bytes
+                stats.received["values"] += wire_bytes
+        return stats
+
+    def _dense_wire_itemsize(self, dtype: tf.DType) -> int:
+        """Bytes per element of a dense allreduce: 2 for floats under ``Compression.fp16``."""
+        fp16 = not self.sparse and self.compression is hvd.Compression.fp16
+        return tf.float16.size if fp16 and dtype.is_floating else dtype.size
+
+    @tf.autograph.experimental.do_not_convert
+    def _exchange_sparse(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[Any]:
+        if not self.process_set.included():
+            return list(grads)
+        eager = tf.executing_eagerly()
+        if not eager and not self.compression.traceable:
+            raise RuntimeError(EAGER_ONLY.format(
+                what=f"Compression.{self.compression.method_name}",
+                why="its decisions are computed in Python from the values of the current step"))
+        grads = [self._densify(g, s, i) for i, (g, s) in enumerate(zip(grads, sources))]
+        present = [i for i, g in enumerate(grads) if g is not None]
+        results = list(grads)
+        if not present:
+            return results
+        kept = [grads[i] for i in present]
+        layout = self._layout(kept, [sources[i] for i in present])
+        counter = layout.step_counter()
+        warmup = self.compression.options.warmup_steps
+        if eager:
+            step = int(counter.numpy())
+            exchanged = self._exchange_groups(kept, layout, step, warm=step < warmup)
+        elif warmup:
+            # Both paths are traced, each inside its branch; every rank takes the same branch.
+            step = counter.read_value()
+            exchanged = tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
+                                lambda: self._exchange_groups(kept, layout, step, warm=False))
+        else:
+            exchanged = self._exchange_groups(kept, layout, counter.read_value(), warm=False)
+        counter.assign_add(1)
+        for position, value in zip(present, exchanged):
+            results[position] = value
+        return results
+
+    def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool) -> List[tf.Tensor]:
+        """One step's exchange of the (non-None) gradients ``kept``: every group sparsely, except
+        those below ``min_numel`` and, with ``warm``, all of them (warm-up), which take Horovod's
+        dense allreduce. Stores the residuals and publishes the statistics; returns the
+        aggregated gradients, in ``kept``'s order."""
+        results = list(kept)
+        stats = StepStats(step=step)
+        size = self.process_set.size()
+        scale = 1.0 / size if self.op == hvd.Average else 1.0
+        inflight: List[_Inflight] = []
+        dense_groups: List[FlatGroup] = []
+        with tf.device(self.device_dense):
+            for group in layout.groups:
+                if warm or group.numel < self.compression.options.min_numel:
+                    dense_groups.append(group)
+                    continue
+                group_stats = GroupStats(group.name, group.numel, 0)
+                stats.groups.append(group_stats)
+                if group.index not in layout.states:
+                    with tf.init_scope():
+                        layout.states[group.index] = self.compression.new_state(group.numel, size)
+                with phase_timer(group_stats, "flatten"):
+                    x = group.load_gradients(kept)
+                # The index keeps collective names distinct after op-name normalisation.
+                comm = Communicator(self.process_set, f"{group.index}.{group.name}", group_stats, scale, anchor=x)
+                group_stats.target = self.compression.count(group.numel, step)
+                exchange = self.compression.exchange(x, comm, layout.states[group.index], step)
+                inflight.append(_Inflight(exchange, comm, group))
+                inflight[-1].advance(None)
+            self._exchange_dense_groups(dense_groups, kept, results, stats)
+            for flight in inflight:
+                update, residual = flight.finish()
+                flight.group.store_residual(residual)
+                for position, value in zip(flight.group.positions, flight.group.unflatten(update)):
+                    results[position] = tf.cast(value, kept[position].dtype)
+        recording.publish(stats, self._record)
+        return results
+
+    def _exchange_dense_groups(self, groups: List[FlatGroup], kept: List[Any], results: List[Any],
+                               stats: StepStats) -> None:
+        """Horovod's dense allreduce for the groups below ``min_numel`` or in warm-up."""
+        if not groups:
+            return
+        positions = [p for group in groups for p in group.positions]
+        for position, value in zip(positions, self._horovod_reduce([kept[p] for p in positions])):
+            results[position] = value
+        stats.groups.extend(self._dense_stats(group, [kept[p] for p in group.positions]) for group in groups)
+
+    def _densify(self, grad: Any, source: Any, position: int) -> Any:
+        if not isinstance(grad, tf.IndexedSlices):
+            return grad
+        if not self.sparse_as_dense:
+            raise ValueError(f"variable {_source_name(source, position)!r} has a sparse gradient "
+                             "(tf.IndexedSlices); pass sparse_as_dense=True to exchange it as a dense one")
+        return tf.convert_to_tensor(grad)
+
+
+_EXCHANGERS: Dict[Tuple[Any, ...], GradientExchanger] = {}
+
+
+def _compression_key(compression: Any) -> Any:
+    """Sparsifiers compare by method and options (a new but equal ``Compression.topk(...)`` each
+    step finds the same residuals); Horovod's compressors by identity."""
+    if isinstance(compression, Sparsifier):
+        return ("sparsifier", compression.method_name, compression.options)
+    return ("horovod", compression)
+
+
+def _groups_key(groups: Any) -> Any:
+    if isinstance(groups, (list, tuple)):
+        return tuple(tuple(v.ref() for v in members) for members in groups)
+    return groups
+
+
+def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any,
+                     gradient_predivide_factor: float, groups: Any, process_set: hvd.ProcessSet,
+                     device_dense: str, device_sparse: str, stats_log: Optional[IO[str]]) -> GradientExchanger:
+    """The exchanger for these arguments, created once per process and reused.
+
+    A training loop wraps a new ``tf.GradientTape`` every step; the residuals must outlive it.
+    As Horovod caches its allreduce function by its arguments, the exchanger is cached by
+    them (within it, residuals are keyed by the variable list, so two models never share one).
+    """
+    key = (name, _compression_key(compression), sparse_as_dense, op, gradient_predivide_factor,
+           _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log))
+    exchanger = _EXCHANGERS.get(key)
+    if exchanger is None:
+        exchanger = _EXCHANGERS[key] = GradientExchanger(
+            name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
+            device_dense, device_sparse, stats_log)
+    return exchanger

@@ -1,0 +1,123 @@
+"""``horovod_sparse.tensorflow.DistributedGradientTape``: Horovod's tape wrapper, with sparse exchange.
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+    tape = hs.DistributedGradientTape(tape, compression=hs.Compression.topk(density=0.01))
+    grads = tape.gradient(loss, model.trainable_variables)
+
+Same signature and behaviour as ``hvd.DistributedGradientTape`` (local sources,
+``scale_local_gradients``, ``use_generic_names``, process sets): Horovod's own ``gradient()`` is
+reused, with the gradient reduction replaced by a
+:class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger`. With ``Compression.none`` /
+``Compression.fp16`` that reduction *is* Horovod's. Residuals live in the exchanger, which is
+shared by every tape built with the same arguments, so wrapping a new tape each step keeps them.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import IO, Any, Iterable, Optional
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from horovod_sparse.common.stats import StepStats
+from horovod_sparse.tensorflow.exchanger import GradientExchanger, shared_exchanger
+
+_HorovodTape = hvd._DistributedGradientTape
+
+
+class _DistributedGradientTape(tf.GradientTape):
+    """Mixed into the user's tape class by :func:`DistributedGradientTape` (as Horovod does)."""
+
+    def __init__(self, tape: Any, exchanger: GradientExchanger, persistent: bool, watch_accessed_variables: bool,
+                 process_set: hvd.ProcessSet, scale_local_gradients: bool) -> None:
+        super(self.__class__, self).__init__(persistent, watch_accessed_variables)  # type: ignore[misc]
+        self._tape = tape
+        self._allreduce_grads = exchanger
+        self.exchanger = exchanger
+        self.process_set = process_set
+        self.scale_local_gradients = scale_local_gradients
+        self._local_sources: set = set()
+
+    register_local_source = _HorovodTape.register_local_source
+    gradient = _HorovodTape.gradient
+    get_local_and_global_gradients = _HorovodTape.get_local_and_global_gradients
+
+    @property
+    def last_stats(self) -> Optional[StepStats]:
+        """Statistics of the last exchange that ran (on this rank)."""
+        return self.exchanger.last_stats
+
+
+def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                            compression: Any = hvd.Compression.none, sparse_as_dense: bool = False,
+                            op: Any = hvd.Average, gradient_predivide_factor: float = 1.0,
+                            num_groups: int = 0, groups: Any = None,
+                            process_set: hvd.ProcessSet = hvd.global_process_set,
+                            scale_local_gradients: bool = True,
+                            stats_log: Optional[IO[str]] = None) -> tf.GradientTape:
+    """Wrap ``gradtape`` so ``gradient()`` returns gradients exchanged over Horovod, sparsely when
+    ``compression`` sparsifies.
+
+    Takes every argument of ``horovod.tensorflow.DistributedGradientTape`` with the same meaning:
+
+    Args:
+        gradtape: the ``tf.GradientTape`` that recorded the loss.
+        device_dense / device_sparse: devices of the dense and ``tf.IndexedSlices`` collectives.
+        compression: a horovod_sparse sparsifier (``horovod_sparse.tensorflow.Compression.topk(...)``
+            and friends) or Horovod's ``Compression.none`` / ``Compression.fp16``.
+        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (required for
+            them with a sparsifier).
+        op: ``hvd.Average`` or ``hvd.Sum`` (any Horovod op with a dense compression).
+        gradient_predivide_factor: splits the averaging before and after the sum (dense only).
+        num_groups: deprecated alias of ``groups`` (as in Horovod).
+        groups: an int, lists of variables (Horovod's meaning), or, with a sparsifier,
+            ``"tensor"`` / ``"model"`` / ``"size:N"``; ``None`` uses the sparsifier's natural
+            grouping (per tensor for Top-k). Groups are flattened into one buffer each.
+        process_set: the Horovod process set to reduce over.
+        scale_local_gradients: scale the gradients of registered local sources by 1/size.
+        stats_log: optional text stream; one JSON line of statistics per exchange.
+
+    Returns:
+        A tape of the same class as ``gradtape`` (dynamically subclassed, as Horovod does), with
+        ``last_stats`` and ``exchanger`` (``groups()``, ``residuals()``, ``steps``).
+    """
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
+        groups = num_groups if groups is None else groups
+    if groups is not None and not isinstance(groups, (list, tuple, str)) and not groups > 0:
+        raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
+    exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
+                                 gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
+                                 stats_log)
+    cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
+    return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables,
+               process_set, scale_local_gradients)
+
+
+def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+                                   compression: Any = hvd.Compression.none, sparse_as_dense: bool = False,
+                                   op: Any = hvd.Average, gradient_predivide_factor: float = 1.0,
+                                   num_groups: int = 0, groups: Any = None,
+                                   process_set: hvd.ProcessSet = hvd.global_process_set,
+                                   local_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
+                                   scale_local_gradients: bool = True,
+                                   stats_log: Optional[IO[str]] = None) -> tf.GradientTape:
+    """:func:`DistributedGradientTape` whose ``local_layers`` keep their gradients local (not
+    exchanged), as ``hvd.PartialDistributedGradientTape``."""
+    if local_layers is None:
+        local_layers = []
+    elif isinstance(local_layers, tf.keras.layers.Layer):
+        local_layers = [local_layers]
+    elif not all(isinstance(layer, tf.keras.layers.Layer) for layer in local_layers):
+        raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients, stats_log)
+    for layer in local_layers:
+        for variable in layer.trainable_weights:
+            tape.register_local_source(variable)
+    return tape
+
+
+__all__ = ["DistributedGradientTape", "PartialDistributedGradientTape"]

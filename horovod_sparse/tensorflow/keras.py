@@ -1,0 +1,133 @@
+"""``horovod_sparse.tensorflow.keras``: the Keras optimizer wrapper, with sparse exchange.
+
+    import horovod.tensorflow.keras as hvd
+    import horovod_sparse.tensorflow.keras as hsk
+    from horovod_sparse.tensorflow import Compression
+
+    opt = hsk.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.9),
+                                   compression=Compression.topk(density=0.01))
+    model.compile(optimizer=opt, loss=...)
+    model.fit(x, y, callbacks=[hsk.callbacks.BroadcastGlobalVariablesCallback(0),
+                               hsk.SparsificationStatsCallback()])
+
+This is Horovod's own Keras wrapper (``horovod.tensorflow.keras.DistributedOptimizer``: same
+arguments, local variables, ``backward_passes_per_step`` aggregation, process sets, Keras 2 /
+TF 2.15 optimizers new and legacy) with its gradient reduction replaced by a
+:class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger`. Gradients are exchanged after
+the wrapped optimizer computes them and before it clips and applies them, so momentum, weight
+decay and clipping act on the aggregated gradient, as in every reference implementation.
+
+``model.fit`` traces the training step (a ``tf.function``) unless ``run_eagerly=True``; methods
+whose exchange is not traceable raise an error saying to compile with ``run_eagerly=True``.
+
+Horovod's callbacks work unchanged and are re-exported as :mod:`callbacks`
+(``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,
+``LearningRateScheduleCallback``, ``BestModelCheckpoint``): the residuals are per-rank state and
+are never broadcast.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import IO, Any, Dict, List, Optional
+
+import horovod._keras as _impl
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from horovod.tensorflow.keras import callbacks  # noqa: F401  (re-exported: Horovod's callbacks work as they are)
+
+from horovod_sparse.common.stats import StepStats
+from horovod_sparse.tensorflow.compression import Compression
+from horovod_sparse.tensorflow.exchanger import GradientExchanger
+
+
+def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optional[str] = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: Any = hvd.Compression.none, sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: Any = hvd.Average,
+                         backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
+                         num_groups: int = 0, groups: Any = None,
+                         process_set: hvd.ProcessSet = hvd.global_process_set,
+                         scale_local_gradients: bool = True,
+                         stats_log: Optional[IO[str]] = None) -> tf.keras.optimizers.Optimizer:
+    """Wrap a Keras optimizer so its gradients are exchanged over Horovod, sparsely when
+    ``compression`` sparsifies.
+
+    Takes every argument of ``horovod.tensorflow.keras.DistributedOptimizer`` with the same
+    meaning (see there); ``compression`` may also be a horovod_sparse sparsifier, ``groups`` may
+    also be ``"tensor"`` / ``"model"`` / ``"size:N"`` with one, and ``stats_log`` is an optional
+    text stream receiving one JSON line of statistics per exchange.
+
+    Returns:
+        An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
+        does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``) and ``last_stats``.
+    """
+    if op != hvd.Average and op != hvd.Sum:
+        raise ValueError("op currently only supports Average and Sum")
+    if num_groups != 0:
+        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
+        groups = num_groups if groups is None else groups
+    wrapper_name = name or f"Distributed{type(optimizer).__name__}"
+    exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
+                                  groups, process_set, device_dense, device_sparse, stats_log)
+    # Horovod builds its wrapper (class, checks, local-gradient aggregation) around a dense
+    # reduction; the exchanger then takes that reduction's place everywhere Horovod calls it.
+    wrapped = _impl.create_distributed_optimizer(
+        keras=tf.keras, optimizer=optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+        compression=hvd.Compression.none, sparse_as_dense=sparse_as_dense,
+        gradient_predivide_factor=1.0, op=op, backward_passes_per_step=backward_passes_per_step,
+        average_aggregated_gradients=average_aggregated_gradients,
+        groups=None, process_set=process_set, scale_local_gradients=scale_local_gradients)
+    _install(wrapped, exchanger)
+    return wrapped
+
+
+def _install(optimizer: Any, exchanger: GradientExchanger) -> None:
+    """Make ``exchanger`` the gradient reduction of Horovod's wrapper ``optimizer``."""
+    optimizer._allreduce_grads = exchanger
+    helper = optimizer._agg_helper
+    if helper is not None:
+        # The eager helper calls `allreduce_grads`, the graph helper `_allreduce_grads`.
+        attribute = "allreduce_grads" if hasattr(helper, "allreduce_grads") else "_allreduce_grads"
+        setattr(helper, attribute, exchanger)
+    optimizer.exchanger = exchanger
+    # The class was created by Horovod for this optimizer alone, so the property stays local.
+    type(optimizer).last_stats = property(lambda self: self.exchanger.last_stats,
+                                          doc="Statistics of the last exchange that ran (this rank).")
+
+
+class SparsificationStatsCallback(tf.keras.callbacks.Callback):
+    """Adds the sparsification figures of the epoch to Keras' logs (so History, TensorBoard and
+    progress bars show them): ``union_density`` (mean density that reached the model),
+    ``density_ratio`` (union / target of the sparse groups) and ``bytes_sent`` (mean payload
+    bytes per step sent by this rank)."""
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self._records: List[StepStats] = []
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        stats = getattr(self.model.optimizer, "last_stats", None)
+        if stats is not None:
+            self._records.append(stats)
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if logs is None or not self._records:
+            return
+        logs["union_density"] = float(np.mean([r.union_density for r in self._records]))
+        logs["density_ratio"] = float(np.mean([r.density_ratio for r in self._records]))
+        logs["bytes_sent"] = float(np.mean([r.bytes_sent() for r in self._records]))
+
+
+def load_model(filepath: str, custom_optimizers: Optional[List[type]] = None,
+               custom_objects: Optional[Dict[str, Any]] = None, compression: Any = hvd.Compression.none,
+               legacy_opts: bool = False) -> tf.keras.Model:
+    """``horovod.tensorflow.keras.load_model`` with the optimizer wrapped by this module's
+    :func:`DistributedOptimizer` (residuals start empty: they are not part of a saved model)."""
+
+    def wrap_optimizer(cls: type) -> Any:
+        return lambda **kwargs: DistributedOptimizer(cls(**kwargs), compression=compression)
+
+    return _impl.load_model(tf.keras, wrap_optimizer, filepath, custom_optimizers, custom_objects, legacy_opts)
+
+
+__all__ = ["Compression", "DistributedOptimizer", "SparsificationStatsCallback", "callbacks", "load_model"]

@@ -1,0 +1,73 @@
+"""Threshold selection over a slice of a flat buffer (TensorFlow), with the block maxima the
+histogram controller reads.
+
+The counterpart of :mod:`horovod_sparse.torch.selection`, with the same results:
+:func:`scan` gives the largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``
+(the last block partial), :func:`pick` exactly ``{i in [start, end) : |x[i]| >= threshold}`` in
+ascending order (int64). Here :func:`pick` compares the slice directly: the PyTorch side's
+block-skipping is a CPU memory-traffic optimisation that does not change the result.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Dict, Iterator, Union
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclass(frozen=True)
+class BlockScan:
+    """Block maxima of ``x[start:end]``: ``maxima[b]`` is the largest ``|x|`` of block ``b``."""
+
+    x: tf.Tensor
+    start: int
+    end: int
+    block: int
+    maxima: tf.Tensor
+
+    def maxima_numpy(self) -> np.ndarray:
+        """The block maxima as a float32 NumPy array (for histograms)."""
+        return self.maxima.numpy().astype(np.float32)
+
+
+def scan(x: tf.Tensor, start: int, end: int, block: int) -> BlockScan:
+    """The largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``."""
+    part = tf.abs(x[start:end])
+    full = (end - start) // block
+    maxima = tf.reduce_max(tf.reshape(part[:full * block], [full, block]), axis=1)
+    if (end - start) % block:
+        maxima = tf.concat([maxima, tf.reshape(tf.reduce_max(part[full * block:]), [1])], 0)
+    return BlockScan(x, start, end, block, maxima)
+
+
+def pick(scanned: BlockScan, threshold: float) -> tf.Tensor:
+    """Indices into ``x`` (int64, ascending) of ``|x| >= threshold`` within the scanned slice."""
+    return select(scanned.x[scanned.start:scanned.end], threshold) + scanned.start
+
+
+class PhaseTimer:
+    """Wall time of the phases of a selection, to put into a group's statistics."""
+
+    def __init__(self) -> None:
+        self.seconds: Dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        begin = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - begin
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+
+def select(x: tf.Tensor, threshold: Union[float, tf.Tensor]) -> tf.Tensor:
+    """Indices (int64, ascending) of ``|x| >= threshold`` over the whole buffer ``x`` (traceable)."""
+    magnitude = tf.abs(x)
+    return tf.where(magnitude >= tf.cast(threshold, magnitude.dtype))[:, 0]

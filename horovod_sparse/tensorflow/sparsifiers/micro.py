@@ -1,0 +1,99 @@
+"""MiCRO (Yoon & Oh, HiPC 2023), TensorFlow: exclusive rotating partitions, one threshold, union
+allreduce.
+
+The port of :mod:`horovod_sparse.torch.sparsifiers.micro`, step for step: rank ``r`` scans the
+partition ``(step + r) mod n`` of the group's flat buffer, selects ``|x| >= threshold`` there
+with the threshold every rank derives identically (:mod:`horovod_sparse.common.controllers`; the
+default histogram controller first allreduces a small histogram), allgathers the selected
+indices and counts, and allreduces (sum) every rank's ``x`` at the union; every rank then
+removes its own contribution at the whole union from its residual. Partition tables, thresholds
+and the ExDyna balancers are the shared framework-free code, so both frameworks decide the same.
+
+Eager mode only (``traceable = False``): the threshold and partition table of a step are
+computed in Python from the values gathered in that step, and the values allreduce is skipped on
+every rank when the union is empty.
+
+Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank), ``load_inc``,
+``padding``, ``bounds`` (the partition table used), ``select_seconds``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from horovod_sparse.common.controllers import (candidate_bar, candidate_budget, local_histogram, make_controller,
+                                               scan_block_size)
+from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
+from horovod_sparse.common.partitions import allgather_padding, load_inc, owned_partition
+from horovod_sparse.common.registry import implements
+from horovod_sparse.tensorflow.collectives import Communicator, index_dtype
+from horovod_sparse.tensorflow.selection import PhaseTimer, pick, scan
+from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier
+
+
+@implements("tensorflow", "micro")
+class Micro(Sparsifier):
+    """MiCRO on the whole model's flat buffer (``groups="model"`` by default)."""
+
+    default_grouping = "model"
+    traceable = False
+
+    def __init__(self, options: MicroOptions) -> None:
+        super().__init__(options)
+        self.controller = make_controller(options.controller)
+        self.partitions = make_partitions(options)
+
+    def new_state(self, numel: int, world_size: int) -> PartitionedState:
+        return self.partitions.new_state(numel, world_size)
+
+    def exchange(self, x: tf.Tensor, comm: Communicator, state: PartitionedState, step: int) -> Exchange:
+        numel, size = int(x.shape[0]), comm.size
+        k = self.options.count(numel, step)
+        bounds = self.partitions.bounds(state)
+        owned = owned_partition(step, comm.rank, size)
+        timer = PhaseTimer()
+        with timer("scan"):
+            scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
+        window = self.controller.window(state.threshold)
+        if window is None:
+            threshold = self.controller.next_threshold(state.threshold, k, None)
+            with timer("pick"):
+                idx = pick(scanned, threshold)
+        else:
+            with timer("histogram"):
+                maxima = scanned.maxima_numpy()
+                bar = candidate_bar(maxima, candidate_budget(k, size, state.threshold.last_counts))
+                candidates = pick(scanned, bar)
+                magnitudes = tf.abs(tf.gather(x, candidates))
+                local = local_histogram(window, magnitudes.numpy().astype(np.float32), bar, comm.rank, size)
+            (summed,) = yield [comm.allreduce(tf.constant(local), "histogram", "meta")]
+            threshold = self.controller.next_threshold(state.threshold, k, summed.numpy())
+            with timer("pick"):
+                # Every coordinate at or above the bar is a candidate: filter them when the
+                # threshold is not below the bar, else scan again.
+                idx = (tf.boolean_mask(candidates, magnitudes >= tf.cast(threshold, magnitudes.dtype))
+                       if threshold >= bar else pick(scanned, threshold))
+        comm.stats.add_time("select", timer.total)
+
+        selected = int(tf.size(idx))
+        count = tf.constant([selected], dtype=tf.int64)
+        gathered, counts_out = yield [comm.allgather(tf.cast(idx, index_dtype(numel)), "indices", "indices"),
+                                      comm.allgather(count, "counts", "meta")]
+        union, counts = tf.cast(gathered, tf.int64), [int(c) for c in counts_out.numpy()]
+        update, residual = tf.zeros_like(x), x
+        if int(tf.size(union)):
+            wire = self.to_wire(tf.gather(x, union))
+            residual = self.remove_delivered(x, union, wire)
+            (total,) = yield [comm.allreduce(wire, "values", "values")]
+            with comm.timer("apply"):
+                update = tf.tensor_scatter_nd_update(update, tf.expand_dims(union, 1),
+                                                     tf.cast(total, x.dtype) * comm.scale)
+
+        state.threshold.record(counts)
+        self.partitions.observe(state, step, counts)
+        comm.stats.selected = selected
+        comm.stats.union = int(tf.size(union))
+        comm.stats.extra.update(threshold=threshold, counts=counts, load_inc=load_inc(counts),
+                                padding=allgather_padding(counts), bounds=bounds,
+                                select_seconds=timer.seconds)
+        return update, residual

@@ -1,0 +1,32 @@
+"""Worker: Keras ``model.fit`` on scikit-learn's digits through horovod_sparse's Keras optimizer
+(the main job's TensorFlow side, ``benchmarks/digits_tf.py``), for every compressor spec given;
+writes each rank's figures and final weights for the test."""
+import argparse
+import json
+from pathlib import Path
+
+import horovod.tensorflow.keras as hvd
+import numpy as np
+import tensorflow as tf
+
+from benchmarks.digits_tf import fit
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    out = Path(args.out)
+    for config in json.loads(Path(args.configs).read_text()):
+        training = argparse.Namespace(epochs=config["epochs"], batch_size=32, lr=0.02, hidden=64, seed=0)
+        model, row = fit(config["spec"], training)
+        name = f"{config['name']}.rank{hvd.rank()}"
+        np.savez(out / f"{name}.npz", **{f"param_{i}": w for i, w in enumerate(model.get_weights())})
+        (out / f"{name}.json").write_text(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
