@@ -1,0 +1,264 @@
+"""Synthetic throughput in the format of Horovod's ``pytorch_synthetic_benchmark.py``, for any
+horovod_sparse method:
+
+    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.synthetic \\
+        --model vgg --batch-size 16 --compressor topk --density 0.001
+
+prints Horovod's lines (``Model:``, ``Batch size:``, ``Number of CPUs:`` (GPUs on CUDA),
+``Iter #i: x img/sec per CPU``, ``Img/sec per CPU: m +-c``, ``Total img/sec on N CPU(s): t +-c``)
+and then the sparsification figures averaged over the timed steps, from the optimizer's
+``last_stats``: union density and density ratio, payload bytes per step per worker (against the
+dense gradient), and the time of each phase (selection, communication wait, ...).
+
+``--compressor`` takes any name of ``horovod_sparse.torch.Compression.names()``, optionally with
+method options (``--compressor topk:min_numel=0``); ``--density`` sets the density of a sparse
+method. ``--optimizer stock`` runs Horovod's own ``hvd.DistributedOptimizer`` (``none``/``fp16``),
+``--optimizer local`` trains without any exchange: the compute-only baseline of the scaling
+efficiency. ``--sweep FILE`` runs a JSON list of configurations in one launch, each object
+overriding options by their long names, e.g. ``[{"compressor": "none"}, {"compressor": "topk",
+"density": 0.01}]``. ``--framework tensorflow`` runs the same benchmark on the Keras
+counterparts of the models through ``horovod_sparse.tensorflow.DistributedGradientTape``
+(:mod:`benchmarks.synthetic_tf`).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import json
+import timeit
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from benchmarks.models import MODELS, count_parameters, model_spec
+from benchmarks.results import command_line, write_results
+from horovod_sparse.common import registry
+from horovod_sparse.common.registry import parse_spec
+from horovod_sparse.common.stats import BYTE_KINDS
+
+#: Compressors that take no options (Horovod's own).
+DENSE_COMPRESSORS = ("none", "fp16")
+OPTIMIZERS = ("hs", "stock", "local")
+
+
+def parse_groups(text: Optional[str]) -> Any:
+    """``--groups``: an int (Horovod's ``groups=N``), ``tensor`` or ``model``; None by default."""
+    if text is None or text in ("tensor", "model"):
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--groups must be an int, 'tensor' or 'model', got {text!r}") from None
+
+
+def available_methods(framework: str = "torch") -> List[str]:
+    """Registered sparsification methods that have a ``framework`` (``torch`` or ``tensorflow``)
+    implementation now."""
+    importlib.import_module(f"horovod_sparse.{framework}")  # registers that framework's implementations
+    return [name for name in registry.method_names() if framework in registry.method(name).implementations]
+
+
+def compressor_options(spec: str, density: Optional[float]) -> Tuple[str, Dict[str, Any]]:
+    """``(name, options)`` of a ``--compressor`` spec with ``--density`` folded in (ignored by
+    the dense compressors, which take no options)."""
+    name, options = parse_spec(spec)
+    if density is not None and name not in DENSE_COMPRESSORS:
+        options["density"] = density
+    return name, options
+
+
+def describe(config: argparse.Namespace) -> str:
+    """A short label of a configuration, e.g. ``topk(density=0.001)`` or ``local``."""
+    if config.optimizer == "local":
+        return "local (no exchange)"
+    name, options = compressor_options(config.compressor, config.density)
+    text = name + (f"({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+    if config.groups is not None:
+        text += f" groups={config.groups}"
+    return text + (" [stock Horovod]" if config.optimizer == "stock" else "")
+
+
+def summarize_stats(stats: Sequence[Any], parameters: int) -> Dict[str, Any]:
+    """Means over the timed steps of the figures in ``StepStats`` records."""
+    if not stats:
+        return {}
+    phases = sorted({phase for s in stats for g in s.groups for phase in g.seconds})
+    return {
+        "union_density": float(np.mean([s.union_density for s in stats])),
+        "target_density": float(np.mean([s.target_density for s in stats])),
+        "density_ratio": float(np.mean([s.density_ratio for s in stats])),
+        "bytes_sent": float(np.mean([s.bytes_sent() for s in stats])),
+        "bytes_received": float(np.mean([s.bytes_received() for s in stats])),
+        "bytes_sent_by_kind": {k: float(np.mean([s.bytes_sent(k) for s in stats])) for k in BYTE_KINDS},
+        "dense_bytes": 4 * parameters,
+        "collectives": float(np.mean([sum(g.collectives for g in s.groups) for s in stats])),
+        "seconds": {p: float(np.mean([s.seconds(p) for s in stats])) for p in phases},
+    }
+
+
+def _size(num_bytes: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if num_bytes >= scale:
+            return f"{num_bytes / scale:.1f} {unit}"
+    return f"{num_bytes:.0f} B"
+
+
+def sparsification_lines(summary: Dict[str, Any], step_seconds: float) -> List[str]:
+    """The lines printed after Horovod's, from :func:`summarize_stats`."""
+    lines = []
+    if summary:
+        ratio = f", density ratio {summary['density_ratio']:.2f}" if summary["density_ratio"] else ""
+        lines.append(f"Union density: {summary['union_density']:.6f} (target {summary['target_density']:.6f}{ratio})")
+        lines.append(f"Bytes per step per worker: sent {_size(summary['bytes_sent'])}, received "
+                     f"{_size(summary['bytes_received'])} (dense gradient {_size(summary['dense_bytes'])})")
+    phases = ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in summary.get("seconds", {}).items())
+    lines.append(f"Time per step: {1e3 * step_seconds:.1f} ms" + (f" ({phases})" if phases else ""))
+    return lines
+
+
+def build_optimizer(model: Any, config: argparse.Namespace, size: int) -> Any:
+    """SGD at Horovod's benchmark learning rate, wrapped as ``config.optimizer`` asks."""
+    import horovod.torch as hvd
+    import torch
+
+    import horovod_sparse.torch as hs
+
+    base = torch.optim.SGD(model.parameters(), lr=0.01 * size)
+    if config.optimizer == "local":
+        return base
+    name, options = compressor_options(config.compressor, config.density)
+    if config.optimizer == "stock":
+        if name not in DENSE_COMPRESSORS:
+            raise ValueError(f"--optimizer stock takes --compressor none or fp16, not {name!r}")
+        return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                        compression=getattr(hvd.Compression, name), groups=config.groups)
+    return hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
+                                   compression=hs.Compression.create(name, **options), groups=config.groups)
+
+
+def run_torch(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
+    """One benchmark: Horovod's warm-up and timed iterations; returns the figures (all ranks)."""
+    import horovod.torch as hvd
+    import torch
+    import torch.nn.functional as F
+
+    cuda = not config.no_cuda and torch.cuda.is_available()
+    device = torch.device("cuda", hvd.local_rank()) if cuda else torch.device("cpu")
+    spec = model_spec(config.model)
+    size = config.size or spec.default_size
+    torch.manual_seed(config.seed)
+    model = spec.build(size).to(device)
+    optimizer = build_optimizer(model, config, hvd.size())
+    if config.optimizer != "local":
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    generator = torch.Generator().manual_seed(config.seed + hvd.rank())
+    data, target = (t.to(device) for t in spec.batch(config.batch_size, size, generator))
+    recorded: List[Any] = []
+    record = False
+
+    def benchmark_step() -> None:
+        optimizer.zero_grad()
+        F.cross_entropy(model(data), target).backward()
+        optimizer.step()
+        if record and getattr(optimizer, "last_stats", None) is not None:
+            recorded.append(optimizer.last_stats)
+
+    kind = "GPU" if cuda else "CPU"
+    log(f"Model: {config.model}")
+    log(f"Batch size: {config.batch_size}")
+    log(f"Number of {kind}s: {hvd.size()}")
+    log(f"Compressor: {describe(config)}")
+    log("Running warmup...")
+    timeit.timeit(benchmark_step, number=config.num_warmup_batches)
+    log("Running benchmark...")
+    record = True
+    img_secs = []
+    for i in range(config.num_iters):
+        seconds = timeit.timeit(benchmark_step, number=config.num_batches_per_iter)
+        img_secs.append(config.batch_size * config.num_batches_per_iter / seconds)
+        log(f"Iter #{i}: {img_secs[-1]:.1f} img/sec per {kind}")
+    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
+    log(f"Img/sec per {kind}: {mean:.1f} +-{conf:.1f}")
+    log(f"Total img/sec on {hvd.size()} {kind}(s): {hvd.size() * mean:.1f} +-{hvd.size() * conf:.1f}")
+    parameters = count_parameters(model)
+    summary = summarize_stats(recorded, parameters)
+    step_seconds = config.batch_size / mean
+    for line in sparsification_lines(summary, step_seconds):
+        log(line)
+    name, options = compressor_options(config.compressor, config.density)
+    return {"framework": "torch", "model": config.model, "parameters": parameters, "size": size,
+            "batch_size": config.batch_size, "workers": hvd.size(), "device": kind,
+            "optimizer": config.optimizer, "compressor": name, "options": options, "groups": config.groups,
+            "label": describe(config), "img_sec_per_worker": mean, "img_sec_conf": conf, "iters": img_secs,
+            "total_img_sec": hvd.size() * mean, "step_seconds": step_seconds, "stats": summary}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
+                   help="tensorflow: benchmarks.synthetic_tf, the same benchmark with horovod_sparse.tensorflow")
+    p.add_argument("--model", default="resnet50", choices=sorted(MODELS),
+                   help="; ".join(f"{k}: {v.summary}" for k, v in sorted(MODELS.items())))
+    p.add_argument("--batch-size", type=int, default=32, help="input batch size per worker")
+    p.add_argument("--size", type=int, help="image side / sequence length (default: the model's)")
+    p.add_argument("--num-warmup-batches", type=int, default=10)
+    p.add_argument("--num-batches-per-iter", type=int, default=10)
+    p.add_argument("--num-iters", type=int, default=10)
+    p.add_argument("--no-cuda", action="store_true", help="disable CUDA training")
+    p.add_argument("--compressor", default="none",
+                   help="none, fp16 or a registered method, optionally NAME:key=value,... ")
+    p.add_argument("--density", type=float, help="density of a sparse method")
+    p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor' or 'model'")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="hs",
+                   help="hs: horovod_sparse's optimizer; stock: hvd.DistributedOptimizer; local: no exchange")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sweep", type=Path, help="JSON list of configurations (option overrides) to run")
+    p.add_argument("--results", type=Path, help="write the figures as JSON here (rank 0)")
+    return p
+
+
+def configurations(args: argparse.Namespace) -> List[argparse.Namespace]:
+    """The configuration of the command line, or one per entry of ``--sweep``."""
+    if args.sweep is None:
+        return [args]
+    configs = []
+    for overrides in json.loads(args.sweep.read_text()):
+        unknown = set(overrides) - set(vars(args))
+        if unknown:
+            raise ValueError(f"{args.sweep}: unknown options {sorted(unknown)}")
+        configs.append(argparse.Namespace(**{**vars(args), **overrides}))
+    return configs
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parser().parse_args(argv)
+    if args.framework == "tensorflow":
+        import horovod.tensorflow as hvd
+
+        from benchmarks.synthetic_tf import run
+    else:
+        import horovod.torch as hvd
+        import torch
+
+        torch.set_num_threads(1)
+        run = run_torch
+    hvd.init()
+
+    def log(line: str) -> None:
+        if hvd.rank() == 0:
+            print(line, flush=True)
+
+    rows = []
+    for config in configurations(args):
+        rows.append(run(config, log))
+        log("")
+        gc.collect()  # the previous configuration's model and buffers, before the next one's
+        if args.results and hvd.rank() == 0:  # after every configuration: a failure keeps the rest
+            write_results(args.results, "synthetic", rows if args.sweep else rows[0],
+                          command_line(argv, "benchmarks.synthetic"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The benchmark CLIs, smoke-run at tiny sizes on real horovodrun jobs (and, as root, on a real
+emulated cluster): the printed format, the JSON they write, and the invariants of their figures.
+No timing is asserted: figures measured here are noise, only their plumbing is checked."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+import torch
+
+from benchmarks import models, netem, scaling, synthetic
+from benchmarks.cluster import add_ratios, merge_repeats, sweep
+from horovod_sparse.common.cost_model import AlphaBeta
+from tests.launch import HOROVODRUN
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
+PNG = b"\x89PNG\r\n\x1a\n"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
+
+
+def run(argv: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
+    return result
+
+
+def rank0_lines(stdout: str) -> List[str]:
+    """Rank 0's lines of a horovodrun output, without horovodrun's ``[0]<stdout>:`` prefix."""
+    return [line.split(":", 1)[1] for line in stdout.splitlines() if line.startswith("[0]<stdout>:")]
+
+
+# -- models ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, parameters", [("resnet20", 272_474), ("resnet50", 25_557_032),
+                                              ("vgg", 26_766_922), ("lstm", 19_780_400)])
+def test_models_have_their_published_sizes_and_train(name, parameters):
+    spec = models.model_spec(name)
+    size = 32 if name != "lstm" else 5  # small inputs: every model takes any size from here up
+    model = spec.build(size)
+    assert models.count_parameters(model) == parameters
+    inputs, targets = spec.batch(2, size, torch.Generator().manual_seed(0))
+    loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+    loss.backward()
+    assert torch.isfinite(loss) and all(p.grad is not None for p in model.parameters())
+
+
+def test_vgg_is_communication_heavy():
+    model = models.vgg()
+    linear = sum(m.weight.numel() + m.bias.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert models.count_parameters(model) >= 20_000_000 and linear / models.count_parameters(model) > 0.9
+
+
+def test_unknown_model_lists_the_known_ones():
+    with pytest.raises(ValueError, match="resnet20.*vgg"):
+        models.model_spec("alexnet")
+
+
+# -- small pure pieces ---------------------------------------------------------------------------------
+def test_rates_and_token_bucket():
+    assert netem.rate_bits("1gbit") == 1e9 and netem.rate_bits("100mbit") == 1e8
+    assert netem.tbf_arguments("1gbit")[:3] == ["tbf", "rate", "1gbit"]
+    assert int(netem.tbf_arguments("10gbit")[4]) == 1_250_000  # 1 ms of traffic
+    assert int(netem.tbf_arguments("1mbit")[4]) == 16 * 1024  # never below a full segment
+    with pytest.raises(ValueError, match="1gbit"):
+        netem.rate_bits("fast")
+
+
+def test_compressor_options_and_sweeps():
+    assert synthetic.compressor_options("topk:min_numel=0", 0.01) == ("topk", {"min_numel": 0, "density": 0.01})
+    assert synthetic.compressor_options("none", 0.01) == ("none", {})
+    assert synthetic.parse_groups("3") == 3 and synthetic.parse_groups("model") == "model"
+    assert "topk" in synthetic.available_methods()
+    configs = sweep(["topk", "dgc"], [0.001, 0.01])
+    assert configs[:2] == [{"optimizer": "local"}, {"compressor": "none"}] and len(configs) == 6
+    rows = add_ratios([{"optimizer": "local", "compressor": "none", "total_img_sec": 40.0},
+                       {"optimizer": "hs", "compressor": "none", "total_img_sec": 10.0},
+                       {"optimizer": "hs", "compressor": "topk", "total_img_sec": 30.0}])
+    assert [r["speedup_vs_dense"] for r in rows] == [4.0, 1.0, 3.0]
+    assert [r["efficiency"] for r in rows] == [1.0, 0.25, 0.75]
+    runs = [{"label": label, "total_img_sec": t, "workers": 2, "batch_size": 4, "stats": {"t": t}}
+            for t, label in [(10.0, "a"), (5.0, "b"), (30.0, "a"), (12.0, "a")]]
+    a, b = merge_repeats(runs)
+    assert (a["label"], a["total_img_sec"], a["repeats"], a["stats"]) == ("a", 12.0, [10.0, 30.0, 12.0], {"t": 12.0})
+    assert a["img_sec_per_worker"] == 6.0 and a["step_seconds"] == pytest.approx(4 / 6.0)
+    assert b["repeats"] == [5.0]
+
+
+def test_wire_models_follow_their_laws():
+    ab = AlphaBeta(alpha=1e-3, beta=1e-9, workers=2)
+    p = scaling.Payload(values=4e6, indices=4e6, meta=0.0, collectives=1, workers=2)
+    # n = 2: one allreduce of 8 MB = 2 alpha + 2 (1/2) beta 8 MB; one allgather = alpha + beta 8 MB.
+    assert scaling.WIRE["none"](ab, p) == pytest.approx(2e-3 + 8e-3)
+    assert scaling.WIRE["topk"](ab, p) == pytest.approx(1e-3 + 8e-3)
+    big = ab.with_workers(64)
+    assert scaling.WIRE["topk"](big, p) == pytest.approx(6e-3 + 63 * 8e-3)  # build-up: (n - 1) s
+    assert scaling.WIRE["none"](big, p) == pytest.approx(12e-3 + 2 * 63 / 64 * 8e-3)  # bandwidth-bound
+    # MiCRO: indices shrink as 1/n per rank, values are one allreduce of the union.
+    assert scaling.WIRE["micro"](big, p) == pytest.approx(6e-3 + 63 * 1e-9 * 4e6 * 2 / 64 + 2 * 63 / 64 * 4e-3)
+    assert scaling.WIRE["gtopk"](big, p) == pytest.approx(6 * (1e-3 + 8e-3))  # log2 n rounds of k pairs
+
+
+def test_scaling_validation_is_exact_on_rows_the_model_generated():
+    fits = {"1gbit": {"model": {"alpha": 1e-4, "beta": 8e-9, "workers": 2}}}
+    stats = {"seconds": {"select": 0.2, "communicate": 9.0}, "collectives": 3,
+             "bytes_sent_by_kind": {"values": 1e5, "indices": 1e5, "meta": 16}}
+    rows = [{"optimizer": "local", "workers": 4, "rate": "1gbit", "step_seconds": 0.5, "stats": {}}]
+    for method in ("none", "topk", "micro", "gtopk"):
+        row = {"optimizer": "hs", "compressor": method, "label": method, "workers": 4, "rate": "1gbit",
+               "stats": stats}
+        row["step_seconds"] = scaling.predict_step(row, 0.5, AlphaBeta(1e-4, 8e-9, 4))
+        rows.append(row)
+    assert [v["error"] for v in scaling.validate(rows, fits)] == pytest.approx([0.0] * 4)
+    micro = next(r for r in rows if r.get("label") == "micro")
+    assert scaling.local_seconds(micro, 8) == pytest.approx(0.1)  # a partition of d/n: half at 2x n
+
+
+def test_front_door_lists_and_refuses():
+    listing = run([sys.executable, "-m", "benchmarks"]).stdout
+    for name in ("synthetic", "convergence", "cluster", "overhead", "digits"):
+        assert re.search(rf"^  {name} ", listing, re.M)
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], env=ENV, cwd=ROOT, capture_output=True,
+                            text=True)
+    assert result.returncode == 2 and "unknown benchmark 'nope'" in result.stderr
+
+
+# -- synthetic: one launch, four configurations ----------------------------------------------------------
+SYNTHETIC_SWEEP = [{"compressor": "none"}, {"compressor": "topk", "density": 0.01},
+                   {"compressor": "none", "optimizer": "stock"}, {"optimizer": "local"}]
+
+
+@pytest.fixture(scope="module")
+def synthetic_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("synthetic")
+    (out / "sweep.json").write_text(json.dumps(SYNTHETIC_SWEEP))
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "synthetic", "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
+                  "--num-batches-per-iter", "1", "--num-iters", "2", "--sweep", str(out / "sweep.json"),
+                  "--results", str(out / "rows.json")])
+    return rank0_lines(result.stdout), json.loads((out / "rows.json").read_text())["results"]
+
+
+HOROVOD_BLOCK = re.compile(
+    r"Model: resnet20\nBatch size: 4\nNumber of CPUs: 2\nCompressor: (?P<label>.+)\nRunning warmup\.\.\.\n"
+    r"Running benchmark\.\.\.\nIter #0: (?P<i0>[\d.]+) img/sec per CPU\nIter #1: (?P<i1>[\d.]+) img/sec per CPU\n"
+    r"Img/sec per CPU: (?P<mean>[\d.]+) \+-(?P<conf>[\d.]+)\n"
+    r"Total img/sec on 2 CPU\(s\): (?P<total>[\d.]+) \+-(?P<tconf>[\d.]+)\n")
+
+
+def test_synthetic_prints_horovods_format(synthetic_run):
+    lines, _ = synthetic_run
+    blocks = list(HOROVOD_BLOCK.finditer("\n".join(lines) + "\n"))
+    assert [b["label"] for b in blocks] == ["none", "topk(density=0.01)", "none [stock Horovod]",
+                                            "local (no exchange)"]
+    for b in blocks:
+        mean = float(b["mean"])
+        assert abs(mean - (float(b["i0"]) + float(b["i1"])) / 2) <= 0.1
+        assert abs(float(b["total"]) - 2 * mean) <= 0.15
+
+
+def test_synthetic_reports_sparsification_figures(synthetic_run):
+    lines, rows = synthetic_run
+    text = "\n".join(lines)
+    dense, topk, stock, local = rows
+    assert [r["optimizer"] for r in rows] == ["hs", "hs", "stock", "local"]
+    parameters = models.count_parameters(models.resnet20())
+    assert dense["parameters"] == parameters and dense["workers"] == 2
+    assert dense["stats"]["bytes_sent"] == 4 * parameters and dense["stats"]["union_density"] == 1.0
+    # Top-k's target: k = int(0.01 * numel) per tensor of at least min_numel = 1024 elements,
+    # the smaller tensors whole (they go dense).
+    numels = [p.numel() for p in models.resnet20().parameters()]
+    target = sum(max(1, int(0.01 * n)) if n >= 1024 else n for n in numels) / parameters
+    assert topk["stats"]["target_density"] == pytest.approx(target)
+    assert target <= topk["stats"]["union_density"] <= 2 * target
+    assert topk["stats"]["bytes_sent"] < dense["stats"]["bytes_sent"] / 10
+    assert {"select", "communicate"} <= set(topk["stats"]["seconds"])
+    assert stock["stats"] == {} and local["stats"] == {}
+    assert re.search(r"^Union density: [\d.]+ \(target [\d.]+, density ratio [\d.]+\)$", text, re.M)
+    assert re.search(r"^Bytes per step per worker: sent .+, received .+ \(dense gradient 1\.1 MB\)$", text, re.M)
+    assert re.search(r"^Time per step: [\d.]+ ms \(.*select [\d.]+ ms.*\)$", text, re.M)
+
+
+def test_synthetic_tensorflow_prints_the_same_format(tmp_path):
+    (tmp_path / "sweep.json").write_text(json.dumps(SYNTHETIC_SWEEP[:2]))
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "synthetic", "--framework", "tensorflow", "--model", "resnet20", "--batch-size", "4",
+                  "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2",
+                  "--sweep", str(tmp_path / "sweep.json"), "--results", str(tmp_path / "rows.json")])
+    blocks = list(HOROVOD_BLOCK.finditer("\n".join(rank0_lines(result.stdout)) + "\n"))
+    assert [b["label"] for b in blocks] == ["none", "topk(density=0.01)"]
+    dense, topk = json.loads((tmp_path / "rows.json").read_text())["results"]
+    assert dense["framework"] == "tensorflow" and dense["traced"] and topk["traced"]
+    # The Keras ResNet-20 has the PyTorch one's layers, hence its parameter count.
+    assert dense["parameters"] == models.count_parameters(models.resnet20())
+    assert dense["stats"]["bytes_sent"] == 4 * dense["parameters"]
+    assert topk["stats"]["bytes_sent"] < dense["stats"]["bytes_sent"] / 10
+
+
+# -- overhead -----------------------------------------------------------------------------------------------
+def test_overhead_compares_both_optimizers(tmp_path):
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "overhead", "--batch-size", "2", "--warmup", "1", "--rounds", "2", "--steps", "1",
+                  "--results", str(tmp_path / "overhead.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    assert re.search(r"^Overhead: [+-][\d.]+% wall time, [+-][\d.]+% CPU time \(target <= 5%\)$", text, re.M)
+    figures = json.loads((tmp_path / "overhead.json").read_text())["results"]
+    for clock in ("wall", "cpu"):
+        assert len(figures["times"][clock]["stock"]) == len(figures["times"][clock]["hs"]) == 2
+        ratios = [h / s for h, s in zip(figures["times"][clock]["hs"], figures["times"][clock]["stock"])]
+        assert figures[clock]["overhead"] == pytest.approx(sorted(ratios)[0] / 2 + sorted(ratios)[1] / 2 - 1)
+
+
+# -- convergence -------------------------------------------------------------------------------------------
+def test_convergence_table_json_and_curves(tmp_path):
+    result = run([sys.executable, "-m", "benchmarks", "convergence", "--workers", "2", "--seeds", "0",
+                  "--epochs", "2", "--compressors", "topk:density=0.05", "--out", str(tmp_path)])
+    assert re.search(r"^\s+2 none\s+[\d.]+%\s+[\d.]+\s+\+0\.00", result.stdout, re.M)
+    assert re.search(r"^\s+2 topk:density=0\.05\s+[\d.]+%", result.stdout, re.M)
+    payload = json.loads((tmp_path / "convergence.json").read_text())
+    summary = {s["compressor"]: s for s in payload["results"]["summary"]}
+    assert set(summary) == {"none", "topk:density=0.05"}
+    for s in summary.values():
+        assert len(s["curve_mean"]) == 2 and all(0 <= a <= 1 for a in s["curve_mean"])
+    assert summary["topk:density=0.05"]["vs_dense_points"] == pytest.approx(
+        100 * (summary["topk:density=0.05"]["accuracy_mean"] - summary["none"]["accuracy_mean"]))
+    assert payload["command"].startswith("python -m benchmarks.convergence") and payload["machine"]["cpus"]
+    assert (tmp_path / "convergence.png").read_bytes()[:8] == PNG
+
+
+# -- the emulated cluster (root) -----------------------------------------------------------------------------
+def our_namespaces(pid: int) -> List[str]:
+    return [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{pid}-")]
+
+
+@needs_root
+def test_cluster_benchmark_end_to_end(tmp_path):
+    """A real emulated cluster at 100 Mbit/s; the last configuration names a method that does not
+    exist, so the job fails there: the rows measured before are kept, the error is reported."""
+    argv = [sys.executable, "-m", "benchmarks", "cluster", "--model", "resnet20", "--batch-size", "2",
+            "--workers", "2", "--rates", "100mbit", "--densities", "0.01", "--methods", "topk", "bogus",
+            "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "1", "--out", str(tmp_path)]
+    process = subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1, stdout + stderr
+    assert "1 job(s) failed part-way" in stderr and "unknown sparsification method 'bogus'" in stderr
+    assert our_namespaces(process.pid) == [] and not any(netem.NETNS_ETC.glob(f"{netem.PREFIX}-{process.pid}-*"))
+    assert "[cluster] 3/4 done" in stderr
+    for label in ("local (no exchange)", "none", "topk(density=0.01)"):
+        assert re.search(rf"^ 2\s+100mbit {re.escape(label)}\s", stdout, re.M)
+    results = json.loads((tmp_path / "cluster.json").read_text())["results"]
+    assert len(results["errors"]) == 1 and "bogus" in results["errors"][0]
+    (link,) = results["links"]
+    assert 0 < link["bits_per_second"] <= 1.1e8, "the 100 Mbit/s shaping is not in effect"
+    local, dense, topk = results["rows"]
+    assert local["efficiency"] == 1.0 and dense["speedup_vs_dense"] == 1.0
+    assert topk["stats"]["bytes_sent"] < dense["stats"]["bytes_sent"] / 10
+    for name in ("cluster_speedup.png", "cluster_efficiency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    # The scaling model on this run: alpha and beta measured on a 100 Mbit/s link, then validated
+    # and projected.
+    result = run([sys.executable, "-m", "benchmarks", "scaling", "--cluster", str(tmp_path / "cluster.json"),
+                  "--out", str(tmp_path)])
+    fit = json.loads((tmp_path / "alpha_beta.json").read_text())["results"]["100mbit"]
+    assert 8 / fit["model"]["beta"] <= 1.1e8 and fit["model"]["alpha"] > 0
+    assert re.search(r"^validation: median \|error\| [\d.]+%, \d of 2 within 20%$", result.stdout, re.M)
+    projection = json.loads((tmp_path / "scaling.json").read_text())["results"]["projection"]
+    assert {p["rate"] for p in projection} == {"1gbit", "10gbit", "100gbit"}
+    assert {p["compressor"] for p in projection} == {"none", "topk"}
+    for p in projection:  # dense and Top-k steps only get dearer with more workers
+        assert p["workers"][-1] == 1024 and all(a >= b for a, b in zip(p["efficiency"], p["efficiency"][1:]))
+    assert (tmp_path / "scaling.png").read_bytes()[:8] == PNG
+
+
+@needs_root
+def test_failed_job_is_stopped_and_namespaces_removed():
+    """Rank 1 fails while rank 0 waits for it in ``hvd.init()``: rank 0 is stopped at once (not at
+    Gloo's 120 s timeout), the error carries each rank's exit code, and nothing is left behind."""
+    script = ("import os, sys; sys.exit(5) if os.environ['HOROVOD_RANK'] == '1' else None; "
+              "import horovod.torch as hvd; hvd.init()")
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"failed across the emulated cluster(.|\n)*worker 0 \(exit -9\)"
+                                           r"(.|\n)*worker 1 \(exit 5\)"):
+        with netem.EmulatedCluster(2, "100mbit") as cluster:
+            names = [cluster.switch, *cluster.namespaces]
+            assert set(names) <= set(netem.list_namespaces())
+            netem.run_horovod(cluster, [sys.executable, "-c", script], timeout=200)
+    assert time.monotonic() - start < 100
+    assert not set(names) & set(netem.list_namespaces())
+    assert not any((netem.NETNS_ETC / name).exists() for name in names)
+
+
+@needs_root
+def test_namespaces_of_a_killed_run_are_removed_by_the_next():
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{netem.PREFIX}-{dead.pid}-w0"
+    subprocess.run(["ip", "netns", "add", stale], check=True)
+    try:
+        with netem.EmulatedCluster(1, None) as cluster:
+            assert stale not in netem.list_namespaces()
+            assert cluster.namespaces[0] in netem.list_namespaces()
+    finally:
+        netem.delete_namespace(stale)
+    assert not our_namespaces(os.getpid())
