@@ -9,10 +9,8 @@ block-skipping is a CPU memory-traffic optimisation that does not change the res
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator, Union
+from typing import Union
 
 import numpy as np
 import tensorflow as tf
@@ -46,25 +44,6 @@ def scan(x: tf.Tensor, start: int, end: int, block: int) -> BlockScan:
 def pick(scanned: BlockScan, threshold: float) -> tf.Tensor:
     """Indices into ``x`` (int64, ascending) of ``|x| >= threshold`` within the scanned slice."""
     return select(scanned.x[scanned.start:scanned.end], threshold) + scanned.start
-
-
-class PhaseTimer:
-    """Wall time of the phases of a selection, to put into a group's statistics."""
-
-    def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        begin = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - begin
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())
 
 
 def select(x: tf.Tensor, threshold: Union[float, tf.Tensor]) -> tf.Tensor:

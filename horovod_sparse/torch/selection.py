@@ -14,10 +14,7 @@ it before the threshold is known and then filter it.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Dict, Iterator
 
 import numpy as np
 import torch
@@ -131,20 +128,3 @@ def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
     return pick(scan(x, 0, x.numel(), block), threshold)
 
 
-class PhaseTimer:
-    """Wall time of the phases of a selection, to put into a group's statistics."""
-
-    def __init__(self) -> None:
-        self.seconds: Dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        begin = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - begin
-
-    @property
-    def total(self) -> float:
-        return sum(self.seconds.values())

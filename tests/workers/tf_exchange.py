@@ -16,7 +16,6 @@ With ``compare_stock`` a second copy of the variables is trained by Horovod's ow
 tape or the Keras optimizer) with the same compression and both results are written. With
 ``expect_error`` the worker records the error the first step raises instead of training.
 """
-import argparse
 import json
 from pathlib import Path
 
@@ -30,6 +29,8 @@ import horovod_sparse.tensorflow.keras as hs_keras
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient
 
+
+from tests.workers.cli import configs_and_out
 
 def make_variables(shapes, seed, dtype, prefix):
     rng = np.random.default_rng(seed)
@@ -130,15 +131,12 @@ def run(config, out: Path):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    configs, out = configs_and_out()
     hvd.init()
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    for config in json.loads(Path(args.configs).read_text()):
-        run(config, Path(args.out))
+    for config in configs:
+        run(config, out)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 writes each rank's figures and final weights for the test."""
 import argparse
 import json
-from pathlib import Path
 
 import horovod.tensorflow.keras as hvd
 import numpy as np
@@ -12,15 +11,13 @@ import tensorflow as tf
 from benchmarks.digits_tf import fit
 
 
+from tests.workers.cli import configs_and_out
+
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    configs, out = configs_and_out()
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    out = Path(args.out)
-    for config in json.loads(Path(args.configs).read_text()):
+    for config in configs:
         training = argparse.Namespace(epochs=config["epochs"], batch_size=32, lr=0.02, hidden=64, seed=0)
         model, row = fit(config["spec"], training)
         name = f"{config['name']}.rank{hvd.rank()}"

@@ -13,7 +13,6 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 - ``compare_stock``: a second copy of the parameters is trained by
   ``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
 """
-import argparse
 import json
 import time
 from pathlib import Path
@@ -26,6 +25,8 @@ import horovod_sparse.torch as hs
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.streams import raw_gradient
 
+
+from tests.workers.cli import configs_and_out
 
 def make_params(shapes, seed, dtype):
     generator = torch.Generator().manual_seed(seed)
@@ -104,14 +105,11 @@ def run(config, out: Path):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    configs, out = configs_and_out()
     hvd.init()
     torch.set_num_threads(1)
-    for config in json.loads(Path(args.configs).read_text()):
-        run(config, Path(args.out))
+    for config in configs:
+        run(config, out)
 
 
 if __name__ == "__main__":

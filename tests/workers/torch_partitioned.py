@@ -6,7 +6,6 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 "zero_after", "momentum"} (``momentum``: the wrapped SGD's, default 0.9). Writes the files that
 ``tests.checks.Observed`` reads.
 """
-import argparse
 import json
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import horovod_sparse.torch as hs
 from tests.reference_partitioned import stream_gradient
 from tests.workers.torch_exchange import make_params
 
+
+from tests.workers.cli import configs_and_out
 
 def run(config, out: Path):
     rank = hvd.rank()
@@ -45,14 +46,11 @@ def run(config, out: Path):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    configs, out = configs_and_out()
     hvd.init()
     torch.set_num_threads(1)
-    for config in json.loads(Path(args.configs).read_text()):
-        run(config, Path(args.out))
+    for config in configs:
+        run(config, out)
 
 
 if __name__ == "__main__":

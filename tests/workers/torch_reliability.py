@@ -3,7 +3,6 @@ parameters without gradients, checkpoints). Each scenario writes a JSON record p
 test asserts on them. Scenarios run one after another in the same launch, so a scenario that
 hung or left Horovod in a bad state would also fail every later one.
 """
-import argparse
 import io
 import json
 import warnings
@@ -15,6 +14,8 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests.streams import raw_gradient
+
+from tests.workers.cli import configs_and_out
 
 SHAPES = [[40, 30], [30], [20, 9]]
 
@@ -191,16 +192,13 @@ def scenario_broadcast_state(config):
 
 
 def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--configs", required=True)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    configs, out = configs_and_out()
     hvd.init()
     torch.set_num_threads(1)
-    for config in json.loads(Path(args.configs).read_text()):
-        config["out"] = args.out
+    for config in configs:
+        config["out"] = str(out)
         record = globals()[f"scenario_{config['scenario']}"](config)
-        path = Path(args.out) / f"{config['name']}.rank{hvd.rank()}.json"
+        path = out / f"{config['name']}.rank{hvd.rank()}.json"
         path.write_text(json.dumps(record))
 
 

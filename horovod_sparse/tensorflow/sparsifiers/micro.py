@@ -24,10 +24,11 @@ import tensorflow as tf
 from horovod_sparse.common.controllers import (candidate_bar, candidate_budget, local_histogram, make_controller,
                                                scan_block_size)
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
-from horovod_sparse.common.partitions import allgather_padding, load_inc, owned_partition
+from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
 from horovod_sparse.tensorflow.collectives import Communicator, index_dtype
-from horovod_sparse.tensorflow.selection import PhaseTimer, pick, scan
+from horovod_sparse.common.timing import PhaseTimer
+from horovod_sparse.tensorflow.selection import pick, scan
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier
 
 
@@ -62,7 +63,7 @@ class Micro(Sparsifier):
         else:
             with timer("histogram"):
                 maxima = scanned.maxima_numpy()
-                bar = candidate_bar(maxima, candidate_budget(k, size, state.threshold.last_counts))
+                bar = candidate_bar(maxima, candidate_budget(k, size, state.threshold.last_counts, owned))
                 candidates = pick(scanned, bar)
                 magnitudes = tf.abs(tf.gather(x, candidates))
                 local = local_histogram(window, magnitudes.numpy().astype(np.float32), bar, comm.rank, size)
@@ -89,7 +90,7 @@ class Micro(Sparsifier):
                 update = tf.tensor_scatter_nd_update(update, tf.expand_dims(union, 1),
                                                      tf.cast(total, x.dtype) * comm.scale)
 
-        state.threshold.record(counts)
+        state.threshold.record(counts_by_partition(counts, step))
         self.partitions.observe(state, step, counts)
         comm.stats.selected = selected
         comm.stats.union = int(tf.size(union))

@@ -28,10 +28,11 @@ import torch
 
 from horovod_sparse.common.controllers import candidate_budget, local_histogram, make_controller, scan_block_size
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
-from horovod_sparse.common.partitions import allgather_padding, load_inc, owned_partition
+from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
 from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
-from horovod_sparse.torch.selection import Candidates, PhaseTimer, pick, scan
+from horovod_sparse.common.timing import PhaseTimer
+from horovod_sparse.torch.selection import Candidates, pick, scan
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
 
@@ -59,7 +60,7 @@ class Micro(Sparsifier):
         bounds = self.partitions.bounds(state)
         owned = owned_partition(step, comm.rank, size)
         timer = PhaseTimer()
-        idx, threshold = yield from self._select(x, bounds[owned], bounds[owned + 1], comm, state, step, timer)
+        idx, threshold = yield from self._select(x, bounds, owned, comm, state, step, timer)
         comm.stats.add_time("select", timer.total)
 
         count = torch.tensor([idx.numel()], dtype=torch.int64, device=x.device)
@@ -73,7 +74,7 @@ class Micro(Sparsifier):
             with comm.timer("apply"):
                 out.index_copy_(0, union, total.to(out.dtype).mul_(comm.scale))
 
-        state.threshold.record(counts)
+        state.threshold.record(counts_by_partition(counts, step))
         self.partitions.observe(state, step, counts)
         comm.stats.selected = idx.numel()
         comm.stats.union = union.numel()
@@ -81,20 +82,22 @@ class Micro(Sparsifier):
                                 padding=allgather_padding(counts), bounds=bounds,
                                 select_seconds=timer.seconds)
 
-    def _select(self, x: torch.Tensor, start: int, end: int, comm: Communicator, state: PartitionedState,
-                step: int, timer: PhaseTimer) -> Generator[Sequence[Pending], List[Any], Tuple[torch.Tensor, float]]:
-        """This rank's selection ``|x| >= threshold`` over ``x[start:end]`` and the threshold;
-        with a histogram controller, after the allreduce of the histogram."""
+    def _select(self, x: torch.Tensor, bounds: List[int], owned: int, comm: Communicator,
+                state: PartitionedState, step: int, timer: PhaseTimer
+                ) -> Generator[Sequence[Pending], List[Any], Tuple[torch.Tensor, float]]:
+        """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
+        threshold; with a histogram controller, after the allreduce of the histogram."""
         k = self.options.count(x.numel(), step)
         with timer("scan"):
-            scanned = scan(x, start, end, scan_block_size(self.options.density_at(step)))
+            scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
         window = self.controller.window(state.threshold)
         if window is None:
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
         with timer("histogram"):
-            candidates = Candidates.collect(scanned, candidate_budget(k, comm.size, state.threshold.last_counts))
+            budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned)
+            candidates = Candidates.collect(scanned, budget)
             local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
         (summed,) = yield [comm.allreduce(torch.from_numpy(local).to(x.device), "histogram", "meta")]
         threshold = self.controller.next_threshold(state.threshold, k, summed.cpu().numpy())

@@ -1,0 +1,14 @@
+"""The command line every worker takes: ``--configs FILE --out DIR`` (see tests/launch.run_configs)."""
+import argparse
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Tuple
+
+
+def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
+    """The list of configs to run, one after another in this launch, and the output directory."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--configs", required=True)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    return json.loads(Path(args.configs).read_text()), Path(args.out)
