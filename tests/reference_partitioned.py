@@ -131,19 +131,25 @@ def _block_maxima(values: np.ndarray, block: int) -> np.ndarray:
     return np.array([np.abs(values[i:i + block]).max() for i in range(0, values.size, block)], dtype=np.float32)
 
 
-def _histogram_threshold(xs: List[np.ndarray], owned: List[Tuple[int, int]], state: ThresholdState, k: int,
+def _histogram_threshold(xs: List[np.ndarray], owned: List[Tuple[int, int, int]], state: ThresholdState, k: int,
                          block: int) -> float:
-    """Every rank's candidates (all |x| >= its bar) counted into the controller's window, summed."""
+    """Every rank's candidates (all |x| >= its bar) counted into the controller's window and
+    summed; counted again from a wide budget when that stopped short of k."""
     controller = HistogramController()
     window = controller.window(state)
-    total = 0
-    for rank, (x, (start, end)) in enumerate(zip(xs, owned)):
-        part = np.abs(x[start:end])
-        maxima = _block_maxima(part, block)
-        budget = candidate_budget(k, len(xs), state.last_counts)
-        bar = max(float(np.sort(maxima)[::-1][budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
-        total = total + local_histogram(window, part[part >= np.float32(bar)], bar, rank, len(xs)).astype(np.int64)
-    return controller.next_threshold(state, k, total)
+    for wide in (False, True):
+        total = 0
+        for rank, (x, (partition, start, end)) in enumerate(zip(xs, owned)):
+            part = np.abs(x[start:end])
+            maxima = _block_maxima(part, block)
+            budget = candidate_budget(k, len(xs), state.last_counts, partition, wide)
+            bar = max(float(np.sort(maxima)[::-1][budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
+            candidates = part[part >= np.float32(bar)]
+            total = total + local_histogram(window, candidates, bar, rank, len(xs)).astype(np.int64)
+        threshold = controller.next_threshold(state, k, total, window)
+        if not state.short:
+            break
+    return threshold
 
 
 def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict
@@ -170,14 +176,14 @@ def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, op
     for step, per_rank in enumerate(grads):
         xs = [residuals[r] + per_rank[r].astype(np.float32) for r in range(n)]
         bounds = table.bounds() if table is not None else _equal_bounds(numel, n)
-        owned = [(bounds[(step + r) % n], bounds[(step + r) % n + 1]) for r in range(n)]
+        owned = [((step + r) % n, bounds[(step + r) % n], bounds[(step + r) % n + 1]) for r in range(n)]
         if controller == "histogram":
             threshold = _histogram_threshold(xs, owned, state, k, block)
         else:
             state.threshold = _paper_threshold(state.threshold, step, k, state.last_union, controller == "paper_intent")
             threshold = max(float(np.float32(state.threshold)), SMALLEST)
         selected = [start + np.flatnonzero(np.abs(x[start:end]) >= np.float32(threshold))
-                    for x, (start, end) in zip(xs, owned)]
+                    for x, (_, start, end) in zip(xs, owned)]
         union = np.concatenate(selected).astype(np.int64)
         out = np.zeros(numel, dtype=np.float32)
         total = np.zeros(union.size, dtype=np.float32)
@@ -188,11 +194,11 @@ def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, op
             x[union] = 0.0
         residuals = xs
         counts = [int(s.size) for s in selected]
-        state.record(counts)
+        by_partition = [0] * n
+        for r in range(n):
+            by_partition[(step + r) % n] = counts[r]
+        state.record(by_partition)
         if table is not None:
-            by_partition = [0] * n
-            for r in range(n):
-                by_partition[(step + r) % n] = counts[r]
             if balancer == "paper":
                 table.pairwise(by_partition, sum(counts))
             else:

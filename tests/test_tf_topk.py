@@ -3,6 +3,7 @@ and inside tf.function) on real horovodrun jobs, checked against the slow NumPy 
 from __future__ import annotations
 
 import functools
+import json
 
 import numpy as np
 import pytest
@@ -58,8 +59,11 @@ STOCK = [{"name": f"stock_{method}_{api}", "method": method, "steps": 5, "seed":
          for method, api in [("none", "tape"), ("fp16", "tape_function"), ("none", "keras_function"),
                              ("fp16", "keras")]]
 FP16 = topk_config("fp16_values", 0.05, "keras_function", groups="model", options={"fp16_values": True})
+#: A sparsifier given to Horovod's own wrappers refuses instead of silently dropping gradient.
+STOCK_REFUSALS = [dict(topk_config(f"stock_refuses_{api}", 0.05, api), stock=True, expect_error=True)
+                  for api in ("tape", "keras_function")]
 #: Configs checked at one size only ride along in the two-worker launch (a launch costs seconds).
-TWO_WORKERS_ONLY = [*STOCK, FP16]
+TWO_WORKERS_ONLY = [*STOCK, FP16, *STOCK_REFUSALS]
 
 
 def launcher(tmp_path_factory, prefix, configs_for_size):
@@ -164,3 +168,10 @@ def test_fp16_values_keep_rounding_in_residual(np2_extra_run):
     assert_identical_replicas(obs)
     assert_conservation(obs, config, rtol=1e-4)
     assert obs.stats(0)[0]["bytes_sent"]["values"] == 2 * int(0.05 * NUMEL)
+
+
+@pytest.mark.parametrize("config", STOCK_REFUSALS, ids=[c["name"] for c in STOCK_REFUSALS])
+def test_horovods_own_wrappers_refuse_a_sparsifier(launches, config):
+    error = json.loads((launches(2) / f"{config['name']}.rank0.json").read_text())["error"]
+    assert error["type"] == "TypeError"
+    assert "horovod_sparse.tensorflow.DistributedGradientTape" in error["message"]

@@ -13,7 +13,7 @@ Controllers (``controller=`` option):
 
     1. Each rank already has the largest ``|x|`` of every block of its partition (the
        selection scan, :func:`scan_block_size`). It re-reads its ``budget`` blocks with the
-       largest maxima (:func:`candidate_budget`: 1.5 times the largest per-rank count of the
+       largest maxima (:func:`candidate_budget`: 1.5 times what its partition selected at the
        last step, at least ``1.5 k / n``); they hold every coordinate at or above the
        ``budget``-th largest maximum, the rank's *bar* (:func:`candidate_bar`). These
        candidates are at least ``budget`` coordinates.
@@ -25,10 +25,13 @@ Controllers (``controller=`` option):
        (:func:`local_histogram`).
     3. The allreduce sums these. Above every rank's bar the global tail counts are exact, and
        every rank reads the same threshold off them (:func:`threshold_from_histogram`: log-log
-       interpolation inside a bin, never below the highest bar). The threshold can only be
-       short of ``k`` when one rank holds more than its ``budget`` of the ``k``; lock-in takes
-       one step, and a gradient whose scale jumps from step to step is followed at once.
-    4. Each rank keeps the candidates at or above the threshold: no further pass.
+       interpolation inside a bin, never below the highest bar).
+    4. Only if the counts stop short of ``k`` at a bar (a partition's count grew by more than
+       half since the last step), every rank re-reads ``1.5 k`` blocks, which provably reaches
+       below the answer, and a second allreduce settles the threshold (``wide=True`` of
+       :func:`candidate_budget`). Lock-in takes one step, and a gradient whose scale jumps
+       from step to step is followed at once.
+    5. Each rank keeps the candidates at or above the threshold: no further pass.
 
 ``"paper"``
     The published rule of MiCRO/ExDyna, exactly as the authors' code runs it: the first
@@ -50,14 +53,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Protocol, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence
 
 import numpy as np
 
 #: Names accepted by the ``controller=`` option, default first.
 CONTROLLERS = ("histogram", "paper", "paper_intent")
 
-#: A rank re-reads this many times the largest per-rank count of the last step, in blocks.
+#: A rank re-reads this many times its partition's count at the last step, in blocks.
 CANDIDATE_MARGIN = 1.5
 #: Float32 bit patterns hold 2**23 per octave; +inf is the first non-finite one.
 _OCTAVE_BITS = 1 << 23
@@ -99,11 +102,15 @@ def scan_block_size(density: float) -> int:
     return int(min(512, max(32, 2 ** round(math.log2(1.0 / (16.0 * density))))))
 
 
-def candidate_budget(k: int, parts: int, last_counts: Sequence[int]) -> int:
-    """Blocks a rank re-reads to count its candidates exactly: ``CANDIDATE_MARGIN`` times the
-    largest per-rank count of the last step (``last_counts``), at least ``k / parts`` (twice
-    that before the first step)."""
-    share = max(k / parts, max(last_counts)) if len(last_counts) else 2.0 * k / parts
+def candidate_budget(k: int, parts: int, last_counts: Sequence[int], partition: int, wide: bool = False) -> int:
+    """Blocks a rank re-reads to count its candidates exactly: ``CANDIDATE_MARGIN`` times what
+    its ``partition`` selected at the last step (``last_counts``, per partition), at least
+    ``k / parts`` (twice that before the first step). ``wide``: ``CANDIDATE_MARGIN * k``, more
+    than any rank's share of the ``k``, so the rank's bar is below the answer."""
+    if wide:
+        share = float(k)
+    else:
+        share = max(k / parts, last_counts[partition]) if len(last_counts) else 2.0 * k / parts
     return max(1, math.ceil(CANDIDATE_MARGIN * share))
 
 
@@ -125,9 +132,11 @@ class ThresholdState:
         threshold: the last threshold, in double precision (the paper rule compounds it).
         steps: sparse steps taken so far.
         last_union: coordinates selected over all ranks at the last step (``k_prev``).
-        last_counts: coordinates each rank selected at the last step.
+        last_counts: coordinates selected in each partition at the last step.
         clamped: the last histogram threshold fell outside its window (so the next histogram
             covers the whole float range).
+        short: the last histogram threshold stopped at a rank's bar, short of ``k`` (the
+            candidates did not reach far enough; read wider and count again).
     """
 
     threshold: float = 0.0
@@ -135,9 +144,10 @@ class ThresholdState:
     last_union: int = 0
     last_counts: List[int] = field(default_factory=list)
     clamped: bool = False
+    short: bool = False
 
     def record(self, counts: Sequence[int]) -> None:
-        """After a step in which rank ``r`` selected ``counts[r]`` coordinates."""
+        """After a step in which ``counts[p]`` coordinates were selected in partition ``p``."""
         self.steps += 1
         self.last_counts = [int(c) for c in counts]
         self.last_union = sum(self.last_counts)
@@ -193,18 +203,26 @@ def local_histogram(window: HistogramWindow, magnitudes: np.ndarray, bar: float,
     return np.concatenate([window.histogram(magnitudes), marks])
 
 
-def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int],
-                             target: float) -> Tuple[float, bool]:
+class Reading(NamedTuple):
+    """A threshold read off a summed histogram: whether the answer fell outside the window, or
+    stopped short of the target at the highest rank's bar."""
+
+    threshold: float
+    outside: bool
+    short: bool
+
+
+def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int], target: float) -> Reading:
     """The float32 threshold that about ``target`` coordinates reach, read off a summed
-    :func:`local_histogram`, and whether the answer fell outside the window.
+    :func:`local_histogram`.
 
     With ``T(e)`` the number of coordinates ``>= e``, exact at every edge at or above all the
     ranks' bars, the result is the edge or the point inside the bin where ``T`` crosses
     ``target``, interpolated linearly in ``(log e, log T)`` (in ``log e`` alone when ``T`` is 0
     at the bin's top). It is the window's top edge when more than ``target`` lie above the
     window (outside), and the lowest exact edge when fewer than ``target`` reach it (outside
-    when that is the window's first edge). Non-increasing in ``target``; identical on every
-    rank for the same histogram.
+    when that is the window's first edge, else short). Non-increasing in ``target``; identical
+    on every rank for the same histogram.
     """
     size = len(window)
     counts = np.asarray(histogram[:size + 1], dtype=np.int64)
@@ -212,9 +230,9 @@ def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int],
     tails = np.cumsum(counts[::-1])[::-1][1:]  # tails[j] = T(edge j), j = 0 .. size - 1
     edges = window.edges()
     if tails[-1] >= target or lowest >= size:
-        return as_float32(edges[-1]), True
+        return Reading(as_float32(edges[-1]), True, False)
     if tails[lowest] < target:
-        return as_float32(edges[lowest]), lowest == 0
+        return Reading(as_float32(edges[lowest]), lowest == 0, lowest > 0)
     j = int(np.count_nonzero(tails >= target)) - 1
     above, beyond = float(tails[j]), float(tails[j + 1])
     if beyond > 0:
@@ -222,7 +240,7 @@ def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int],
     else:
         fraction = (above - target) / above
     value = edges[j] * (edges[j + 1] / edges[j]) ** fraction
-    return min(max(as_float32(value), float(edges[j])), float(edges[j + 1])), False
+    return Reading(min(max(as_float32(value), float(edges[j])), float(edges[j + 1])), False, False)
 
 
 def paper_factor(ratio: float, intended_band: bool = False) -> float:
@@ -245,9 +263,11 @@ class Controller(Protocol):
         """The histogram to sum over ranks before choosing (see :func:`local_histogram`), or
         None when the controller needs none."""
 
-    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray],
+                       window: Optional[HistogramWindow] = None) -> float:
         """Update ``state`` for this step and return the float32 selection threshold.
-        ``histogram`` is the global histogram of :meth:`window` (None when it returned None)."""
+        ``histogram`` is the global histogram of :meth:`window` (None when it returned None);
+        pass that ``window`` when reading a second histogram in the same step."""
 
 
 class PaperController:
@@ -259,7 +279,8 @@ class PaperController:
     def window(self, state: ThresholdState) -> Optional[HistogramWindow]:
         return None
 
-    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray],
+                       window: Optional[HistogramWindow] = None) -> float:
         if state.steps == 0:
             state.threshold = 1.0 / (2.0 * math.sqrt(k))
         else:
@@ -276,11 +297,12 @@ class HistogramController:
             return HistogramWindow.everything()
         return HistogramWindow.around(state.threshold)
 
-    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray]) -> float:
-        window = self.window(state)  # the window the histogram was counted in
+    def next_threshold(self, state: ThresholdState, k: int, histogram: Optional[np.ndarray],
+                       window: Optional[HistogramWindow] = None) -> float:
         if histogram is None:
             raise ValueError("the histogram controller needs the global histogram of its window")
-        state.threshold, state.clamped = threshold_from_histogram(window, histogram, k)
+        reading = threshold_from_histogram(window if window is not None else self.window(state), histogram, k)
+        state.threshold, state.clamped, state.short = reading
         return state.threshold
 
 

@@ -14,9 +14,12 @@ ones, in the same order:
   below ``min_numel`` or within ``warmup_steps`` take Horovod's dense allreduce.
 
 Works in eager mode and inside ``tf.function`` (Keras ``model.fit``) for methods whose exchange
-is traceable; others raise a ``RuntimeError`` that says how to run eagerly. Residuals and
-per-group state are keyed by the list of variables (their order fixes the groups), so they are
-found again at every step, in eager mode and across traces.
+is traceable (Top-k, gTop-k, LAGS, hard threshold); the others (MiCRO, ExDyna, DGC, Gaussian-k
+decide in Python from the values of the step) raise a ``RuntimeError`` that says how to run
+eagerly. Traced with ``warmup_steps``, the dense and the sparse step are both traced and a
+``tf.cond`` on the step counter picks one, the same on every rank. Residuals, per-group state
+and the step counter are keyed by the list of variables (their order fixes the groups), so they
+are found again at every step, in eager mode and across traces.
 """
 from __future__ import annotations
 
@@ -96,6 +99,18 @@ class _Inflight:
         return update, residual
 
 
+def _horovod_groups(groups: Any) -> Any:
+    """``groups=`` for Horovod's own dense reduction: its int and lists of variables as they are,
+    ``"tensor"`` as no grouping and ``"model"`` as one group; other strategies only shape the
+    flat buffers of a sparsifier."""
+    if not isinstance(groups, str):
+        return groups
+    if groups in ("tensor", "model"):
+        return None if groups == "tensor" else 1
+    raise ValueError(f"groups={groups!r} sets the flat buffers of a sparsifier; with Horovod's dense "
+                     "compressors pass an int, lists of variables, 'tensor' or 'model'")
+
+
 def _unique_names(names: List[str]) -> List[str]:
     """Names that identify each source (groups and collectives are named after them): a name
     TensorFlow gave to several variables gets the source's position appended, ``name@3``."""
@@ -142,7 +157,7 @@ class GradientExchanger:
         self.process_set = process_set
         self.device_dense = device_dense
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
-        horovod_groups = groups if not self.sparse else None
+        horovod_groups = None if self.sparse else _horovod_groups(groups)
         self._horovod_reduce = hvd._make_allreduce_grads_fn(
             name, device_dense, device_sparse, hvd.Compression.none if self.sparse else compression,
             sparse_as_dense, op, gradient_predivide_factor, horovod_groups, process_set)

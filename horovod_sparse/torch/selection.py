@@ -80,17 +80,25 @@ def scan(x: torch.Tensor, start: int, end: int, block: int) -> BlockScan:
 
 def pick(scanned: BlockScan, threshold: float) -> torch.Tensor:
     """Indices into ``x`` (int64, ascending) of ``|x| >= threshold`` within the scanned slice."""
+    return pick_with_magnitudes(scanned, threshold)[0]
+
+
+def pick_with_magnitudes(scanned: BlockScan, threshold: float) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pick` and the ``|x|`` of what it picked."""
     hit = torch.nonzero(scanned.maxima >= threshold).squeeze(1)
     x, start, block, full = scanned.x, scanned.start, scanned.block, scanned.full_blocks
     has_tail = hit.numel() > 0 and int(hit[-1]) == full
     rows_hit = hit[:-1] if has_tail else hit
     rows = x[start:start + full * block].view(full, block).index_select(0, rows_hit)  # a copy
-    flat = torch.nonzero(rows.abs_().view(-1) >= threshold).squeeze(1)
-    found = [rows_hit[flat // block] * block + flat % block]
+    magnitudes = rows.abs_().view(-1)
+    flat = torch.nonzero(magnitudes >= threshold).squeeze(1)
+    found, found_magnitudes = [rows_hit[flat // block] * block + flat % block], [magnitudes[flat]]
     if has_tail:
-        tail = x[start + full * block:scanned.end]
-        found.append(torch.nonzero(tail.abs() >= threshold).squeeze(1) + full * block)
-    return torch.cat(found) + start
+        tail = x[start + full * block:scanned.end].abs()
+        in_tail = torch.nonzero(tail >= threshold).squeeze(1)
+        found.append(in_tail + full * block)
+        found_magnitudes.append(tail[in_tail])
+    return torch.cat(found) + start, torch.cat(found_magnitudes)
 
 
 @dataclass(frozen=True)
@@ -108,8 +116,7 @@ class Candidates:
     @classmethod
     def collect(cls, scanned: BlockScan, budget: int) -> "Candidates":
         bar = candidate_bar(scanned.maxima_numpy(), budget)
-        indices = pick(scanned, bar)
-        return cls(scanned, bar, indices, scanned.x[indices].abs())
+        return cls(scanned, bar, *pick_with_magnitudes(scanned, bar))
 
     def magnitudes_numpy(self) -> np.ndarray:
         """The magnitudes as a float32 NumPy array (for histograms)."""

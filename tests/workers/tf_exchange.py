@@ -3,7 +3,7 @@ and writes what it observed (aggregated gradients, residuals, variables, statist
 file format as ``torch_exchange.py``, so the same checks (``tests/checks.py``) apply.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype", "stream",
-"zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error"}.
+"zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock"}.
 ``groups`` is what ``groups=`` takes, with lists of variable indices for lists of variables; for
 the gradients see ``gradient_stream``. ``api`` is how the exchange is driven:
 
@@ -14,7 +14,8 @@ the gradients see ``gradient_stream``. ``api`` is how the exchange is driven:
 
 With ``compare_stock`` a second copy of the variables is trained by Horovod's own wrapper (the
 tape or the Keras optimizer) with the same compression and both results are written. With
-``expect_error`` the worker records the error the first step raises instead of training.
+``expect_error`` the worker records the error the first step raises instead of training (with
+``stock``: through Horovod's own wrapper).
 """
 import json
 from pathlib import Path
@@ -28,9 +29,8 @@ import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient
-
-
 from tests.workers.cli import configs_and_out
+
 
 def make_variables(shapes, seed, dtype, prefix):
     rng = np.random.default_rng(seed)
@@ -100,7 +100,7 @@ class Trainer:
 def run(config, out: Path):
     rank = hvd.rank()
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
-    trainer = Trainer(config, compression, stock=False, prefix=f"{config['name']}_p")
+    trainer = Trainer(config, compression, stock=config.get("stock", False), prefix=f"{config['name']}_p")
     if config.get("expect_error"):
         try:
             trainer.step(0)

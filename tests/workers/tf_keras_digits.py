@@ -9,9 +9,8 @@ import numpy as np
 import tensorflow as tf
 
 from benchmarks.digits_tf import fit
-
-
 from tests.workers.cli import configs_and_out
+
 
 def main():
     configs, out = configs_and_out()

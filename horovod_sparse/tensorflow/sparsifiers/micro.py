@@ -18,17 +18,17 @@ Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank
 """
 from __future__ import annotations
 
-import numpy as np
+from typing import Any, Generator, List, Sequence, Tuple
+
 import tensorflow as tf
 
-from horovod_sparse.common.controllers import (candidate_bar, candidate_budget, local_histogram, make_controller,
-                                               scan_block_size)
+from horovod_sparse.common.controllers import candidate_budget, local_histogram, make_controller, scan_block_size
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
-from horovod_sparse.tensorflow.collectives import Communicator, index_dtype
 from horovod_sparse.common.timing import PhaseTimer
-from horovod_sparse.tensorflow.selection import pick, scan
+from horovod_sparse.tensorflow.collectives import Communicator, Pending, index_dtype
+from horovod_sparse.tensorflow.selection import Candidates, pick, scan
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier
 
 
@@ -49,31 +49,10 @@ class Micro(Sparsifier):
 
     def exchange(self, x: tf.Tensor, comm: Communicator, state: PartitionedState, step: int) -> Exchange:
         numel, size = int(x.shape[0]), comm.size
-        k = self.options.count(numel, step)
         bounds = self.partitions.bounds(state)
         owned = owned_partition(step, comm.rank, size)
         timer = PhaseTimer()
-        with timer("scan"):
-            scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
-        window = self.controller.window(state.threshold)
-        if window is None:
-            threshold = self.controller.next_threshold(state.threshold, k, None)
-            with timer("pick"):
-                idx = pick(scanned, threshold)
-        else:
-            with timer("histogram"):
-                maxima = scanned.maxima_numpy()
-                bar = candidate_bar(maxima, candidate_budget(k, size, state.threshold.last_counts, owned))
-                candidates = pick(scanned, bar)
-                magnitudes = tf.abs(tf.gather(x, candidates))
-                local = local_histogram(window, magnitudes.numpy().astype(np.float32), bar, comm.rank, size)
-            (summed,) = yield [comm.allreduce(tf.constant(local), "histogram", "meta")]
-            threshold = self.controller.next_threshold(state.threshold, k, summed.numpy())
-            with timer("pick"):
-                # Every coordinate at or above the bar is a candidate: filter them when the
-                # threshold is not below the bar, else scan again.
-                idx = (tf.boolean_mask(candidates, magnitudes >= tf.cast(threshold, magnitudes.dtype))
-                       if threshold >= bar else pick(scanned, threshold))
+        idx, threshold = yield from self._select(x, bounds, owned, comm, state, step, timer)
         comm.stats.add_time("select", timer.total)
 
         selected = int(tf.size(idx))
@@ -98,3 +77,29 @@ class Micro(Sparsifier):
                                 padding=allgather_padding(counts), bounds=bounds,
                                 select_seconds=timer.seconds)
         return update, residual
+
+    def _select(self, x: tf.Tensor, bounds: List[int], owned: int, comm: Communicator,
+                state: PartitionedState, step: int, timer: PhaseTimer
+                ) -> Generator[Sequence[Pending], List[Any], Tuple[tf.Tensor, float]]:
+        """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
+        threshold; with a histogram controller, after the allreduce of the histogram (and of a
+        second one, counted from ``1.5 k`` blocks, when the first stopped short of ``k``)."""
+        k = self.options.count(int(x.shape[0]), step)
+        with timer("scan"):
+            scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
+        window = self.controller.window(state.threshold)
+        if window is None:
+            threshold = self.controller.next_threshold(state.threshold, k, None)
+            with timer("pick"):
+                return pick(scanned, threshold), threshold
+        for wide, tag in ((False, "histogram"), (True, "histogram.wide")):
+            with timer("histogram"):
+                budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
+                candidates = Candidates.collect(scanned, budget)
+                local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
+            (summed,) = yield [comm.allreduce(tf.constant(local), tag, "meta")]
+            threshold = self.controller.next_threshold(state.threshold, k, summed.numpy(), window)
+            if not state.threshold.short:  # the same on every rank: read off the same histogram
+                break
+        with timer("pick"):
+            return candidates.select(threshold), threshold

@@ -5,7 +5,8 @@ Rank ``r`` scans only the partition ``(step + r) mod n`` of the group's flat buf
 threshold every rank derives identically (:mod:`horovod_sparse.common.controllers`). The
 exchange, per group and step:
 
-1. (``controller="histogram"`` only) allreduce of a histogram of ``|x|``, about 560 bytes;
+1. (``controller="histogram"`` only) allreduce of a histogram of ``|x|``, about 560 bytes (in
+   rare steps a second one, see :mod:`horovod_sparse.common.controllers`);
 2. allgather of the selected indices and of each rank's count;
 3. allreduce (sum) of every rank's ``x`` at the union of the indices, so each selected
    coordinate carries the exact sum over ranks; ``out[union] = sum * scale``.
@@ -86,7 +87,8 @@ class Micro(Sparsifier):
                 state: PartitionedState, step: int, timer: PhaseTimer
                 ) -> Generator[Sequence[Pending], List[Any], Tuple[torch.Tensor, float]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
-        threshold; with a histogram controller, after the allreduce of the histogram."""
+        threshold; with a histogram controller, after the allreduce of the histogram (and of a
+        second one, counted from ``1.5 k`` blocks, when the first stopped short of ``k``)."""
         k = self.options.count(x.numel(), step)
         with timer("scan"):
             scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
@@ -95,11 +97,14 @@ class Micro(Sparsifier):
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
-        with timer("histogram"):
-            budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned)
-            candidates = Candidates.collect(scanned, budget)
-            local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
-        (summed,) = yield [comm.allreduce(torch.from_numpy(local).to(x.device), "histogram", "meta")]
-        threshold = self.controller.next_threshold(state.threshold, k, summed.cpu().numpy())
+        for wide, tag in ((False, "histogram"), (True, "histogram.wide")):
+            with timer("histogram"):
+                budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
+                candidates = Candidates.collect(scanned, budget)
+                local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
+            (summed,) = yield [comm.allreduce(torch.from_numpy(local).to(x.device), tag, "meta")]
+            threshold = self.controller.next_threshold(state.threshold, k, summed.cpu().numpy(), window)
+            if not state.threshold.short:  # the same on every rank: read off the same histogram
+                break
         with timer("pick"):
             return candidates.select(threshold), threshold
