@@ -30,26 +30,32 @@ def grouped_bars(path: Path, title: str, panels: Mapping[str, Mapping[str, float
 
 
 def curves(path: Path, title: str, panels: Mapping[str, Mapping[str, Series]], xlabel: str, ylabel: str) -> Path:
-    """One line per series of each panel (``panels[panel][label] = (xs, ys)``), panels side by side."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False, sharey=True)
+    """One line per series of each panel (``panels[panel][label] = (xs, ys)``), panels side by side,
+    one legend for all (a label keeps its colour in every panel; ``none*``, dense, is dashed)."""
+    labels = list(dict.fromkeys(label for series in panels.values() for label in series))
+    colours = {label: plt.cm.tab20(i % 20) for i, label in enumerate(labels)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 2.5, 4.2), squeeze=False, sharey=True)
     for ax, (panel, series) in zip(axes[0], panels.items()):
         for label, (xs, ys) in series.items():
-            ax.plot(xs, ys, marker="o", markersize=3, label=label,
+            ax.plot(xs, ys, marker="o", markersize=3, label=label, color=colours[label],
                     linestyle="--" if label.startswith("none") else "-")
         ax.set_title(panel, fontsize=10)
         ax.set_xlabel(xlabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     axes[0][0].set_ylabel(ylabel)
+    handles, names = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, names, loc="center right", fontsize=7)
     fig.suptitle(title)
-    return _save(fig, path)
+    fig.tight_layout(rect=(0, 0, 1 - 2.3 / fig.get_figwidth(), 1))
+    return _save(fig, path, layout=False)
 
 
-def _save(fig: "plt.Figure", path: Path) -> Path:
+def _save(fig: "plt.Figure", path: Path, layout: bool = True) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path

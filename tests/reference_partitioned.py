@@ -24,11 +24,13 @@ SMALLEST = float(np.nextafter(np.float32(0), np.float32(1)))
 
 def stream_gradient(config: dict, step: int, rank: int, shape: Sequence[int], index: int) -> np.ndarray:
     """The gradients of the partitioned tests: ``tests.streams`` with the ranks listed in
-    ``zero_ranks`` producing zeros (they never select anything) and, from ``zero_after`` on,
-    every rank producing zeros."""
+    ``zero_ranks`` producing zeros (they never select anything), from ``zero_after`` on every
+    rank producing zeros, and with ``burst = [step, parameter, factor]`` one parameter's
+    gradient scaled at one step."""
     gradient = raw_gradient(config["seed"], step, rank, shape, index)
     silent = rank in config.get("zero_ranks", ()) or step >= config.get("zero_after", math.inf)
-    return 0.0 * gradient if silent else gradient
+    burst_step, burst_index, factor = config.get("burst", (-1, -1, 1.0))
+    return (0.0 if silent else factor if (step, index) == (burst_step, burst_index) else 1.0) * gradient
 
 
 def group_stream(config: dict, size: int, members: Sequence[int]) -> List[List[np.ndarray]]:

@@ -33,6 +33,7 @@ CONFIGS = [
     config("exdyna_fewer_elements_than_ranks", "exdyna", shapes=[[1]], steps=4),
     config("k_below_ranks", "exdyna", density=0.01, shapes=[[10, 10]], options={"balancer": "paper"}),
     config("drain", "exdyna", density=0.2, shapes=[[20, 10], [10]], steps=24, zero_after=4),
+    config("burst", "micro", density=0.005, shapes=[[20000]] * 3, steps=6, burst=[4, 0, 1000.0]),
 ]
 FP16 = config("fp16_values", "exdyna", options={"num_blocks": 16, "fp16_values": True})
 BY_NAME = {c["name"]: c for c in CONFIGS}
@@ -107,7 +108,7 @@ def test_statistics_describe_the_exchange(gloo_run):
         assert record["density_ratio"] == pytest.approx(sum(counts) / k)
         assert set(group["extra"]["select_seconds"]) == {"scan", "histogram", "pick"}
         assert group["sent"]["indices"] == 4 * counts[0] and group["sent"]["values"] == 4 * sum(counts)
-        assert group["sent"]["meta"] > 0 and group["collectives"] == 4
+        assert group["sent"]["meta"] > 0 and group["collectives"] == 3 + group["extra"]["histogram_rounds"]
 
 
 def test_histogram_controller_holds_the_target(gloo_run):
@@ -117,6 +118,19 @@ def test_histogram_controller_holds_the_target(gloo_run):
     for name in ("micro_histogram", "exdyna_default", "exdyna_histogram_pairwise"):
         ratios = [record["density_ratio"] for record in Observed(out, name, size).stats(0)]
         assert max(abs(r - 1) for r in ratios) <= 0.05, f"{name}: {ratios}"
+
+
+def test_a_burst_beyond_the_candidates_takes_a_second_histogram_round(gloo_run):
+    """Step 4 moves the whole selection into partition 0, whose candidate budget the quiet step
+    before set low: the first histogram stops short of k, every rank counts again from a wide
+    budget, and the union still holds about k (the answer lies 3 octaves from the last threshold,
+    where the window's bins are 1/8 octave wide, hence 10%)."""
+    size, out = gloo_run
+    obs = Observed(out, "burst", size)
+    for rank in range(size):
+        rounds = [extra["histogram_rounds"] for extra in extras(obs, rank)]
+        assert rounds[:4] == [1, 1, 1, 1] and rounds[4] == 2, rounds
+    assert abs(obs.stats(0)[4]["density_ratio"] - 1) <= 0.1
 
 
 def test_paper_controller_follows_the_published_rule_step_by_step(gloo_run):

@@ -1,4 +1,4 @@
-"""Worker for the MiCRO/ExDyna and threshold-baseline tests: like ``torch_exchange.py``, with the
+"""Worker for the MiCRO/ExDyna tests: like ``torch_exchange.py``, with the
 gradient streams of ``tests.reference_partitioned.stream_gradient`` (ranks that only produce
 zeros, zero gradients from some step on).
 
@@ -15,10 +15,9 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests.reference_partitioned import stream_gradient
+from tests.workers.cli import configs_and_out
 from tests.workers.torch_exchange import make_params
 
-
-from tests.workers.cli import configs_and_out
 
 def run(config, out: Path):
     rank = hvd.rank()

@@ -14,7 +14,8 @@ computed in Python from the values gathered in that step, and the values allredu
 every rank when the union is empty.
 
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank), ``load_inc``,
-``padding``, ``bounds`` (the partition table used), ``select_seconds``.
+``padding``, ``bounds`` (the partition table used), ``select_seconds`` and, with the histogram
+controller, ``histogram_rounds``.
 """
 from __future__ import annotations
 
@@ -92,7 +93,7 @@ class Micro(Sparsifier):
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
-        for wide, tag in ((False, "histogram"), (True, "histogram.wide")):
+        for rounds, (wide, tag) in enumerate(((False, "histogram"), (True, "histogram.wide")), start=1):
             with timer("histogram"):
                 budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
                 candidates = Candidates.collect(scanned, budget)
@@ -101,5 +102,6 @@ class Micro(Sparsifier):
             threshold = self.controller.next_threshold(state.threshold, k, summed.numpy(), window)
             if not state.threshold.short:  # the same on every rank: read off the same histogram
                 break
+        comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):
             return candidates.select(threshold), threshold

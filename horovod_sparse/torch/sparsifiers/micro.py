@@ -19,7 +19,8 @@ skipped everywhere.
 
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank),
 ``load_inc``, ``padding`` (elements a fixed-size allgather would have padded), ``bounds`` (the
-partition table used), ``select_seconds`` (``scan``, ``histogram``, ``pick``).
+partition table used), ``select_seconds`` (``scan``, ``histogram``, ``pick``) and, with the
+histogram controller, ``histogram_rounds`` (1, or 2 when the first stopped short).
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ class Micro(Sparsifier):
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
-        for wide, tag in ((False, "histogram"), (True, "histogram.wide")):
+        for rounds, (wide, tag) in enumerate(((False, "histogram"), (True, "histogram.wide")), start=1):
             with timer("histogram"):
                 budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
                 candidates = Candidates.collect(scanned, budget)
@@ -106,5 +107,6 @@ class Micro(Sparsifier):
             threshold = self.controller.next_threshold(state.threshold, k, summed.cpu().numpy(), window)
             if not state.threshold.short:  # the same on every rank: read off the same histogram
                 break
+        comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):
             return candidates.select(threshold), threshold
