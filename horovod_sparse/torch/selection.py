@@ -49,7 +49,7 @@ class BlockScan:
 
 
 #: Elements per chunk of the CPU scan: the chunk's ``|x|`` stays in a core's cache.
-SCAN_CHUNK = 1 << 16
+SCAN_CHUNK = 1 << 17
 
 
 def scan(x: torch.Tensor, start: int, end: int, block: int) -> BlockScan:
@@ -92,7 +92,12 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float) -> Tuple[torch.Te
     rows = x[start:start + full * block].view(full, block).index_select(0, rows_hit)  # a copy
     magnitudes = rows.abs_().view(-1)
     flat = torch.nonzero(magnitudes >= threshold).squeeze(1)
-    found, found_magnitudes = [rows_hit[flat // block] * block + flat % block], [magnitudes[flat]]
+    if block & (block - 1) == 0:  # a power of two (always, from scan_block_size): shifts, not divisions
+        shift = block.bit_length() - 1
+        positions = (rows_hit[flat >> shift] << shift) + (flat & (block - 1))
+    else:
+        positions = rows_hit[flat // block] * block + flat % block
+    found, found_magnitudes = [positions], [magnitudes.take(flat)]
     if has_tail:
         tail = x[start + full * block:scanned.end].abs()
         in_tail = torch.nonzero(tail >= threshold).squeeze(1)

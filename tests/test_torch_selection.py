@@ -1,0 +1,41 @@
+"""The block-scan selection (``horovod_sparse.torch.selection``) against ``torch.where`` over
+``|x|``: same indices, ascending, for any slice, block length (power of two or not, partial last
+block) and threshold, and candidates that filter to exactly the same set."""
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from horovod_sparse.torch.selection import Candidates, pick_with_magnitudes, scan, select
+
+
+def naive(x: torch.Tensor, start: int, end: int, threshold: float) -> torch.Tensor:
+    return torch.nonzero(x[start:end].abs() >= threshold).squeeze(1) + start
+
+
+@settings(max_examples=60, deadline=None)
+@given(numel=st.integers(1, 3000), block=st.sampled_from([1, 3, 32, 48, 64, 100, 512]),
+       cut=st.tuples(st.floats(0, 1), st.floats(0, 1)), quantile=st.floats(0, 1), seed=st.integers(0, 2**31))
+def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    start, end = sorted(int(c * numel) for c in cut)
+    if start == end:
+        end = min(numel, start + 1)
+        start = end - 1
+    threshold = float(torch.quantile(x[start:end].abs(), quantile))
+    indices, magnitudes = pick_with_magnitudes(scan(x, start, end, block), threshold)
+    expected = naive(x, start, end, threshold)
+    assert torch.equal(indices, expected)
+    assert torch.equal(magnitudes, x[expected].abs())
+
+
+@settings(max_examples=30, deadline=None)
+@given(numel=st.integers(64, 5000), budget=st.integers(1, 50), factor=st.floats(0.5, 3.0), seed=st.integers(0, 2**31))
+def test_candidates_select_what_pick_selects(numel, budget, factor, seed):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    scanned = scan(x, 0, numel, 32)
+    candidates = Candidates.collect(scanned, budget)
+    threshold = candidates.bar * factor
+    assert torch.equal(candidates.select(threshold), naive(x, 0, numel, threshold))
+    assert torch.equal(select(x, threshold, 32), naive(x, 0, numel, threshold))
