@@ -60,6 +60,7 @@ def test_nonfinite_gradient_abandons_the_step_everywhere(run, policy):
     recs = records(run, f"nan_{policy}")
     for rec in recs:
         assert rec["params_unchanged"] and rec["residuals_restored"] and rec["abandoned"]
+        assert rec["next_step_applied"] and not rec["next_step_warned"]
         assert rec["residuals_finite"]
         if policy == "raise":
             assert rec["raised"] and "rank(s) [1]" in rec["raised"]

@@ -10,15 +10,23 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence
 
 FINGERPRINT_BYTES = 16
+
+#: A blocking allgather of one ``bytes`` payload per rank (any length, empty allowed) under a
+#: collective name: every rank's payload, in rank order. Each framework provides one.
+AllgatherBytes = Callable[[bytes, str], List[bytes]]
+
+
+def json_bytes(obj: Any) -> bytes:
+    """``obj`` as canonical JSON (sorted keys, unknown types as ``str``), UTF-8 encoded."""
+    return json.dumps(obj, sort_keys=True, default=str).encode()
 
 
 def fingerprint(config: Dict[str, Any]) -> bytes:
     """A fixed-size digest of a JSON-serialisable configuration (key order does not matter)."""
-    text = json.dumps(config, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).digest()[:FINGERPRINT_BYTES]
+    return hashlib.sha256(json_bytes(config)).digest()[:FINGERPRINT_BYTES]
 
 
 def _flatten(config: Any, prefix: str = "") -> Dict[str, Any]:
@@ -51,3 +59,19 @@ def mismatch_message(configs: Sequence[Dict[str, Any]]) -> str:
             lines.append(f"rank {rank} differs from rank 0: {shown}")
     return ("horovod_sparse configuration differs across ranks; every rank must build the "
             "optimizer with the same compression, options, grouping and model: " + " | ".join(lines))
+
+
+def require_same_configuration(config: Dict[str, Any], allgather_bytes: AllgatherBytes) -> None:
+    """Compare ``config`` across ranks; on a mismatch raise the same ``ValueError`` on every rank,
+    naming the ranks and settings that differ (:func:`mismatch_message`).
+
+    Collective: every rank must call it at the same point. It costs one allgather of a
+    :data:`FINGERPRINT_BYTES` digest when the configurations agree, and one more of the
+    configurations themselves (JSON) when they do not, so no rank ever waits on a collective the
+    others skip.
+    """
+    digests = allgather_bytes(fingerprint(config), "hs.config.fingerprint")
+    if all(digest == digests[0] for digest in digests):
+        return
+    configs = [json.loads(text) for text in allgather_bytes(json_bytes(config), "hs.config.describe")]
+    raise ValueError(mismatch_message(configs))

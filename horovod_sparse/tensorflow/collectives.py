@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Union
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.stats import GroupStats
@@ -52,6 +53,23 @@ def nbytes(tensor: tf.Tensor) -> ByteCount:
 def index_dtype(numel: int) -> tf.DType:
     """int32 for buffers below 2**31 elements, int64 beyond."""
     return tf.int32 if numel < 2 ** 31 else tf.int64
+
+
+def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> List[bytes]:
+    """Every rank's ``payload``, in rank order (blocking; for rare metadata only).
+
+    Runs eagerly even while a ``tf.function`` is being traced (``tf.init_scope``), so it can
+    check something once, at trace time, on every rank. Unlike ``hvd.allgather_object`` in
+    Horovod 0.28.1 it honours ``process_set``.
+    """
+    with tf.init_scope():
+        tensor = tf.constant(np.frombuffer(payload, dtype=np.uint8))
+        sizes = hvd.allgather(tf.constant([len(payload)], dtype=tf.int64), name=op_name(f"{name}.sizes"),
+                              ignore_name_scope=True, process_set=process_set)
+        data = hvd.allgather(tensor, name=op_name(f"{name}.data"), ignore_name_scope=True,
+                             process_set=process_set).numpy()
+    ends = np.cumsum(sizes.numpy())
+    return [data[end - size:end].tobytes() for end, size in zip(ends, sizes.numpy())]
 
 
 def op_name(text: str) -> str:

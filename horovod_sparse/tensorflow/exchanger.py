@@ -20,22 +20,55 @@ eagerly. Traced with ``warmup_steps``, the dense and the sparse step are both tr
 ``tf.cond`` on the step counter picks one, the same on every rank. Residuals, per-group state
 and the step counter are keyed by the list of variables (their order fixes the groups), so they
 are found again at every step, in eager mode and across traces.
+
+Reliability, as on the PyTorch side:
+
+* **Same configuration everywhere**: the first exchange of each variable list compares a
+  fingerprint of the configuration (compression and options, op, ``nonfinite``, the groups
+  with their sizes and dtypes) across ranks (:mod:`horovod_sparse.common.consensus`, run
+  eagerly even while a ``tf.function`` is traced) and raises the same ``ValueError`` on every
+  rank, naming the ranks and settings that differ, before any exchange can hang.
+* **Non-finite gradients** (``nonfinite="raise"|"skip"``, sparse exchanges): each rank checks
+  its gradients, and one allgather of one int32 per rank tells every rank whether any saw a
+  NaN/Inf, *before* anything is exchanged. If one did, nothing is exchanged: every returned
+  gradient is zero on every rank, each sparse group whose gradient is finite on this rank keeps
+  it in its residual (delivered later: nothing lost), a non-finite one never reaches the
+  residual, and dense groups (warm-up, ``min_numel``) are dropped. ``"raise"`` then raises
+  ``FloatingPointError`` on every rank, ``"skip"`` warns; ``last_stats.abandoned`` is True.
+  The Keras wrapper skips the optimizer update of such a step in eager mode; with a tape, skip
+  ``apply_gradients`` when ``tape.last_stats.abandoned`` (zero gradients leave the variables
+  unchanged under plain SGD, not under momentum or weight decay). Traced, the check is a
+  ``tf.cond`` and the policy runs in a ``tf.py_function``: ``"raise"`` surfaces as the
+  ``tf.errors`` error wrapping the ``FloatingPointError`` message, and the Keras update is
+  applied with the zero gradients.
+* **Exact resume**: :meth:`GradientExchanger.state_dict` / :meth:`~GradientExchanger.load_state_dict`
+  carry residuals, step counters and per-group sparsifier state as NumPy/Python objects.
+* **Dtypes and odd variables**: groups are formed per dtype; float16, float32 and float64
+  values travel in their own dtype, bfloat16 ones as float32 (Horovod 0.28.1's TensorFlow
+  collectives do not take bfloat16; residuals and results stay bfloat16); variables of other dtypes (integer, bool) and
+  zero-size ones are passed through untouched, and a floating variable without a gradient on
+  this rank is exchanged as zeros, so every rank issues the same collectives (it then gets the
+  other ranks' aggregate, zeros when none has a gradient, as on the PyTorch side).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments
+from horovod_sparse.common.consensus import require_same_configuration
 from horovod_sparse.common.grouping import ParamInfo, form_groups
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.tensorflow import recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
-from horovod_sparse.tensorflow.collectives import Communicator, Pending, nbytes, phase_timer
-from horovod_sparse.tensorflow.sparsifier import Exchange, Result, Sparsifier
+from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgather_bytes, nbytes, phase_timer
+from horovod_sparse.tensorflow.sparsifier import Exchange, Result, Sparsifier, Step
 
 OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
             hvd.Max: "max", hvd.Product: "product"}
@@ -60,6 +93,10 @@ class Layout:
             with tf.init_scope():
                 self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hs_step")
         return self.step
+
+    def signature(self) -> List[Tuple[str, int]]:
+        """Name and size of every group, in group order: what a checkpoint must match."""
+        return [(g.name, g.numel) for g in self.groups]
 
 
 class _Inflight:
@@ -118,6 +155,11 @@ def _unique_names(names: List[str]) -> List[str]:
     return [f"{name}@{i}" if name in repeated else name for i, name in enumerate(names)]
 
 
+def _exchangeable(source: Any) -> bool:
+    """Whether a sparsifier exchanges ``source``'s gradient: floating dtype, at least one element."""
+    return tf.as_dtype(source.dtype).is_floating and tf.TensorShape(source.shape).num_elements() != 0
+
+
 def _source_name(source: Any, position: int) -> str:
     try:
         return str(source.name)
@@ -141,15 +183,24 @@ class GradientExchanger:
         process_set: the Horovod process set to reduce over.
         device_dense / device_sparse: devices of the dense and IndexedSlices collectives.
         stats_log: optional text stream; one JSON line of statistics per exchange.
+        nonfinite: what a NaN/Inf gradient on any rank does to a sparse exchange: ``"raise"``
+            (``"default"`` with a sparsifier) or ``"skip"`` (see the module docstring); None
+            checks nothing (the only choice, and the default, with Horovod's dense compressors,
+            whose behaviour is Horovod's).
     """
 
     def __init__(self, name: str, compression: Any, sparse_as_dense: bool = False, op: Any = hvd.Average,
                  gradient_predivide_factor: float = 1.0, groups: Any = None,
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
-                 device_sparse: str = "", stats_log: Optional[IO[str]] = None) -> None:
+                 device_sparse: str = "", stats_log: Optional[IO[str]] = None,
+                 nonfinite: Optional[str] = "default") -> None:
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
                                 gradient_predivide_factor)
+        self.nonfinite = resolve_nonfinite(nonfinite, self.sparse)
+        if self.nonfinite is not None and not self.sparse:
+            raise ValueError(f"nonfinite={self.nonfinite!r} needs a horovod_sparse sparsifier as compression; "
+                             "Horovod's dense compressors keep Horovod's own behaviour (nonfinite=None)")
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
         self.op = op
@@ -163,6 +214,9 @@ class GradientExchanger:
             sparse_as_dense, op, gradient_predivide_factor, horovod_groups, process_set)
         self._layouts: Dict[Tuple[Any, ...], Layout] = {}
         self._last_layout: Optional[Layout] = None
+        #: Checkpointed layouts not yet matched by a variable list (see :meth:`load_state_dict`).
+        self._pending_layouts: List[Dict[str, Any]] = []
+        self._skip_apply = False
         self.last_stats: Optional[StepStats] = None
 
     # -- bookkeeping ------------------------------------------------------------------------------
@@ -189,14 +243,86 @@ class GradientExchanger:
         layout = self._last_layout
         return {} if layout is None else {g.name: g.residual_value() for g in layout.groups}
 
+    def take_skip_apply(self) -> bool:
+        """True once after an eager exchange that was abandoned (non-finite gradient on some
+        rank): the Keras wrapper then skips that step's update."""
+        skip, self._skip_apply = self._skip_apply, False
+        return skip
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,
+        unaffected by later steps): per variable list exchanged so far, its step counter and,
+        per group, the residual and the sparsifier's state (thresholds and controller state,
+        partition tables, momentum buffers). Residuals are per rank: save every rank's state to
+        resume exactly. The wrapped optimizer's own state is saved the usual TensorFlow way."""
+        return {"layouts": [self._layout_state(layout) for layout in self._layouts.values()]}
+
+    def _layout_state(self, layout: Layout) -> Dict[str, Any]:
+        return {"steps": 0 if layout.step is None else int(layout.step.numpy()),
+                "groups": {g.name: {"numel": g.numel,
+                                    "residual": None if g.residual is None else g.residual.numpy(),
+                                    "state": (self.compression.export_state(layout.states[g.index])
+                                              if g.index in layout.states else None)}
+                           for g in layout.groups}}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`. Each saved variable list is restored into the variable
+        list exchanged now, or at its first exchange, whose groups have the same names and sizes
+        (so load it in a fresh process before the first step, or after); a variable list whose
+        groups match no saved one, while some are still waiting, raises ``ValueError``."""
+        self._pending_layouts = list(state_dict["layouts"])
+        for layout in self._layouts.values():
+            self._restore(layout)
+
+    def _restore(self, layout: Layout) -> None:
+        """Load the waiting checkpointed layout that matches ``layout``, if any."""
+        if not self._pending_layouts:
+            return
+        signature = layout.signature()
+        for position, saved in enumerate(self._pending_layouts):
+            if [(name, record["numel"]) for name, record in saved["groups"].items()] == signature:
+                break
+        else:
+            raise ValueError(f"checkpoint does not match the exchanger's groups: groups {signature} "
+                             f"(name, elements) are not among the saved ones "
+                             f"{[[(n, r['numel']) for n, r in s['groups'].items()] for s in self._pending_layouts]}; "
+                             "load it with the same model and groups= it was saved with")
+        saved = self._pending_layouts.pop(position)
+        with tf.init_scope():
+            for group in layout.groups:
+                record = saved["groups"][group.name]
+                if record["residual"] is not None:
+                    group.store_residual(tf.constant(record["residual"], dtype=group.dtype))
+                if record["state"] is not None:
+                    layout.states[group.index] = self.compression.import_state(record["state"])
+            layout.step_counter().assign(saved["steps"])
+
     # -- layout -----------------------------------------------------------------------------------
     def _layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
+        """The layout of ``sources``; the first time, after checking that every rank has the same
+        configuration and restoring a waiting checkpoint (collective: all ranks exchange the same
+        variable lists in the same order)."""
         key = tuple(s.ref() for s in sources)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = self._layouts[key] = Layout(self._form_groups(grads, sources))
+            layout = Layout(self._form_groups(grads, sources))
+            require_same_configuration(self._configuration(layout),
+                                       functools.partial(allgather_bytes, process_set=self.process_set))
+            self._restore(layout)
+            self._layouts[key] = layout
         self._last_layout = layout
         return layout
+
+    def _configuration(self, layout: Layout) -> Dict[str, Any]:
+        """Everything that must agree across ranks for the collectives to match. Sparse
+        collectives are named after the groups, so their names count; Horovod's dense path
+        names its ops itself, so only sizes and dtypes count there."""
+        compression = (self.compression.options.as_dict() if self.sparse
+                       else getattr(self.compression, "__name__", type(self.compression).__name__))
+        return {"compression": compression, "op": OP_NAMES.get(self.op, str(self.op)), "nonfinite": self.nonfinite,
+                "groups": {(g.name if self.sparse else str(g.index)): f"{g.numel} x {g.dtype.name}"
+                           for g in layout.groups}}
 
     def _form_groups(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[FlatGroup]:
         names = _unique_names([_source_name(s, i) for i, s in enumerate(sources)])
@@ -229,10 +355,12 @@ class GradientExchanger:
 
     @tf.autograph.experimental.do_not_convert
     def _exchange_dense(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool) -> List[Any]:
-        reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
         present = [i for i, g in enumerate(grads) if g is not None]
+        layout = None
         if present and self.process_set.included():
             layout = self._layout([grads[i] for i in present], [sources[i] for i in present])
+        reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
+        if layout is not None:
             counter = layout.step_counter()
             stats = StepStats(step=counter.read_value())
             stats.groups = [self._dense_stats(group, [grads[present[i]] for i in group.positions])
@@ -269,29 +397,82 @@ class GradientExchanger:
             raise RuntimeError(EAGER_ONLY.format(
                 what=f"Compression.{self.compression.method_name}",
                 why="its decisions are computed in Python from the values of the current step"))
-        grads = [self._densify(g, s, i) for i, (g, s) in enumerate(zip(grads, sources))]
-        present = [i for i, g in enumerate(grads) if g is not None]
         results = list(grads)
-        if not present:
+        positions = [i for i, s in enumerate(sources) if _exchangeable(s)]
+        if not positions:
             return results
-        kept = [grads[i] for i in present]
-        layout = self._layout(kept, [sources[i] for i in present])
+        kept = [self._dense_gradient(grads[i], sources[i], i) for i in positions]
+        layout = self._layout(kept, [sources[i] for i in positions])
         counter = layout.step_counter()
-        warmup = self.compression.options.warmup_steps
-        if eager:
-            step = int(counter.numpy())
-            exchanged = self._exchange_groups(kept, layout, step, warm=step < warmup)
-        elif warmup:
-            # Both paths are traced, each inside its branch; every rank takes the same branch.
-            step = counter.read_value()
-            exchanged = tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
-                                lambda: self._exchange_groups(kept, layout, step, warm=False))
+        step: Step = int(counter.numpy()) if eager else counter.read_value()
+        if self.nonfinite is None:
+            exchanged = self._exchange_step(kept, layout, step)
+            counter.assign_add(1)
         else:
-            exchanged = self._exchange_groups(kept, layout, counter.read_value(), warm=False)
-        counter.assign_add(1)
-        for position, value in zip(present, exchanged):
+            exchanged = self._exchange_if_finite(kept, layout, step, counter)
+        for position, value in zip(positions, exchanged):
             results[position] = value
         return results
+
+    def _exchange_step(self, kept: List[tf.Tensor], layout: Layout, step: Step) -> List[tf.Tensor]:
+        """:meth:`_exchange_groups`, dense during warm-up: decided in Python in eager mode; when
+        traced with ``warmup_steps`` both paths are traced, each inside a ``tf.cond`` branch
+        (every rank takes the same branch)."""
+        warmup = self.compression.options.warmup_steps
+        if isinstance(step, int):
+            return self._exchange_groups(kept, layout, step, warm=step < warmup)
+        if warmup:
+            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
+                           lambda: self._exchange_groups(kept, layout, step, warm=False))
+        return self._exchange_groups(kept, layout, step, warm=False)
+
+    def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step,
+                            counter: tf.Variable) -> List[tf.Tensor]:
+        """The step's exchange if no rank has a non-finite gradient, else :meth:`_abandon`;
+        counts the step, then applies the ``nonfinite`` policy (see the module docstring)."""
+        finite = [tf.reduce_all([tf.reduce_all(tf.math.is_finite(kept[p])) for p in group.positions])
+                  for group in layout.groups]
+        local = tf.reshape(tf.cast(tf.logical_not(tf.reduce_all(finite)), tf.int32), [1])
+        flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, process_set=self.process_set)
+        if isinstance(step, int):
+            abandon = bool(tf.reduce_any(flags > 0))
+            exchanged = self._abandon(kept, layout, step, finite) if abandon else self._exchange_step(kept, layout, step)
+        else:
+            exchanged = tf.cond(tf.reduce_any(flags > 0), lambda: self._abandon(kept, layout, step, finite),
+                                lambda: self._exchange_step(kept, layout, step))
+        counter.assign_add(1)
+        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups], isinstance(step, int))
+        if isinstance(step, int):
+            report(flags, tf.stack(finite), step)
+        else:
+            tf.py_function(report, inp=[flags, tf.stack(finite), step], Tout=[], name="horovod_sparse_nonfinite")
+        return exchanged
+
+    def _abandon(self, kept: List[tf.Tensor], layout: Layout, step: Step, finite: List[tf.Tensor]) -> List[tf.Tensor]:
+        """An abandoned step: nothing is exchanged and every gradient returned is zero; each
+        sparse group finite on this rank adds its gradient to its residual, the others keep
+        their residual as it was."""
+        warm = step < self.compression.options.warmup_steps
+        for group in layout.groups:
+            if group.numel < self.compression.options.min_numel:
+                continue  # exchanged densely: this step's gradient is dropped
+            before = group.residual_value()
+            x = group.load_gradients(kept)
+            group.store_residual(tf.where(tf.logical_and(finite[group.index], tf.logical_not(warm)), x, before))
+        recording.publish(StepStats(step=step, abandoned=True), self._record)
+        return [tf.zeros_like(g) for g in kept]
+
+    def _report_nonfinite(self, names: List[str], eager: bool, flags: Any, finite: Any, step: Any) -> None:
+        """Apply the ``nonfinite`` policy when some rank (``flags[r]``: rank r saw a NaN/Inf)
+        had a non-finite gradient; ``finite[i]``: whether group ``names[i]`` is finite here.
+        After an eager ``"skip"`` the next Keras update is skipped (:meth:`take_skip_apply`)."""
+        bad_ranks = [rank for rank, flag in enumerate(np.asarray(flags)) if flag]
+        if not bad_ranks:
+            return
+        assert self.nonfinite is not None
+        self._skip_apply = eager and self.nonfinite == "skip"
+        groups = [name for name, ok in zip(names, np.asarray(finite)) if not ok]
+        apply_nonfinite_policy(self.nonfinite, bad_ranks, int(np.asarray(step)), groups)
 
     def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool) -> List[tf.Tensor]:
         """One step's exchange of the (non-None) gradients ``kept``: every group sparsely, except
@@ -337,11 +518,17 @@ class GradientExchanger:
         if not groups:
             return
         positions = [p for group in groups for p in group.positions]
-        for position, value in zip(positions, self._horovod_reduce([kept[p] for p in positions])):
-            results[position] = value
+        # Horovod's TensorFlow allreduce does not take bfloat16: such gradients travel as float32.
+        wire = [tf.cast(kept[p], tf.float32) if kept[p].dtype == tf.bfloat16 else kept[p] for p in positions]
+        for position, value in zip(positions, self._horovod_reduce(wire)):
+            results[position] = tf.cast(value, kept[position].dtype)
         stats.groups.extend(self._dense_stats(group, [kept[p] for p in group.positions]) for group in groups)
 
-    def _densify(self, grad: Any, source: Any, position: int) -> Any:
+    def _dense_gradient(self, grad: Any, source: Any, position: int) -> tf.Tensor:
+        """``grad`` as a dense tensor: zeros when this rank has none (every rank then still takes
+        part in the group's collectives), a ``tf.IndexedSlices`` converted with ``sparse_as_dense``."""
+        if grad is None:
+            return tf.zeros(source.shape, dtype=source.dtype)
         if not isinstance(grad, tf.IndexedSlices):
             return grad
         if not self.sparse_as_dense:
@@ -369,7 +556,8 @@ def _groups_key(groups: Any) -> Any:
 
 def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any,
                      gradient_predivide_factor: float, groups: Any, process_set: hvd.ProcessSet,
-                     device_dense: str, device_sparse: str, stats_log: Optional[IO[str]]) -> GradientExchanger:
+                     device_dense: str, device_sparse: str, stats_log: Optional[IO[str]],
+                     nonfinite: Optional[str]) -> GradientExchanger:
     """The exchanger for these arguments, created once per process and reused.
 
     A training loop wraps a new ``tf.GradientTape`` every step; the residuals must outlive it.
@@ -377,10 +565,10 @@ def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any
     them (within it, residuals are keyed by the variable list, so two models never share one).
     """
     key = (name, _compression_key(compression), sparse_as_dense, op, gradient_predivide_factor,
-           _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log))
+           _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log), nonfinite)
     exchanger = _EXCHANGERS.get(key)
     if exchanger is None:
         exchanger = _EXCHANGERS[key] = GradientExchanger(
             name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
-            device_dense, device_sparse, stats_log)
+            device_dense, device_sparse, stats_log, nonfinite)
     return exchanger

@@ -15,7 +15,7 @@ shared by every tape built with the same arguments, so wrapping a new tape each 
 from __future__ import annotations
 
 import warnings
-from typing import IO, Any, Iterable, Optional
+from typing import IO, Any, Dict, Iterable, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -45,8 +45,18 @@ class _DistributedGradientTape(tf.GradientTape):
 
     @property
     def last_stats(self) -> Optional[StepStats]:
-        """Statistics of the last exchange that ran (on this rank)."""
+        """Statistics of the last exchange that ran (on this rank); ``abandoned`` is True when a
+        non-finite gradient on some rank abandoned it (skip ``apply_gradients`` then)."""
         return self.exchanger.last_stats
+
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's sparsification state (see :meth:`GradientExchanger.state_dict`)."""
+        return self.exchanger.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into the exchanger shared by every tape wrapped with the
+        same arguments, so it can be called on any such tape before the first step."""
+        self.exchanger.load_state_dict(state_dict)
 
 
 def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
@@ -55,7 +65,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             num_groups: int = 0, groups: Any = None,
                             process_set: hvd.ProcessSet = hvd.global_process_set,
                             scale_local_gradients: bool = True,
-                            stats_log: Optional[IO[str]] = None) -> tf.GradientTape:
+                            stats_log: Optional[IO[str]] = None,
+                            nonfinite: Optional[str] = "default") -> tf.GradientTape:
     """Wrap ``gradtape`` so ``gradient()`` returns gradients exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -77,10 +88,22 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         process_set: the Horovod process set to reduce over.
         scale_local_gradients: scale the gradients of registered local sources by 1/size.
         stats_log: optional text stream; one JSON line of statistics per exchange.
+        nonfinite: what a NaN/Inf gradient on any rank does (sparsifiers only): ``"raise"``
+            (default with a sparsifier): every rank raises ``FloatingPointError`` from
+            ``gradient()``; ``"skip"``: every rank warns and gets zero gradients. Either way the
+            step is abandoned everywhere: nothing is exchanged, residuals stay finite and keep
+            each healthy rank's gradient, ``last_stats.abandoned`` is True. ``None``: no check
+            (the default, and only choice, with Horovod's dense compressors).
 
     Returns:
         A tape of the same class as ``gradtape`` (dynamically subclassed, as Horovod does), with
-        ``last_stats`` and ``exchanger`` (``groups()``, ``residuals()``, ``steps``).
+        ``last_stats``, ``state_dict()`` / ``load_state_dict()`` (exact resume) and
+        ``exchanger`` (``groups()``, ``residuals()``, ``steps``).
+
+    Raises:
+        ValueError: at the first exchange of a variable list, on every rank, when the ranks'
+            configurations (compression, options, op, groups, dtypes) differ, naming the rank
+            and setting.
     """
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
@@ -89,7 +112,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
-                                 stats_log)
+                                 stats_log, nonfinite)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables,
                process_set, scale_local_gradients)
@@ -102,7 +125,8 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    process_set: hvd.ProcessSet = hvd.global_process_set,
                                    local_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
                                    scale_local_gradients: bool = True,
-                                   stats_log: Optional[IO[str]] = None) -> tf.GradientTape:
+                                   stats_log: Optional[IO[str]] = None,
+                                   nonfinite: Optional[str] = "default") -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers`` keep their gradients local (not
     exchanged), as ``hvd.PartialDistributedGradientTape``."""
     if local_layers is None:
@@ -113,7 +137,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
-                                   scale_local_gradients, stats_log)
+                                   scale_local_gradients, stats_log, nonfinite)
     for layer in local_layers:
         for variable in layer.trainable_weights:
             tape.register_local_source(variable)

@@ -49,18 +49,24 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
                          num_groups: int = 0, groups: Any = None,
                          process_set: hvd.ProcessSet = hvd.global_process_set,
                          scale_local_gradients: bool = True,
-                         stats_log: Optional[IO[str]] = None) -> tf.keras.optimizers.Optimizer:
+                         stats_log: Optional[IO[str]] = None,
+                         nonfinite: Optional[str] = "default") -> tf.keras.optimizers.Optimizer:
     """Wrap a Keras optimizer so its gradients are exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
     Takes every argument of ``horovod.tensorflow.keras.DistributedOptimizer`` with the same
     meaning (see there); ``compression`` may also be a horovod_sparse sparsifier, ``groups`` may
     also be ``"tensor"`` / ``"model"`` / ``"size:N"`` with one, and ``stats_log`` is an optional
-    text stream receiving one JSON line of statistics per exchange.
+    text stream receiving one JSON line of statistics per exchange. ``nonfinite`` is the NaN/Inf
+    policy of :func:`horovod_sparse.tensorflow.DistributedGradientTape`; in eager mode
+    (``run_eagerly=True``) an abandoned step also skips the optimizer's update (and its
+    ``iterations``), so the variables and the optimizer state stay as they were; traced, the
+    zero gradients are applied (see :mod:`horovod_sparse.tensorflow.exchanger`).
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
-        does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``) and ``last_stats``.
+        does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``, ``state_dict()`` /
+        ``load_state_dict()`` for exact resume) and ``last_stats``.
     """
     if op != hvd.Average and op != hvd.Sum:
         raise ValueError("op currently only supports Average and Sum")
@@ -69,7 +75,7 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
         groups = num_groups if groups is None else groups
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
-                                  groups, process_set, device_dense, device_sparse, stats_log)
+                                  groups, process_set, device_dense, device_sparse, stats_log, nonfinite)
     # Horovod builds its wrapper (class, checks, local-gradient aggregation) around a dense
     # reduction; the exchanger then takes that reduction's place everywhere Horovod calls it.
     wrapped = _impl.create_distributed_optimizer(
@@ -91,9 +97,19 @@ def _install(optimizer: Any, exchanger: GradientExchanger) -> None:
         attribute = "allreduce_grads" if hasattr(helper, "allreduce_grads") else "_allreduce_grads"
         setattr(helper, attribute, exchanger)
     optimizer.exchanger = exchanger
-    # The class was created by Horovod for this optimizer alone, so the property stays local.
-    type(optimizer).last_stats = property(lambda self: self.exchanger.last_stats,
-                                          doc="Statistics of the last exchange that ran (this rank).")
+    # The class was created by Horovod for this optimizer alone, so these stay local.
+    cls = type(optimizer)
+    cls.last_stats = property(lambda self: self.exchanger.last_stats,
+                              doc="Statistics of the last exchange that ran (this rank).")
+    apply_gradients = cls.apply_gradients
+
+    def apply_gradients_unless_abandoned(self: Any, *args: Any, **kwargs: Any) -> Any:
+        """Horovod's ``apply_gradients``, skipped after an abandoned eager exchange."""
+        if self.exchanger.take_skip_apply():
+            return self.iterations
+        return apply_gradients(self, *args, **kwargs)
+
+    cls.apply_gradients = apply_gradients_unless_abandoned
 
 
 class SparsificationStatsCallback(tf.keras.callbacks.Callback):

@@ -20,6 +20,7 @@ gradient and would silently lose whatever is not sent.
 """
 from __future__ import annotations
 
+import copy
 from typing import Any, Callable, ClassVar, Generator, List, Optional, Sequence, Tuple, Union
 
 import tensorflow as tf
@@ -107,6 +108,16 @@ class Sparsifier(Compressor):
         """
         raise NotImplementedError
 
+    def export_state(self, state: Any) -> Any:
+        """``state`` (from :meth:`new_state`, as the exchanges left it) as plain Python/NumPy
+        objects that later steps do not change: what a checkpoint saves. Default: a deep copy
+        (the framework-free states are plain numbers and lists)."""
+        return copy.deepcopy(state)
+
+    def import_state(self, saved: Any) -> Any:
+        """The per-group state to continue from, rebuilt from :meth:`export_state`'s output."""
+        return copy.deepcopy(saved)
+
     # -- helpers shared by the methods -----------------------------------------------------------
     def per_step(self, decide: Callable[[Optional[int]], Any], step: Step, dtype: tf.DType) -> Any:
         """``decide(step)`` for a decision that depends on the step only through the density
@@ -128,8 +139,11 @@ class Sparsifier(Compressor):
         return self.per_step(self.options.density_at, step, tf.float64)
 
     def to_wire(self, values: tf.Tensor) -> tf.Tensor:
-        """Values as they travel: float16 when ``fp16_values`` is set, else unchanged."""
-        return tf.cast(values, tf.float16) if self.options.fp16_values else values
+        """Values as they travel: float16 when ``fp16_values`` is set; bfloat16 as float32
+        (Horovod 0.28.1's TensorFlow collectives do not take bfloat16); otherwise unchanged."""
+        if self.options.fp16_values:
+            return tf.cast(values, tf.float16)
+        return tf.cast(values, tf.float32) if values.dtype == tf.bfloat16 else values
 
     @staticmethod
     def remove_delivered(x: tf.Tensor, idx: tf.Tensor, wire_values: tf.Tensor) -> tf.Tensor:

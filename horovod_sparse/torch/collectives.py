@@ -18,6 +18,7 @@ from typing import Any, Iterator, List, Sequence, Tuple
 import horovod.torch as hvd
 import torch
 
+from horovod_sparse.common.consensus import json_bytes
 from horovod_sparse.common.stats import GroupStats
 
 
@@ -36,13 +37,18 @@ def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> List[bytes]:
+    """Every rank's ``payload``, in rank order (blocking; for rare metadata only). Unlike
+    ``hvd.allgather_object`` in Horovod 0.28.1 it honours ``process_set``."""
+    tensor = torch.tensor(list(payload), dtype=torch.uint8)
+    sizes = hvd.allgather(torch.tensor([tensor.numel()]), name=f"{name}.sizes", process_set=process_set)
+    data = hvd.allgather(tensor, name=f"{name}.data", process_set=process_set)
+    return [bytes(chunk.tolist()) for chunk in data.split(sizes.tolist())]
+
+
 def allgather_json(obj: Any, name: str, process_set: hvd.ProcessSet) -> List[Any]:
-    """Every rank's JSON-serialisable ``obj``, in rank order (blocking; for rare metadata only).
-    Unlike ``hvd.allgather_object`` in Horovod 0.28.1 it honours ``process_set``."""
-    payload = torch.tensor(list(json.dumps(obj, sort_keys=True, default=str).encode()), dtype=torch.uint8)
-    sizes = hvd.allgather(torch.tensor([payload.numel()]), name=f"{name}.sizes", process_set=process_set)
-    data = hvd.allgather(payload, name=f"{name}.data", process_set=process_set)
-    return [json.loads(bytes(chunk.tolist()).decode()) for chunk in data.split(sizes.tolist())]
+    """Every rank's JSON-serialisable ``obj``, in rank order (see :func:`allgather_bytes`)."""
+    return [json.loads(text) for text in allgather_bytes(json_bytes(obj), name, process_set)]
 
 
 def index_dtype(numel: int) -> torch.dtype:

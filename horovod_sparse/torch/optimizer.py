@@ -11,6 +11,7 @@ Horovod's optimizer.
 """
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -20,13 +21,13 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_sparse.common.consensus import fingerprint, mismatch_message
+from horovod_sparse.common.consensus import require_same_configuration
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
-from horovod_sparse.common.validation import check_choice
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.collectives import Communicator, Pending, allgather_json
+from horovod_sparse.torch.collectives import Communicator, Pending, allgather_bytes
 from horovod_sparse.torch.mergecomp import MergeCompScheduler, carry_residuals
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
@@ -125,7 +126,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         self._should_synchronize = True
         if self.process_set.included():
-            _require_same_configuration(self._configuration(), self.process_set)
+            require_same_configuration(self._configuration(),
+                                       functools.partial(allgather_bytes, process_set=self.process_set))
             # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
             # a bound method there would keep the optimizer and its flat buffers alive for good.
             hook = _weak_hook(self._hook)
@@ -302,16 +304,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._step_stats.abandoned = True
 
     def _apply_nonfinite_policy(self, bad_ranks: List[int]) -> None:
-        groups = ", ".join(self._nonfinite_groups) or "(on other ranks)"
-        self._nonfinite_groups = []
-        message = (f"non-finite (NaN/Inf) gradient on rank(s) {bad_ranks} at step {self.steps - 1}; "
-                   f"this rank's affected groups: {groups}. The step was abandoned on every rank: no "
-                   "update, replicas unchanged, finite gradients kept in the residuals.")
-        self._skip_step = True
-        if self.nonfinite == "raise":
-            raise FloatingPointError(message + " Lower the learning rate or loss scale, or pass "
-                                     "nonfinite='skip' to skip such steps with a warning.")
-        warnings.warn(message, RuntimeWarning)
+        groups, self._nonfinite_groups = self._nonfinite_groups, []
+        # "skip": the step() that follows applies nothing. "raise": the error leaves step() before
+        # its update, so the next step() (if the caller carries on) starts afresh.
+        self._skip_step = self.nonfinite == "skip"
+        self._synchronized = self._skip_step
+        assert self.nonfinite is not None
+        apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, groups)
 
     def _after_step(self) -> None:
         """Hand the finished step's timeline to the sparsifier and to the MergeComp scheduler (on
@@ -518,24 +517,10 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if sparse and gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
                          "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")
-    if nonfinite == "default":
-        nonfinite = "raise" if sparse else None
-    if nonfinite is not None:
-        check_choice("nonfinite", nonfinite, ("raise", "skip"))
+    nonfinite = resolve_nonfinite(nonfinite, sparse)
     cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite)
-
-
-def _require_same_configuration(config: Dict[str, Any], process_set: hvd.ProcessSet) -> None:
-    """Compare ``config`` across the ranks of ``process_set``; on a mismatch raise the same
-    ValueError on every rank, naming the ranks and settings that differ."""
-    digest = torch.tensor(list(fingerprint(config)), dtype=torch.uint8).view(1, -1)
-    digests = hvd.allgather(digest, name="hs.config.fingerprint", process_set=process_set)
-    if bool((digests == digests[0]).all()):
-        return
-    configs = allgather_json(config, "hs.config.describe", process_set)
-    raise ValueError(mismatch_message(configs))
 
 
 __all__ = ["DistributedOptimizer"]

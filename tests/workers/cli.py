@@ -12,3 +12,13 @@ def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     return json.loads(Path(args.configs).read_text()), Path(args.out)
+
+
+def init_tensorflow_worker() -> None:
+    """``hvd.init()`` for a TensorFlow worker, with few threads (several workers share the cores)."""
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    hvd.init()
+    tf.config.threading.set_inter_op_parallelism_threads(2)
+    tf.config.threading.set_intra_op_parallelism_threads(1)

@@ -29,7 +29,7 @@ import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 
 def make_variables(shapes, seed, dtype, prefix):
@@ -132,9 +132,7 @@ def run(config, out: Path):
 
 def main():
     configs, out = configs_and_out()
-    hvd.init()
-    tf.config.threading.set_inter_op_parallelism_threads(2)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
+    init_tensorflow_worker()
     for config in configs:
         run(config, out)
 

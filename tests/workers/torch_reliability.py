@@ -104,6 +104,10 @@ def scenario_nonfinite(config):
             record["warned"] = any(issubclass(w.category, RuntimeWarning) and "non-finite" in str(w.message)
                                    for w in caught)
             record["abandoned"] = opt.last_stats.abandoned
+        if step == 4:  # the first healthy step after the fault updates the parameters again
+            record["next_step_applied"] = not all(np.array_equal(a, b) for a, b in
+                                                  zip(before[0], snapshot(opt, params)[0]))
+            record["next_step_warned"] = bool(caught)
     record["residuals_finite"] = all(bool(torch.isfinite(r).all()) for r in opt.residuals().values())
     record["params"] = [p.detach().double().numpy().tolist() for p in params]
     return record

@@ -3,6 +3,7 @@ optional momentum correction; exchanged like Top-k (the port of
 :mod:`horovod_sparse.torch.sparsifiers.dgc`)."""
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -38,6 +39,18 @@ class DGC(Sparsifier):
 
     def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:
         return MomentumState() if self.options.momentum else None
+
+    def export_state(self, state: Optional[MomentumState]) -> Optional[MomentumState]:
+        """The momentum buffers as NumPy arrays."""
+        if state is None or state.velocity is None:
+            return copy.deepcopy(state)
+        assert state.accumulated is not None
+        return MomentumState(state.velocity.numpy(), state.accumulated.numpy())
+
+    def import_state(self, saved: Optional[MomentumState]) -> Optional[MomentumState]:
+        if saved is None or saved.velocity is None:
+            return copy.deepcopy(saved)
+        return MomentumState(tf.constant(saved.velocity), tf.constant(saved.accumulated))
 
     def exchange(self, x: tf.Tensor, comm: Communicator, state: Optional[MomentumState], step: int) -> Exchange:
         options: DGCOptions = self.options

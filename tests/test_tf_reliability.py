@@ -1,0 +1,111 @@
+"""Reliability of the TensorFlow front end under horovodrun, as ``test_torch_reliability.py``
+checks the PyTorch one: configuration mismatches, non-finite gradients, dtypes, variables
+without gradients, exact resume. Every launch has a timeout, so a hang fails the test instead of
+stalling the suite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.launch import run_configs
+from tests.streams import raw_gradient
+from tests.test_torch_reliability import records, same_on_all_ranks
+from tests.workers.tf_reliability import SHAPES
+
+NP = 2
+STEPS = 5
+NONFINITE = [(policy, api) for policy in ("raise", "skip") for api in ("tape", "keras", "tape_function")]
+DTYPES = ("float32", "float64", "float16", "bfloat16")
+
+SCENARIOS = [
+    {"name": "mismatch_density", "scenario": "mismatch", "rank1": {"options": {"density": 0.02}}},
+    {"name": "mismatch_method", "scenario": "mismatch", "rank1": {"method": "gtopk"}},
+    *({"name": f"nan_{policy}_{api}", "scenario": "nonfinite", "policy": policy, "api": api}
+      for policy, api in NONFINITE),
+    *({"name": f"dtype_{d}", "scenario": "dtypes", "dtype": d} for d in DTYPES),
+    {"name": "dtype_float32_fp16wire", "scenario": "dtypes", "dtype": "float32", "options": {"fp16_values": True}},
+    {"name": "odd", "scenario": "odd_variables"},
+]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tf_reliability")
+    run_configs("tf_reliability.py", NP, out, SCENARIOS, timeout=300)
+    return out
+
+
+@pytest.mark.parametrize("name,setting", [("density", "compression.density=0.02 (rank 0: 0.05)"),
+                                          ("method", "compression.method='gtopk' (rank 0: 'topk')")])
+def test_configuration_mismatch_raises_on_every_rank_naming_the_rank(run, name, setting):
+    for rec in records(run, f"mismatch_{name}"):
+        assert rec["raised"] == "ValueError"
+        assert "rank 1 differs from rank 0" in rec["message"]
+        assert setting in rec["message"]
+
+
+@pytest.mark.parametrize("policy,api", NONFINITE)
+def test_nonfinite_gradient_abandons_the_step_everywhere(run, policy, api):
+    recs = records(run, f"nan_{policy}_{api}")
+    for rec in recs:
+        assert rec["params_unchanged"] and rec["optimizer_unchanged"]
+        assert rec["residuals_restored"] and rec["residuals_finite"] and rec["abandoned"]
+        assert rec["steps"] == 6
+        if policy == "raise":
+            assert rec["raised"] and "rank(s) [1]" in rec["raised"]
+            assert rec["raised"].startswith("FloatingPointError") or api == "tape_function"
+        else:
+            assert rec["raised"] is None
+            assert rec["warned"] or api == "tape_function"  # traced: warned from TensorFlow's executor
+    same_on_all_ranks(recs)
+    assert all(np.isfinite(np.asarray(p)).all() for p in recs[0]["params"])
+
+
+def conserved(recs, steps, rtol, skipped=lambda step, rank, i: False):
+    """Delivered updates plus the mean residual equal the mean raw gradient over ``steps``
+    (without the ``skipped`` ones): nothing lost, nothing invented."""
+    for i, shape in enumerate(SHAPES):
+        expected = sum(raw_gradient(5, t, r, shape, i).reshape(-1) for t in range(steps) for r in range(NP)
+                       if not skipped(t, r, i)) / NP
+        delivered = np.asarray(recs[0]["delivered"][i])
+        kept = sum(np.asarray(rec["residuals"][i]) for rec in recs) / NP
+        np.testing.assert_allclose(delivered + kept, expected, rtol=0, atol=rtol * np.abs(expected).max() * 5)
+
+
+@pytest.mark.parametrize("dtype,rtol", [("float32", 1e-5), ("float64", 1e-12), ("float16", 2e-2),
+                                        ("bfloat16", 2e-1), ("float32_fp16wire", 1e-4)])
+def test_dtypes_train_identically_and_conserve(run, dtype, rtol):
+    recs = records(run, f"dtype_{dtype}")
+    same_on_all_ranks(recs)
+    conserved(recs, STEPS, rtol)
+    assert set(recs[0]["grad_dtypes"]) == {dtype.split("_")[0]}
+
+
+def test_odd_variables_are_passed_through_and_missing_gradients_do_not_hang(run):
+    recs = records(run, "odd")
+    same_on_all_ranks(recs)
+    assert recs[0]["groups"] == [[f"odd_p{i}:0"] for i in range(len(SHAPES))]
+    assert recs[0]["odd"] == [None, [0]]  # integer variable: no gradient; zero-size: its own
+    conserved(recs, 6, 1e-5, skipped=lambda step, rank, i: rank == 0 and i == 1 and step % 2 == 0)
+
+
+RESUMED = [{"method": "topk"}, {"method": "topk", "api": "tape_function"},
+           {"method": "micro", "groups": "model"}, {"method": "dgc", "options": {"momentum": 0.9}}]
+
+
+def test_exact_resume_from_per_rank_checkpoints(tmp_path):
+    half = 4
+    first = []
+    for i, extra in enumerate(RESUMED):
+        first.append(dict(extra, name=f"continuous{i}", prefix=f"continuous{i}", scenario="resume",
+                          phase="continuous", half=half))
+        first.append(dict(extra, name=f"first{i}", prefix=f"resume{i}", scenario="resume", phase="first", half=half))
+    run_configs("tf_reliability.py", NP, tmp_path, first, timeout=300)
+    run_configs("tf_reliability.py", NP, tmp_path, [
+        dict(extra, name=f"second{i}", prefix=f"resume{i}", scenario="resume", phase="second", half=half)
+        for i, extra in enumerate(RESUMED)], timeout=300)
+    for i in range(len(RESUMED)):
+        for a, b in zip(records(tmp_path, f"continuous{i}"), records(tmp_path, f"second{i}")):
+            assert b["steps"] == 2 * half
+            for x, y in zip(a["params"], b["params"]):
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(RESUMED[i]))

@@ -1,0 +1,228 @@
+"""Worker: reliability scenarios of the TensorFlow front end (configuration mismatch across ranks,
+non-finite gradients, dtypes, variables without gradients, checkpoints), the counterpart of
+``torch_reliability.py``. Each scenario writes a JSON record per rank; the test asserts on them.
+Scenarios run one after another in the same launch, so a scenario that hung or left Horovod in a
+bad state would also fail every later one.
+
+Each scenario trains its own variables (named after the config, or its ``prefix``), so every
+scenario has its own layout, residuals and step counter in the shared exchangers.
+"""
+import json
+import pickle
+import warnings
+from pathlib import Path
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+
+import horovod_sparse.tensorflow as hs
+import horovod_sparse.tensorflow.keras as hs_keras
+from tests.streams import raw_gradient
+from tests.workers.cli import configs_and_out, init_tensorflow_worker
+
+SHAPES = [[40, 30], [30], [20, 9]]
+POISON_STEP = 3
+
+
+def make_variables(prefix, dtype="float32", shapes=SHAPES, seed=5):
+    rng = np.random.default_rng(seed)
+    return [tf.Variable(tf.cast(rng.standard_normal(s), dtype), name=f"{prefix}{i}") for i, s in enumerate(shapes)]
+
+
+def raw_gradients(variables, step, poison=False, skip=()):
+    """This rank's gradient of every variable at ``step`` (None for the ``skip`` ones); with
+    ``poison`` element 3 of variable 0 is NaN."""
+    grads = []
+    for i, v in enumerate(variables):
+        g = raw_gradient(5, step, hvd.rank(), v.shape, i)
+        if poison and i == 0:
+            g.reshape(-1)[3] = np.nan
+        grads.append(None if i in skip else tf.cast(g, v.dtype))
+    return grads
+
+
+def loss_of(variables, grads):
+    """A loss whose gradient with respect to each variable is ``grads`` (None: not in the loss)."""
+    return tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, grads) if g is not None])
+
+
+def compression(config, **defaults):
+    options = dict(defaults, min_numel=0, **config.get("options", {}))
+    options.setdefault("density", 0.05)
+    return hs.Compression.create(config.get("method", "topk"), **options)
+
+
+def as_lists(tensors):
+    return [tf.cast(t, tf.float64).numpy().tolist() for t in tensors]
+
+
+class Trainer:
+    """Variables, a Keras SGD with momentum and horovod_sparse's tape or Keras wrapper.
+
+    ``api``: ``"tape"`` (eager), ``"tape_function"`` (the gradient inside a ``tf.function``,
+    applied outside it unless the step was abandoned) or ``"keras"`` (eager
+    ``compute_gradients`` + ``apply_gradients`` of the Keras wrapper, which skips abandoned
+    steps itself).
+    """
+
+    def __init__(self, config, dtype="float32", **wrapper_args):
+        self.config = config
+        self.variables = make_variables(f"{config.get('prefix', config['name'])}_p", dtype)
+        self.api = config.get("api", "tape")
+        self.wrapper_args = dict(wrapper_args, compression=compression(config))
+        self.optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
+        if self.api == "keras":
+            self.optimizer = hs_keras.DistributedOptimizer(self.optimizer, **self.wrapper_args)
+        self.optimizer.build(self.variables)
+        self.tape = None
+        self._gradient = tf.function(self._tape_gradient) if self.api == "tape_function" else self._tape_gradient
+
+    def _tape_gradient(self, raw):
+        with tf.GradientTape() as tape:
+            loss = loss_of(self.variables, raw)
+        self.tape = hs.DistributedGradientTape(tape, **self.wrapper_args)
+        return self.tape.gradient(loss, self.variables)
+
+    def step(self, raw):
+        """One training step on the raw gradients ``raw``; returns the exchanged gradients."""
+        if self.api == "keras":
+            with tf.GradientTape() as tape:
+                loss = loss_of(self.variables, raw)
+            grads = [g for g, _ in self.optimizer.compute_gradients(loss, self.variables, tape)]
+            self.optimizer.apply_gradients(zip(grads, self.variables))
+            return grads
+        grads = self._gradient(raw)
+        if not self.exchanger.last_stats.abandoned:
+            self.optimizer.apply_gradients(zip(grads, self.variables))
+        return grads
+
+    @property
+    def exchanger(self):
+        return self.optimizer.exchanger if self.api == "keras" else self.tape.exchanger
+
+    def residuals(self):
+        return [r.numpy().astype(np.float64) for r in self.exchanger.residuals().values()]
+
+    def params(self):
+        return [v.numpy().astype(np.float64) for v in self.variables]
+
+
+def scenario_mismatch(config):
+    """Rank 1 asks for another density or method: every rank must raise, naming rank 1."""
+    if hvd.rank() == 1:
+        config = dict(config, **config["rank1"])
+    trainer = Trainer(config)
+    try:
+        trainer.step(raw_gradients(trainer.variables, 0))
+    except ValueError as err:
+        return {"raised": "ValueError", "message": str(err)}
+    return {"raised": None}
+
+
+def scenario_nonfinite(config):
+    """Rank 1's gradient of variable 0 is NaN at POISON_STEP; the policy decides what every rank
+    sees. Records whether the bad step left variables and optimizer untouched and residuals as
+    expected (healthy groups keep this step's gradient, the poisoned one drops it)."""
+    trainer = Trainer(config, nonfinite=config["policy"])
+    record = {"raised": None, "warned": False}
+    for step in range(6):
+        poison = step == POISON_STEP and hvd.rank() == 1
+        raw = raw_gradients(trainer.variables, step, poison=poison)
+        before = (trainer.params(), trainer.residuals() if step else None, int(trainer.optimizer.iterations))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                trainer.step(raw)
+            except (FloatingPointError, tf.errors.OpError) as err:
+                record["raised"] = f"{type(err).__name__}: {err}"
+        if step == POISON_STEP:
+            record["params_unchanged"] = all(np.array_equal(a, b) for a, b in zip(before[0], trainer.params()))
+            record["optimizer_unchanged"] = before[2] == int(trainer.optimizer.iterations)
+            expected = [r + (0 if poison and i == 0 else raw_gradient(5, step, hvd.rank(), v.shape, i).reshape(-1))
+                        for i, (r, v) in enumerate(zip(before[1], trainer.variables))]
+            record["residuals_restored"] = all(np.allclose(a, e, rtol=1e-5, atol=1e-5 * np.abs(e).max())
+                                               for a, e in zip(trainer.residuals(), expected))
+            record["warned"] = any(issubclass(w.category, RuntimeWarning) and "non-finite" in str(w.message)
+                                   for w in caught)
+            record["abandoned"] = trainer.exchanger.last_stats.abandoned
+    record["residuals_finite"] = all(bool(np.isfinite(r).all()) for r in trainer.residuals())
+    record["steps"] = trainer.exchanger.steps
+    record["params"] = [p.tolist() for p in trainer.params()]
+    return record
+
+
+def scenario_dtypes(config):
+    """Train a few steps with variables of one dtype; report variables and conservation terms."""
+    trainer = Trainer(config, config["dtype"])
+    delivered = [np.zeros(int(np.prod(s))) for s in SHAPES]
+    grads = []
+    for step in range(5):
+        grads = trainer.step(raw_gradients(trainer.variables, step))
+        for total, g in zip(delivered, grads):
+            total += tf.cast(g, tf.float64).numpy().reshape(-1)
+    return {"params": [p.tolist() for p in trainer.params()], "delivered": [d.tolist() for d in delivered],
+            "residuals": [r.tolist() for r in trainer.residuals()], "grad_dtypes": [g.dtype.name for g in grads]}
+
+
+def scenario_odd_variables(config):
+    """An integer and a zero-size variable are passed through; rank 0 has no gradient for
+    variable 1 on even steps: no hang, identical replicas, nothing lost."""
+    trainer = Trainer(config)
+    counter = tf.Variable([1, 2, 3], name=f"{config['name']}_int")
+    empty = tf.Variable(tf.zeros([0]), name=f"{config['name']}_empty")
+    delivered = [np.zeros(int(np.prod(s))) for s in SHAPES]
+    odd = []
+    for step in range(6):
+        skip = (1,) if hvd.rank() == 0 and step % 2 == 0 else ()
+        raw = raw_gradients(trainer.variables, step, skip=skip)
+        with tf.GradientTape() as tape:
+            loss = loss_of(trainer.variables, raw) + tf.reduce_sum(empty)
+        tape = hs.DistributedGradientTape(tape, compression=compression(config))
+        grads = tape.gradient(loss, trainer.variables + [counter, empty])
+        odd = [None if g is None else g.shape.as_list() for g in grads[len(SHAPES):]]
+        trainer.optimizer.apply_gradients(zip(grads[:len(SHAPES)], trainer.variables))
+        for total, g in zip(delivered, grads):
+            total += g.numpy().astype(np.float64).reshape(-1)
+        trainer.tape = tape
+    return {"params": [p.tolist() for p in trainer.params()], "delivered": [d.tolist() for d in delivered],
+            "residuals": [r.tolist() for r in trainer.residuals()], "groups": trainer.exchanger.groups(),
+            "odd": odd}
+
+
+def scenario_resume(config):
+    """Continuous 2N steps vs N steps + save; the test runs a second launch that loads the
+    per-rank checkpoint into fresh variables, optimizer and exchanger and continues."""
+    out, n = Path(config["out"]), config["half"]
+    trainer = Trainer(config, groups=config.get("groups"))
+    checkpoint = out / f"{config['prefix']}.rank{hvd.rank()}.pkl"
+    start = 0
+    if config["phase"] == "second":
+        saved = pickle.loads(checkpoint.read_bytes())
+        for v, value in zip(trainer.variables + trainer.optimizer.variables, saved["params"] + saved["optimizer"]):
+            v.assign(value)
+        with tf.GradientTape() as tape:  # any tape wrapped with the same arguments finds the exchanger
+            pass
+        hs.DistributedGradientTape(tape, **trainer.wrapper_args).load_state_dict(saved["sparse"])
+        start = n
+    stop = n if config["phase"] == "first" else 2 * n
+    for step in range(start, stop):
+        trainer.step(raw_gradients(trainer.variables, step))
+    if config["phase"] == "first":
+        checkpoint.write_bytes(pickle.dumps({"params": [v.numpy() for v in trainer.variables],
+                                             "optimizer": [v.numpy() for v in trainer.optimizer.variables],
+                                             "sparse": trainer.tape.state_dict()}))
+    return {"params": [p.tolist() for p in trainer.params()], "steps": trainer.exchanger.steps}
+
+
+def main():
+    configs, out = configs_and_out()
+    init_tensorflow_worker()
+    for config in configs:
+        config["out"] = str(out)
+        record = globals()[f"scenario_{config['scenario']}"](config)
+        (out / f"{config['name']}.rank{hvd.rank()}.json").write_text(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
