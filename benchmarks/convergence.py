@@ -26,49 +26,25 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from benchmarks import plots
-from benchmarks.results import RESULTS_DIR, Progress, command_line, read_results, write_results
+from benchmarks.digits_training import DigitsJob, add_arguments
+from benchmarks.results import Progress, command_line, read_results, write_results
 
 
 def train_curve(spec: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
     """Train the digits MLP with compressor ``spec`` on this rank's shard; test accuracy per epoch."""
     import horovod.torch as hvd
-    import torch
-    from torch import nn
 
-    import horovod_sparse.torch as hs
-    from benchmarks.data import digits_split, shard
-    from benchmarks.models import digits_mlp, seeded
-    from horovod_sparse.common.registry import parse_spec
-
-    name, options = parse_spec(spec)
-    x_train, y_train, x_test, y_test = digits_split(seed=0)
-    x_local = torch.from_numpy(shard(x_train, hvd.rank(), hvd.size()))
-    y_local = torch.from_numpy(shard(y_train, hvd.rank(), hvd.size()))
-    x_test_t = torch.from_numpy(x_test)
-    model = seeded(digits_mlp, seed, args.hidden)
-    base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    opt = hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                  compression=hs.Compression.create(name, **options))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loss_fn = nn.CrossEntropyLoss()
-    steps_per_epoch = len(x_local) // args.batch_size
-    generator = torch.Generator().manual_seed(seed * 1000 + hvd.rank())
+    job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=seed, split_seed=0)
     accuracy, losses, sent, union = [], [], [], []
-    for _ in range(args.epochs):
-        order = torch.randperm(len(x_local), generator=generator)
-        epoch_loss = 0.0
-        for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-            opt.zero_grad()
-            loss = loss_fn(model(x_local[batch]), y_local[batch])
-            loss.backward()
-            opt.step()
-            epoch_loss += float(loss)
-            sent.append(opt.last_stats.bytes_sent())
-            union.append(opt.last_stats.union_density)
-        with torch.no_grad():
-            accuracy.append(float((model(x_test_t).argmax(1).numpy() == y_test).mean()))
-        losses.append(epoch_loss / steps_per_epoch)
+    epoch_loss = 0.0
+    for step in job.steps(args.epochs, order_seed=seed * 1000 + hvd.rank()):
+        epoch_loss += float(step.loss)
+        sent.append(job.opt.last_stats.bytes_sent())
+        union.append(job.opt.last_stats.union_density)
+        if step.step == job.steps_per_epoch - 1:
+            accuracy.append(job.test_accuracy())
+            losses.append(epoch_loss / job.steps_per_epoch)
+            epoch_loss = 0.0
     return {"compressor": spec, "seed": seed, "workers": hvd.size(), "accuracy": accuracy, "train_loss": losses,
             "bytes_sent_per_step": float(np.mean(sent)), "union_density": float(np.mean(union))}
 
@@ -149,15 +125,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--density", type=float, default=0.01)
     parser.add_argument("--methods", nargs="+", help="methods (default: every one with a torch implementation)")
     parser.add_argument("--compressors", nargs="+", help="explicit compressor specs (overrides --methods/--density)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.02, help="per worker; scaled by the worker count")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--name", default="convergence", help="result file name stem")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)
+    add_arguments(parser, seeds=[0, 1, 2], epochs=20, name="convergence")
     args = parser.parse_args(argv)
     if args.worker:
         run_worker(args)

@@ -18,47 +18,27 @@ from typing import Any, Dict, List
 import horovod.torch as hvd
 import numpy as np
 import torch
-from torch import nn
 
 import horovod_sparse.torch as hs
-from benchmarks.data import digits_split, shard
-from benchmarks.models import count_parameters, digits_mlp, seeded
-from horovod_sparse.common.registry import parse_spec
+from benchmarks.digits_training import DigitsJob
+from benchmarks.models import count_parameters
 
 
 def train(spec: str, args: argparse.Namespace) -> Dict[str, Any]:
     """Train one model with compressor ``spec``; return rank 0's figures."""
-    name, options = parse_spec(spec)
-    x_train, y_train, x_test, y_test = digits_split(seed=args.seed)
-    x_local = torch.from_numpy(shard(x_train, hvd.rank(), hvd.size()))
-    y_local = torch.from_numpy(shard(y_train, hvd.rank(), hvd.size()))
-    model = seeded(digits_mlp, args.seed, args.hidden)
-    base = torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
-    opt = hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                  compression=hs.Compression.create(name, **options))
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loss_fn = nn.CrossEntropyLoss()
-    steps_per_epoch = len(x_local) // args.batch_size
+    job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=args.seed,
+                    split_seed=args.seed)
     sent: List[int] = []
     union: List[float] = []
-    generator = torch.Generator().manual_seed(args.seed + hvd.rank())
     start = time.perf_counter()
-    for _ in range(args.epochs):
-        order = torch.randperm(len(x_local), generator=generator)
-        for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-            opt.zero_grad()
-            loss_fn(model(x_local[batch]), y_local[batch]).backward()
-            opt.step()
-            sent.append(opt.last_stats.bytes_sent())
-            union.append(opt.last_stats.union_density)
+    for _ in job.steps(args.epochs, order_seed=args.seed + hvd.rank()):
+        sent.append(job.opt.last_stats.bytes_sent())
+        union.append(job.opt.last_stats.union_density)
     elapsed = time.perf_counter() - start
-    samples = args.epochs * steps_per_epoch * args.batch_size * hvd.size()
-    with torch.no_grad():
-        accuracy = (model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean()
-    return {"compressor": spec, "accuracy": float(accuracy), "samples_per_s": samples / elapsed,
+    samples = args.epochs * job.steps_per_epoch * args.batch_size * hvd.size()
+    return {"compressor": spec, "accuracy": job.test_accuracy(), "samples_per_s": samples / elapsed,
             "bytes_sent_per_step": float(np.mean(sent)), "union_density": float(np.mean(union)),
-            "parameters": count_parameters(model), "workers": hvd.size()}
+            "parameters": count_parameters(job.model), "workers": hvd.size()}
 
 
 def main() -> None:

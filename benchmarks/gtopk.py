@@ -47,7 +47,8 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from benchmarks.results import RESULTS_DIR, command_line, read_results, write_results
+from benchmarks.digits_training import DigitsJob, add_arguments, distributed_sgd
+from benchmarks.results import command_line, read_results, write_results
 
 METHODS = ("none", "topk", "gtopk")
 
@@ -74,19 +75,11 @@ def written_bytes() -> int:
         return next(int(line.split()[1]) for line in io if line.startswith("wchar"))
 
 
-def make_optimizer(spec: str, model: Any, lr: float) -> Any:
-    """``hs.DistributedOptimizer`` over SGD with momentum; sparse methods take the model as one group."""
-    import horovod.torch as hvd
-    import torch
-
-    import horovod_sparse.torch as hs
+def groups_of(spec: str) -> Optional[str]:
+    """Sparse methods take the model as one group; dense Horovod keeps its default."""
     from horovod_sparse.common.registry import parse_spec
 
-    name, options = parse_spec(spec)
-    return hs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9),
-                                   named_parameters=model.named_parameters(),
-                                   compression=hs.Compression.create(name, **options),
-                                   groups=None if name == "none" else "model")
+    return None if parse_spec(spec)[0] == "none" else "model"
 
 
 def measure_traffic(spec: str, args: argparse.Namespace) -> Dict[str, Any]:
@@ -96,7 +89,7 @@ def measure_traffic(spec: str, args: argparse.Namespace) -> Dict[str, Any]:
     import torch
 
     model = torch.nn.Linear(args.numel, 1, bias=False)
-    opt = make_optimizer(spec, model, lr=0.0)
+    opt = distributed_sgd(spec, model, lr=0.0, groups=groups_of(spec))
     generator = torch.Generator().manual_seed(hvd.rank())
     payload_sent, payload_received, wire = [], [], []
     for step in range(args.warmup_steps + args.traffic_steps):
@@ -122,39 +115,19 @@ def measure_traffic(spec: str, args: argparse.Namespace) -> Dict[str, Any]:
 def train_digits(spec: str, seed: int, args: argparse.Namespace) -> Dict[str, Any]:
     """Train the digits MLP with ``spec``; final test accuracy and per-step recall / build-up."""
     import horovod.torch as hvd
-    import torch
-    from torch import nn
 
-    from benchmarks.data import digits_split, shard
-    from benchmarks.models import digits_mlp, seeded
-
-    x_train, y_train, x_test, y_test = digits_split(seed=0)
-    x_local = torch.from_numpy(shard(x_train, hvd.rank(), hvd.size()))
-    y_local = torch.from_numpy(shard(y_train, hvd.rank(), hvd.size()))
-    model = seeded(digits_mlp, seed, args.hidden)
-    opt = make_optimizer(spec, model, args.lr)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    loss_fn = nn.CrossEntropyLoss()
-    generator = torch.Generator().manual_seed(seed * 1000 + hvd.rank())
-    steps_per_epoch = len(x_local) // args.batch_size
+    job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=seed, split_seed=0,
+                    groups=groups_of(spec))
     recall, recall_mass, build_up = [], [], []
-    for _ in range(args.epochs):
-        order = torch.randperm(len(x_local), generator=generator)
-        for step in range(steps_per_epoch):
-            batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-            opt.zero_grad()
-            loss_fn(model(x_local[batch]), y_local[batch]).backward()
-            opt.step()
-            if spec != "none":
-                (group,) = opt.last_stats.groups
-                build_up.append(group.union / group.target)
-                if "recall" in group.extra:
-                    recall.append(group.extra["recall"])
-                    recall_mass.append(group.extra["recall_mass"])
-    with torch.no_grad():
-        accuracy = float((model(torch.from_numpy(x_test)).argmax(1).numpy() == y_test).mean())
+    for _ in job.steps(args.epochs, order_seed=seed * 1000 + hvd.rank()):
+        if spec != "none":
+            (group,) = job.opt.last_stats.groups
+            build_up.append(group.union / group.target)
+            if "recall" in group.extra:
+                recall.append(group.extra["recall"])
+                recall_mass.append(group.extra["recall_mass"])
     return {"compressor": spec, "method": spec.split(":")[0], "seed": seed, "workers": hvd.size(),
-            "accuracy": accuracy, "steps_per_epoch": steps_per_epoch, "recall": recall,
+            "accuracy": job.test_accuracy(), "steps_per_epoch": job.steps_per_epoch, "recall": recall,
             "recall_mass": recall_mass, "build_up": float(np.mean(build_up)) if build_up else 1.0}
 
 
@@ -283,15 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                         help="HOROVOD_CYCLE_TIME of the jobs: Horovod's coordination writes a few hundred "
                              "bytes per cycle even when idle (about 150 kB/s per rank at the default 1 ms), "
                              "which would swamp the wire figures")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-    parser.add_argument("--epochs", type=int, default=20)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.02, help="per worker; scaled by the worker count")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--out", type=Path, default=RESULTS_DIR)
-    parser.add_argument("--name", default="gtopk", help="result file name stem")
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)
+    add_arguments(parser, seeds=[0], epochs=20, name="gtopk")
     args = parser.parse_args(argv)
     if args.worker:
         run_worker(args)

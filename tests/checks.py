@@ -78,3 +78,11 @@ def assert_conservation(obs: Observed, config: dict, rtol: float = 1e-5) -> None
         scale = float(np.abs(expected).max())
         np.testing.assert_allclose(delivered + kept, expected, rtol=rtol, atol=rtol * scale * config["steps"],
                                    err_msg=f"{config['name']}: group {g} lost gradient mass")
+
+
+def assert_exchange_correct(obs: Observed, config: dict, reference: Reference) -> None:
+    """One config's run agrees with the slow reference (aggregates and residuals), leaves bitwise
+    identical replicas and loses no gradient mass."""
+    assert_matches_reference(obs, config, reference)
+    assert_identical_replicas(obs)
+    assert_conservation(obs, config)

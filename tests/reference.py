@@ -18,6 +18,15 @@ def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-np.abs(x), kind="stable")[:k]
 
 
+def error_feedback_start(grads: Sequence[Sequence[np.ndarray]], dtype, average: bool
+                         ) -> Tuple[int, List[np.ndarray], np.floating]:
+    """What an error-feedback reference starts from, given ``grads[t][r]``: the rank count n, a
+    zero residual per rank in ``dtype``, and the factor each rank's contribution is scaled by
+    (1/n when averaging, else 1)."""
+    n = len(grads[0])
+    return n, [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)], dtype(1.0 / n) if average else dtype(1.0)
+
+
 def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dtype=np.float32,
                      average: bool = True) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """Error-feedback sparsification with an allgather exchange (Top-k and the threshold
@@ -30,9 +39,7 @@ def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dt
     Returns:
         (aggregated update per step, final residual per rank).
     """
-    n = len(grads[0])
-    residuals = [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)]
-    scale = dtype(1.0 / n) if average else dtype(1.0)
+    n, residuals, scale = error_feedback_start(grads, dtype, average)
     updates = []
     for step, per_rank in enumerate(grads):
         out = np.zeros_like(residuals[0])

@@ -12,7 +12,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tests.reference import topk_indices
+from tests.reference import error_feedback_start, topk_indices
 
 Entry = Tuple[np.floating, FrozenSet[int]]
 SparseDict = Dict[int, Entry]
@@ -68,9 +68,7 @@ def gtopk_method(grads: Sequence[Sequence[np.ndarray]], k_at: Callable[[int], in
     Returns:
         (aggregated update per step, final residual per rank).
     """
-    n = len(grads[0])
-    residuals = [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)]
-    scale = dtype(1.0 / n) if average else dtype(1.0)
+    n, residuals, scale = error_feedback_start(grads, dtype, average)
     updates = []
     for step, per_rank in enumerate(grads):
         k = k_at(step)

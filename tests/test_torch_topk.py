@@ -6,7 +6,7 @@ import functools
 import numpy as np
 import pytest
 
-from tests.checks import Observed, assert_conservation, assert_identical_replicas, assert_matches_reference
+from tests.checks import Observed, assert_conservation, assert_exchange_correct, assert_identical_replicas
 from tests.launch import run_configs
 from tests.reference import allgather_method, topk_indices
 
@@ -43,18 +43,9 @@ def gloo_run(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c["name"] for c in CONFIGS])
-def test_topk_matches_slow_reference(gloo_run, config):
+def test_topk_matches_slow_reference_replicas_identical_and_nothing_lost(gloo_run, config):
     size, out = gloo_run
-    obs = Observed(out, config["name"], size)
-    assert_matches_reference(obs, config, reference_for(config, size))
-
-
-@pytest.mark.parametrize("config", CONFIGS, ids=[c["name"] for c in CONFIGS])
-def test_topk_replicas_identical_and_nothing_lost(gloo_run, config):
-    size, out = gloo_run
-    obs = Observed(out, config["name"], size)
-    assert_identical_replicas(obs)
-    assert_conservation(obs, config)
+    assert_exchange_correct(Observed(out, config["name"], size), config, reference_for(config, size))
 
 
 def test_topk_statistics(gloo_run):

@@ -16,6 +16,7 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 import horovod.torch as hvd
 import numpy as np
@@ -104,12 +105,14 @@ def run(config, out: Path):
         {"groups": groups, "stats": stats, "launch_order": launch_order, "mergecomp": mergecomp}))
 
 
-def main():
+def main(run_config: Callable[[dict, Path], None] = run) -> None:
+    """A worker's main: ``run_config(config, out)`` for every config of this launch (``--configs
+    FILE --out DIR``), after ``hvd.init()``."""
     configs, out = configs_and_out()
     hvd.init()
     torch.set_num_threads(1)
     for config in configs:
-        run(config, out)
+        run_config(config, out)
 
 
 if __name__ == "__main__":

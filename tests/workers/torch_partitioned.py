@@ -15,8 +15,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests.reference_partitioned import stream_gradient
-from tests.workers.cli import configs_and_out
-from tests.workers.torch_exchange import make_params
+from tests.workers.torch_exchange import main, make_params
 
 
 def run(config, out: Path):
@@ -44,13 +43,5 @@ def run(config, out: Path):
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps({"groups": groups, "stats": stats}))
 
 
-def main():
-    configs, out = configs_and_out()
-    hvd.init()
-    torch.set_num_threads(1)
-    for config in configs:
-        run(config, out)
-
-
 if __name__ == "__main__":
-    main()
+    main(run)
