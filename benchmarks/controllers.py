@@ -38,7 +38,7 @@ from torch import nn
 import horovod_sparse.torch as hs
 from benchmarks.data import digits_split, shard
 from benchmarks.models import count_parameters, digits_mlp, seeded
-from benchmarks.results import command_line, write_results
+from benchmarks.results import Progress, command_line, write_results
 from horovod_sparse.common.registry import parse_spec
 
 STREAMS = ("digits", "smooth")
@@ -85,6 +85,8 @@ def run(spec: str, stream: str, steps: int, args: argparse.Namespace,
     """Train with compressor ``spec``; per step the union density ratio and ``load_inc``. With
     ``drain_after``, gradients are zero from that step on and the run stops once every rank's
     residual is zero."""
+    if args.progress:
+        args.progress.starting(f"{spec} on {stream}")
     name, options = parse_spec(spec)
     task = make_task(stream, args.hidden, args.seed)
     base = torch.optim.SGD(task.model.parameters(), lr=args.lr * hvd.size(), momentum=0.9)
@@ -116,6 +118,8 @@ def run(spec: str, stream: str, steps: int, args: argparse.Namespace,
     result.update(tracking(ratios), mean_load_inc=second_half_mean(load_incs),
                   meta_bytes_per_step=float(np.mean(meta_bytes)) if meta_bytes else 0.0,
                   result=task.evaluate(task.model))
+    if args.progress:
+        args.progress.done(f"{spec} on {stream}", f"mean |ratio - 1| {result['mean_deviation']:.4f}")
     return result
 
 
@@ -219,6 +223,8 @@ def main() -> None:
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
+    runs = 3 * len(args.streams) * len(args.densities) + 2 + ("digits" not in args.streams) + 2
+    args.progress = Progress(runs, "controllers") if hvd.rank() == 0 else None  # rank 0 reports each run
     tracked = density_table(args)
     balanced = balance_table(args, tracked)
     drained = drain_table(args)

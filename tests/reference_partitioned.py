@@ -15,8 +15,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from horovod_sparse.common.controllers import (HistogramController, ThresholdState, candidate_budget,
-                                               local_histogram, scan_block_size)
+from horovod_sparse.common.controllers import (HistogramController, ThresholdState, histogram_threshold,
+                                               scan_block_size)
 from tests.streams import raw_gradient
 
 SMALLEST = float(np.nextafter(np.float32(0), np.float32(1)))
@@ -133,24 +133,48 @@ def _block_maxima(values: np.ndarray, block: int) -> np.ndarray:
     return np.array([np.abs(values[i:i + block]).max() for i in range(0, values.size, block)], dtype=np.float32)
 
 
+@dataclass
+class _Candidates:
+    """A rank's candidates, by brute force: every ``|x|`` of its partition at or above ``bar``,
+    the ``budget``-th largest block maximum."""
+
+    bar: float
+    magnitudes: np.ndarray
+
+    @classmethod
+    def collect(cls, part: np.ndarray, block: int, budget: int) -> "_Candidates":
+        maxima = _block_maxima(part, block)
+        bar = max(float(np.sort(maxima)[::-1][budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
+        return cls(bar, part[part >= np.float32(bar)])
+
+    def magnitudes_numpy(self) -> np.ndarray:
+        return self.magnitudes
+
+
 def _histogram_threshold(xs: List[np.ndarray], owned: List[Tuple[int, int, int]], state: ThresholdState, k: int,
                          block: int) -> float:
-    """Every rank's candidates (all |x| >= its bar) counted into the controller's window and
-    summed; counted again from a wide budget when that stopped short of k."""
+    """Every rank's candidates counted into the controller's windows and summed, round by round
+    (``histogram_threshold`` of each rank driven in lockstep, each on a copy of the state)."""
     controller = HistogramController()
-    window = controller.window(state)
-    for wide in (False, True):
-        total = 0
-        for rank, (x, (partition, start, end)) in enumerate(zip(xs, owned)):
-            part = np.abs(x[start:end])
-            maxima = _block_maxima(part, block)
-            budget = candidate_budget(k, len(xs), state.last_counts, partition, wide)
-            bar = max(float(np.sort(maxima)[::-1][budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
-            candidates = part[part >= np.float32(bar)]
-            total = total + local_histogram(window, candidates, bar, rank, len(xs)).astype(np.int64)
-        threshold = controller.next_threshold(state, k, total, window)
-        if not state.short:
+    states = [ThresholdState(**vars(state)) for _ in xs]
+    plans = [histogram_threshold(controller, rank_state, k, len(xs), partition, rank,
+                                 lambda budget, part=np.abs(x[start:end]): _Candidates.collect(part, block, budget))
+             for rank, (x, (partition, start, end), rank_state) in enumerate(zip(xs, owned, states))]
+    rounds = [next(plan) for plan in plans]
+    while True:
+        assert len({r.tag for r in rounds}) == 1, "ranks disagree on the histogram round"
+        total = sum(r.local.astype(np.int64) for r in rounds)
+        try:
+            rounds = [plan.send(total) for plan in plans]
+        except StopIteration as finished:
+            threshold = finished.value[0]
             break
+    for plan in plans[1:]:  # the other ranks end on the same (global) histogram
+        try:
+            plan.send(total)
+        except StopIteration as finished:
+            assert finished.value[0] == threshold
+    vars(state).update(vars(states[0]))
     return threshold
 
 

@@ -9,7 +9,7 @@ summed over ranks by one small allreduce.
 Controllers (``controller=`` option):
 
 ``"histogram"`` (default)
-    Follows the *current* step's gradient with one allreduce of about 560 bytes.
+    Follows the *current* step's gradient with one allreduce of about 1 KB.
 
     1. Each rank already has the largest ``|x|`` of every block of its partition (the
        selection scan, :func:`scan_block_size`). It re-reads its ``budget`` blocks with the
@@ -19,7 +19,7 @@ Controllers (``controller=`` option):
        candidates are at least ``budget`` coordinates.
     2. It counts the candidates' magnitudes into a histogram (:class:`HistogramWindow`: bin
        edges 1/2048 octave apart next to the last threshold, where error feedback piles
-       residuals up just below it, each next bin 1/8 wider, out to 4 octaves either side; at
+       residuals up just below it, each next bin 1/16 wider, out to 4 octaves either side; at
        the first step, and after a step whose answer fell outside the window, 4 bins per
        octave over every positive float32) and marks which edge its bar lies under
        (:func:`local_histogram`).
@@ -31,7 +31,11 @@ Controllers (``controller=`` option):
        below the answer, and a second allreduce settles the threshold (``wide=True`` of
        :func:`candidate_budget`). Lock-in takes one step, and a gradient whose scale jumps
        from step to step is followed at once.
-    5. Each rank keeps the candidates at or above the threshold: no further pass.
+    5. Only if the threshold was interpolated inside a bin holding more than 10% of ``k``
+       (error feedback piles residuals up just below earlier thresholds, which may lie in the
+       window's wider bins), the same candidates are counted once more in a fine window around
+       it and another allreduce settles it (:func:`histogram_threshold` runs these rounds).
+    6. Each rank keeps the candidates at or above the threshold: no further pass.
 
 ``"paper"``
     The published rule of MiCRO/ExDyna, exactly as the authors' code runs it: the first
@@ -53,7 +57,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List, NamedTuple, Optional, Protocol, Sequence
+from typing import Callable, Dict, Generator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
 
@@ -62,6 +66,10 @@ CONTROLLERS = ("histogram", "paper", "paper_intent")
 
 #: A rank re-reads this many times its partition's count at the last step, in blocks.
 CANDIDATE_MARGIN = 1.5
+#: A threshold interpolated inside a bin holding more than this fraction of ``k`` is read again
+#: from a fine window around it (error feedback piles residuals up just below past thresholds,
+#: where one coarse bin may hold most of the answer).
+REFINE_FRACTION = 0.1
 #: Float32 bit patterns hold 2**23 per octave; +inf is the first non-finite one.
 _OCTAVE_BITS = 1 << 23
 _INF_BITS = 0x7F800000
@@ -71,10 +79,10 @@ SMALLEST_THRESHOLD = float(np.nextafter(np.float32(0), np.float32(1)))
 
 def _fine_offsets() -> np.ndarray:
     """Edge offsets (bit patterns) of the fine window on one side of its centre: 1/2048 octave
-    apart next to it, each gap then 1/8 of the distance, out to 4 octaves (67 edges)."""
+    apart next to it, each gap then 1/16 of the distance, out to 4 octaves (120 edges)."""
     offsets = [0]
     while offsets[-1] < 4 * _OCTAVE_BITS:
-        offsets.append(offsets[-1] + max(_OCTAVE_BITS >> 11, offsets[-1] >> 3))
+        offsets.append(offsets[-1] + max(_OCTAVE_BITS >> 11, offsets[-1] >> 4))
     return np.array(offsets, dtype=np.int64)
 
 
@@ -137,6 +145,8 @@ class ThresholdState:
             covers the whole float range).
         short: the last histogram threshold stopped at a rank's bar, short of ``k`` (the
             candidates did not reach far enough; read wider and count again).
+        coarse: the last histogram threshold was interpolated in a bin holding many coordinates
+            (count again in a fine window around it).
     """
 
     threshold: float = 0.0
@@ -145,6 +155,7 @@ class ThresholdState:
     last_counts: List[int] = field(default_factory=list)
     clamped: bool = False
     short: bool = False
+    coarse: bool = False
 
     def record(self, counts: Sequence[int]) -> None:
         """After a step in which ``counts[p]`` coordinates were selected in partition ``p``."""
@@ -204,12 +215,14 @@ def local_histogram(window: HistogramWindow, magnitudes: np.ndarray, bar: float,
 
 
 class Reading(NamedTuple):
-    """A threshold read off a summed histogram: whether the answer fell outside the window, or
-    stopped short of the target at the highest rank's bar."""
+    """A threshold read off a summed histogram: whether the answer fell outside the window,
+    stopped short of the target at the highest rank's bar, or was interpolated inside a bin
+    holding more than :data:`REFINE_FRACTION` of the target (``coarse``)."""
 
     threshold: float
     outside: bool
     short: bool
+    coarse: bool = False
 
 
 def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int], target: float) -> Reading:
@@ -240,7 +253,8 @@ def threshold_from_histogram(window: HistogramWindow, histogram: Sequence[int], 
     else:
         fraction = (above - target) / above
     value = edges[j] * (edges[j + 1] / edges[j]) ** fraction
-    return Reading(min(max(as_float32(value), float(edges[j])), float(edges[j + 1])), False, False)
+    return Reading(min(max(as_float32(value), float(edges[j])), float(edges[j + 1])), False, False,
+                   above - beyond > REFINE_FRACTION * target)
 
 
 def paper_factor(ratio: float, intended_band: bool = False) -> float:
@@ -302,8 +316,61 @@ class HistogramController:
         if histogram is None:
             raise ValueError("the histogram controller needs the global histogram of its window")
         reading = threshold_from_histogram(window if window is not None else self.window(state), histogram, k)
-        state.threshold, state.clamped, state.short = reading
+        state.threshold, state.clamped, state.short, state.coarse = reading
         return state.threshold
+
+
+C = TypeVar("C", bound="CandidateSet")
+
+
+class HistogramRound(NamedTuple):
+    """One allreduce (sum) the histogram controller asks for: this rank's :func:`local_histogram`
+    and the suffix naming the collective (the same on every rank)."""
+
+    local: np.ndarray
+    tag: str
+
+
+class CandidateSet(Protocol):
+    """A rank's candidates (every coordinate of its partition at or above ``bar``)."""
+
+    bar: float
+
+    def magnitudes_numpy(self) -> np.ndarray:
+        """Their magnitudes as float32."""
+
+
+def histogram_threshold(controller: HistogramController, state: ThresholdState, k: int, parts: int,
+                        partition: int, rank: int, collect: Callable[[int], C]
+                        ) -> Generator[HistogramRound, np.ndarray, Tuple[float, C, List[str]]]:
+    """This step's threshold from the histogram controller, as a conversation with the exchange:
+    the generator yields each round's local histogram, is sent its sum over ranks, and returns
+    ``(threshold, candidates, tags)`` (``tags``: the rounds taken, by name). ``collect(budget)`` reads this rank's candidates from
+    its ``budget`` blocks with the largest maxima (``partition``: the partition it owns).
+
+    Rounds, decided from the summed histograms alone (so every rank takes the same ones):
+
+    1. ``histogram``: candidates from :func:`candidate_budget`, counted in the controller's window;
+    2. ``histogram.wide``: only when that stopped short of ``k``: candidates re-read from the wide
+       budget (``1.5 k`` blocks) and counted again;
+    3. ``histogram.fine``: only when the reading was interpolated inside a bin holding more than
+       :data:`REFINE_FRACTION` of ``k``: the same candidates counted in a fine window around it.
+    """
+    window = controller.window(state)
+    candidates = collect(candidate_budget(k, parts, state.last_counts, partition))
+    tags = ["histogram"]
+    while True:
+        summed = yield HistogramRound(
+            local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, rank, parts), tags[-1])
+        threshold = controller.next_threshold(state, k, summed, window)
+        if state.short and "histogram.wide" not in tags:
+            tags.append("histogram.wide")
+            candidates = collect(candidate_budget(k, parts, state.last_counts, partition, wide=True))
+        elif state.coarse and "histogram.fine" not in tags:
+            tags.append("histogram.fine")
+            window = HistogramWindow.around(threshold)
+        else:
+            return threshold, candidates, tags
 
 
 def make_controller(name: str) -> Controller:

@@ -28,7 +28,7 @@ class MicroOptions(SparsifierOptions):
 
     Attributes:
         controller: how the threshold is chosen each step: ``"histogram"`` (default: follows
-            the current step's gradient through one allreduce of about 560 bytes), ``"paper"``
+            the current step's gradient through one allreduce of about 1 KB), ``"paper"``
             (the published multiplicative rule) or ``"paper_intent"`` (the same with the
             presumed intent of its band rule). See :mod:`horovod_sparse.common.controllers`.
     """

@@ -23,7 +23,7 @@ from typing import Any, Generator, List, Sequence, Tuple
 
 import tensorflow as tf
 
-from horovod_sparse.common.controllers import candidate_budget, local_histogram, make_controller, scan_block_size
+from horovod_sparse.common.controllers import histogram_threshold, make_controller, scan_block_size
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
@@ -83,24 +83,26 @@ class Micro(Sparsifier):
                 state: PartitionedState, step: int, timer: PhaseTimer
                 ) -> Generator[Sequence[Pending], List[Any], Tuple[tf.Tensor, float]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
-        threshold; with a histogram controller, after the allreduce of the histogram (and of a
-        second one, counted from ``1.5 k`` blocks, when the first stopped short of ``k``)."""
+        threshold; with a histogram controller, after the allreduces of the histogram rounds
+        (:func:`~horovod_sparse.common.controllers.histogram_threshold`)."""
         k = self.options.count(int(x.shape[0]), step)
         with timer("scan"):
             scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
-        window = self.controller.window(state.threshold)
-        if window is None:
+        if self.controller.window(state.threshold) is None:  # a rule that needs no histogram
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
-        for rounds, (wide, tag) in enumerate(((False, "histogram"), (True, "histogram.wide")), start=1):
-            with timer("histogram"):
-                budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
-                candidates = Candidates.collect(scanned, budget)
-                local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
-            (summed,) = yield [comm.allreduce(tf.constant(local), tag, "meta")]
-            threshold = self.controller.next_threshold(state.threshold, k, summed.numpy(), window)
-            if not state.threshold.short:  # the same on every rank: read off the same histogram
+        plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
+                                   lambda budget: Candidates.collect(scanned, budget))
+        with timer("histogram"):
+            round_ = next(plan)
+        while True:
+            (summed,) = yield [comm.allreduce(tf.constant(round_.local), round_.tag, "meta")]
+            try:
+                with timer("histogram"):
+                    round_ = plan.send(summed.numpy())
+            except StopIteration as finished:
+                threshold, candidates, rounds = finished.value
                 break
         comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):

@@ -5,8 +5,8 @@ Rank ``r`` scans only the partition ``(step + r) mod n`` of the group's flat buf
 threshold every rank derives identically (:mod:`horovod_sparse.common.controllers`). The
 exchange, per group and step:
 
-1. (``controller="histogram"`` only) allreduce of a histogram of ``|x|``, about 560 bytes (in
-   rare steps a second one, see :mod:`horovod_sparse.common.controllers`);
+1. (``controller="histogram"`` only) allreduce of a histogram of ``|x|``, about 1 KB (in
+   some steps a second one, see :mod:`horovod_sparse.common.controllers`);
 2. allgather of the selected indices and of each rank's count;
 3. allreduce (sum) of every rank's ``x`` at the union of the indices, so each selected
    coordinate carries the exact sum over ranks; ``out[union] = sum * scale``.
@@ -20,7 +20,8 @@ skipped everywhere.
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank),
 ``load_inc``, ``padding`` (elements a fixed-size allgather would have padded), ``bounds`` (the
 partition table used), ``select_seconds`` (``scan``, ``histogram``, ``pick``) and, with the
-histogram controller, ``histogram_rounds`` (1, or 2 when the first stopped short).
+histogram controller, ``histogram_rounds`` (the rounds taken: ``["histogram"]``, in some steps
+followed by ``"histogram.wide"`` and/or ``"histogram.fine"``; see ``histogram_threshold``).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import Any, Generator, List, Sequence, Tuple
 
 import torch
 
-from horovod_sparse.common.controllers import candidate_budget, local_histogram, make_controller, scan_block_size
+from horovod_sparse.common.controllers import histogram_threshold, make_controller, scan_block_size
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
@@ -43,7 +44,7 @@ class Micro(Sparsifier):
     """MiCRO on the whole model's flat buffer (``groups="model"`` by default).
 
     Traffic per rank and step: about ``k`` indices (allgather) and ``|union|`` values
-    (allreduce), plus ``n`` integers and, with the default controller, about 560 bytes of histogram.
+    (allreduce), plus ``n`` integers and, with the default controller, about 1 KB of histogram.
     """
 
     default_grouping = "model"
@@ -88,24 +89,26 @@ class Micro(Sparsifier):
                 state: PartitionedState, step: int, timer: PhaseTimer
                 ) -> Generator[Sequence[Pending], List[Any], Tuple[torch.Tensor, float]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
-        threshold; with a histogram controller, after the allreduce of the histogram (and of a
-        second one, counted from ``1.5 k`` blocks, when the first stopped short of ``k``)."""
+        threshold; with a histogram controller, after the allreduces of the histogram rounds
+        (:func:`~horovod_sparse.common.controllers.histogram_threshold`)."""
         k = self.options.count(x.numel(), step)
         with timer("scan"):
             scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
-        window = self.controller.window(state.threshold)
-        if window is None:
+        if self.controller.window(state.threshold) is None:  # a rule that needs no histogram
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
                 return pick(scanned, threshold), threshold
-        for rounds, (wide, tag) in enumerate(((False, "histogram"), (True, "histogram.wide")), start=1):
-            with timer("histogram"):
-                budget = candidate_budget(k, comm.size, state.threshold.last_counts, owned, wide)
-                candidates = Candidates.collect(scanned, budget)
-                local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, comm.rank, comm.size)
-            (summed,) = yield [comm.allreduce(torch.from_numpy(local).to(x.device), tag, "meta")]
-            threshold = self.controller.next_threshold(state.threshold, k, summed.cpu().numpy(), window)
-            if not state.threshold.short:  # the same on every rank: read off the same histogram
+        plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
+                                   lambda budget: Candidates.collect(scanned, budget))
+        with timer("histogram"):
+            round_ = next(plan)
+        while True:
+            (summed,) = yield [comm.allreduce(torch.from_numpy(round_.local).to(x.device), round_.tag, "meta")]
+            try:
+                with timer("histogram"):
+                    round_ = plan.send(summed.cpu().numpy())
+            except StopIteration as finished:
+                threshold, candidates, rounds = finished.value
                 break
         comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):
