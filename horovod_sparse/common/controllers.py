@@ -57,9 +57,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Generator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar
 
 import numpy as np
+
+from horovod_sparse.common.timing import PhaseTimer
 
 #: Names accepted by the ``controller=`` option, default first.
 CONTROLLERS = ("histogram", "paper", "paper_intent")
@@ -345,8 +347,9 @@ def histogram_threshold(controller: HistogramController, state: ThresholdState, 
                         ) -> Generator[HistogramRound, np.ndarray, Tuple[float, C, List[str]]]:
     """This step's threshold from the histogram controller, as a conversation with the exchange:
     the generator yields each round's local histogram, is sent its sum over ranks, and returns
-    ``(threshold, candidates, tags)`` (``tags``: the rounds taken, by name). ``collect(budget)`` reads this rank's candidates from
-    its ``budget`` blocks with the largest maxima (``partition``: the partition it owns).
+    ``(threshold, candidates, tags)`` (``tags``: the rounds taken, by name). ``collect(budget)``
+    reads this rank's candidates from its ``budget`` blocks with the largest maxima
+    (``partition``: the partition it owns).
 
     Rounds, decided from the summed histograms alone (so every rank takes the same ones):
 
@@ -371,6 +374,25 @@ def histogram_threshold(controller: HistogramController, state: ThresholdState, 
             window = HistogramWindow.around(threshold)
         else:
             return threshold, candidates, tags
+
+
+def histogram_exchange(plan: Generator[HistogramRound, np.ndarray, Tuple[float, C, List[str]]],
+                       allreduce: Callable[[HistogramRound], Any], to_numpy: Callable[[Any], np.ndarray],
+                       timer: PhaseTimer) -> Generator[List[Any], List[Any], Tuple[float, C, List[str]]]:
+    """Run :func:`histogram_threshold`'s ``plan`` inside a sparsifier's exchange generator: each
+    round is one pending collective, ``allreduce(round)`` (summing ``round.local`` under
+    ``round.tag``), yielded to the exchange driver; ``to_numpy`` reads the summed result back.
+    Time spent in the plan counts as the ``histogram`` phase of ``timer``. Returns the plan's
+    ``(threshold, candidates, tags)``."""
+    with timer("histogram"):
+        round_ = next(plan)
+    while True:
+        (summed,) = yield [allreduce(round_)]
+        try:
+            with timer("histogram"):
+                round_ = plan.send(to_numpy(summed))
+        except StopIteration as finished:
+            return finished.value
 
 
 def make_controller(name: str) -> Controller:

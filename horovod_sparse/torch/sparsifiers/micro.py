@@ -29,7 +29,8 @@ from typing import Any, Generator, List, Sequence, Tuple
 
 import torch
 
-from horovod_sparse.common.controllers import histogram_threshold, make_controller, scan_block_size
+from horovod_sparse.common.controllers import (histogram_exchange, histogram_threshold, make_controller,
+                                               scan_block_size)
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
@@ -100,16 +101,9 @@ class Micro(Sparsifier):
                 return pick(scanned, threshold), threshold
         plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
                                    lambda budget: Candidates.collect(scanned, budget))
-        with timer("histogram"):
-            round_ = next(plan)
-        while True:
-            (summed,) = yield [comm.allreduce(torch.from_numpy(round_.local).to(x.device), round_.tag, "meta")]
-            try:
-                with timer("histogram"):
-                    round_ = plan.send(summed.cpu().numpy())
-            except StopIteration as finished:
-                threshold, candidates, rounds = finished.value
-                break
+        threshold, candidates, rounds = yield from histogram_exchange(
+            plan, lambda r: comm.allreduce(torch.from_numpy(r.local).to(x.device), r.tag, "meta"),
+            lambda summed: summed.cpu().numpy(), timer)
         comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):
             return candidates.select(threshold), threshold
