@@ -216,6 +216,32 @@ def test_overhead_compares_both_optimizers(tmp_path):
         assert figures[clock]["overhead"] == pytest.approx(sorted(ratios)[0] / 2 + sorted(ratios)[1] / 2 - 1)
 
 
+# -- MiCRO/ExDyna controllers and selection cost -------------------------------------------------------------
+def test_controllers_tables_and_json(tmp_path):
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "controllers", "--steps", "12", "--densities", "0.01", "--hidden", "64", "--drain-after", "4",
+                  "--drain-cap", "2", "--results", str(tmp_path / "controllers.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    for heading in ("1. density tracking", "2. balancing", "3. drain"):
+        assert heading in text
+    figures = json.loads((tmp_path / "controllers.json").read_text())["results"]
+    assert {(r["stream"], r["controller"]) for r in figures["tracking"]} == \
+        {(s, c) for s in ("digits", "smooth") for c in ("histogram", "paper")}
+    assert [r["label"] for r in figures["balancing"]] == ["MiCRO static partitions", "ExDyna, paper's pairwise rule",
+                                                          "ExDyna, default (prefix) rule"]
+    for row in figures["tracking"] + figures["balancing"]:
+        assert row["mean_deviation"] >= 0 and not row["diverged"]
+    assert len(figures["drain"]) == 2
+
+
+def test_selection_cost_prints_ratios(tmp_path):
+    result = run([sys.executable, "-m", "benchmarks", "selection_cost", "--numel", "200000", "--workers", "2",
+                  "--repeats", "3", "--results", str(tmp_path / "selection.json")])
+    (row,) = json.loads((tmp_path / "selection.json").read_text())
+    assert row["workers"] == 2 and row["histogram_over_topk"] == pytest.approx(row["histogram_ms"] / row["topk_ms"])
+    assert f"{row['histogram_over_topk']:.4f}" in result.stdout
+
+
 # -- convergence -------------------------------------------------------------------------------------------
 def test_convergence_table_json_and_curves(tmp_path):
     result = run([sys.executable, "-m", "benchmarks", "convergence", "--workers", "2", "--seeds", "0",
