@@ -22,13 +22,30 @@ alone, so it needs no communication to agree on it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Generic, Optional, Tuple, TypeVar
 
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.validation import check_choice, check_int
 
 FOLD_IN = "fold-in"
 FOLD_OUT = "fold-out"
+
+
+#: A tensor of either framework.
+Tensor = TypeVar("Tensor")
+
+
+@dataclass(frozen=True)
+class SparseSet(Generic[Tensor]):
+    """Coordinates of a flat buffer, held as tensors of either framework: distinct ``idx``
+    (int64) in ascending order, and their values ``val``."""
+
+    idx: Tensor
+    val: Tensor
+
+    def without_entries(self) -> "SparseSet[Tensor]":
+        """An empty set of the same dtypes and device (what an idle rank sends)."""
+        return SparseSet(self.idx[:0], self.val[:0])  # type: ignore[index]
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
+from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
 
 #: A byte count: a Python int when the shape is static, else an int64 scalar tensor.
@@ -77,7 +78,7 @@ def op_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)
 
 
-class Communicator:
+class Communicator(CommunicatorBase):
     """Launches Horovod collectives for one group in one step and accounts for them.
 
     When traced, every collective is made to run after the previous one of the same group
@@ -88,29 +89,20 @@ class Communicator:
     and the same order on every rank, as in eager mode; the driver makes the update depend on all
     of them (:attr:`launched`).
 
-    Args:
-        process_set: the Horovod process set the driver reduces over.
-        name: the group's name; collective names are ``hs.<name>.<tag>`` (made op-name safe).
-        stats: the group's statistics record for this step.
-        scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
-        anchor: a tensor of this group and step (its flat buffer) that the first collective
-            waits for when traced.
+    Arguments as :class:`~horovod_sparse.common.communicator.CommunicatorBase` (collective names
+    made op-name safe), and ``anchor``: a tensor of this group and step (its flat buffer) that
+    the first collective waits for when traced.
     """
 
     def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float,
                  anchor: Optional[tf.Tensor] = None) -> None:
-        self.process_set = process_set
-        self.name = name
-        self.stats = stats
-        self.scale = scale
-        self.size: int = process_set.size()
-        self.rank: int = process_set.rank()
+        super().__init__(process_set, name, stats, scale)
         #: The output tensors of every collective launched, in order.
         self.launched: List[tf.Tensor] = []
         self._after: List[tf.Tensor] = [] if anchor is None else [anchor]
 
     def _name(self, tag: str) -> str:
-        return op_name(f"hs.{self.name}.{tag}")
+        return op_name(self._collective_name(tag))
 
     @contextmanager
     def _in_order(self) -> Iterator[None]:
@@ -125,8 +117,7 @@ class Communicator:
         outputs = output if isinstance(output, tuple) else (output,)
         self.launched.extend(outputs)
         self._after = [outputs[0]]
-        self.stats.collectives += 1
-        self.stats.sent[kind] += sent
+        self._account(kind, sent)
         return Pending(output, kind, own)
 
     def allgather(self, tensor: tf.Tensor, tag: str, kind: str) -> Pending:

@@ -18,6 +18,7 @@ from typing import Any, Iterator, List, Sequence, Tuple
 import horovod.torch as hvd
 import torch
 
+from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.consensus import json_bytes
 from horovod_sparse.common.stats import GroupStats
 
@@ -56,31 +57,19 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2 ** 31 else torch.int64
 
 
-class Communicator:
-    """Launches Horovod collectives for one group in one step and accounts for them.
-
-    Args:
-        process_set: the Horovod process set the optimizer reduces over.
-        name: the group's name; collective names are ``hs.<name>.<tag>``.
-        stats: the group's statistics record for this step.
-        scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
-    """
+class Communicator(CommunicatorBase):
+    """Launches Horovod collectives for one group in one step and accounts for them (arguments:
+    :class:`~horovod_sparse.common.communicator.CommunicatorBase`)."""
 
     def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float) -> None:
-        self.process_set = process_set
-        self.name = name
-        self.stats = stats
-        self.scale = scale
-        self.size: int = process_set.size()
-        self.rank: int = process_set.rank()
+        super().__init__(process_set, name, stats, scale)
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _name(self, tag: str) -> str:
-        return f"hs.{self.name}.{tag}"
+        return self._collective_name(tag)
 
     def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
-        self.stats.collectives += 1
-        self.stats.sent[kind] += sent
+        self._account(kind, sent)
         return Pending(handle, kind, own)
 
     def allgather(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:

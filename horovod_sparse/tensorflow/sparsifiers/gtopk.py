@@ -13,27 +13,14 @@ Traceable: the schedule is fixed by the world size, so the rounds unroll into th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple, Union
 
 import tensorflow as tf
 
-from horovod_sparse.common.butterfly import FOLD_IN, Phase, butterfly_schedule, round_count
+from horovod_sparse.common.butterfly import FOLD_IN, Phase, SparseSet, butterfly_schedule, round_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.tensorflow.collectives import Communicator, Pending, index_dtype
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier, Step
-
-
-@dataclass(frozen=True)
-class SparseSet:
-    """Coordinates of a flat buffer: distinct ``idx`` (int64) in ascending order, and ``val``."""
-
-    idx: tf.Tensor
-    val: tf.Tensor
-
-    def without_entries(self) -> "SparseSet":
-        """An empty set of the same dtypes (what an idle rank sends)."""
-        return SparseSet(self.idx[:0], self.val[:0])
 
 
 def topk_ties_by_index(magnitude: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:

@@ -16,27 +16,14 @@ and sends it its delivered indices at fold-out. So nothing is lost, unlike the r
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from horovod_sparse.common.butterfly import FOLD_IN, Phase, butterfly_schedule, round_count
+from horovod_sparse.common.butterfly import FOLD_IN, Phase, SparseSet, butterfly_schedule, round_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
-
-
-@dataclass(frozen=True)
-class SparseSet:
-    """Coordinates of a flat buffer: distinct ``idx`` (int64) in ascending order, and ``val``."""
-
-    idx: torch.Tensor
-    val: torch.Tensor
-
-    def without_entries(self) -> "SparseSet":
-        """An empty set of the same dtypes and device (what an idle rank sends)."""
-        return SparseSet(self.idx[:0], self.val[:0])
 
 
 def topk_ties_by_index(magnitude: torch.Tensor, k: int) -> torch.Tensor:

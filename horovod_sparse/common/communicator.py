@@ -1,0 +1,34 @@
+"""What both frameworks' ``Communicator`` share: one group's identity in one step, and the
+accounting of the collectives it launches."""
+from __future__ import annotations
+
+from typing import Any
+
+from horovod_sparse.common.stats import GroupStats
+
+
+class CommunicatorBase:
+    """One group's collectives in one step (subclassed per framework, which launches them).
+
+    Args:
+        process_set: the Horovod process set the wrapper reduces over.
+        name: the group's name; collective names are ``hs.<name>.<tag>``.
+        stats: the group's statistics record for this step.
+        scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
+    """
+
+    def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float) -> None:
+        self.process_set = process_set
+        self.name = name
+        self.stats = stats
+        self.scale = scale
+        self.size: int = process_set.size()
+        self.rank: int = process_set.rank()
+
+    def _collective_name(self, tag: str) -> str:
+        return f"hs.{self.name}.{tag}"
+
+    def _account(self, kind: str, sent: Any) -> None:
+        """Count one launched collective and the bytes it sends, under ``kind``."""
+        self.stats.collectives += 1
+        self.stats.sent[kind] += sent
