@@ -7,8 +7,9 @@ grouping, side by side, on a model with many small layers.
 For every compressor, copies of the model (same seed, same synthetic batch) are trained with
 ``groups="tensor"``, ``"size:8192"`` (LAGS's merging), ``"model"`` and ``"mergecomp"``, and one
 more copy is trained without any exchange (``local``: the compute-only step). The MergeComp copy
-first runs its search (``--search-warmup`` + ``--search-timed`` steps per candidate; the
-reference's 5 + 20 are too slow here) and its cost is reported: candidates, steps, seconds,
+first runs its search (``--search-warmup`` + ``--search-timed`` steps per candidate, by default
+the scheduler's own 5 + 20, as in the reference; with fewer timed steps a noisy machine can
+mislead the choice) and its cost is reported: candidates, steps, seconds,
 and the seconds beyond running the chosen grouping for as many steps. Then ``--rounds`` rounds
 run every copy for ``--steps`` steps, in an order rotated every round so drifts of a shared
 machine fall on all alike.
@@ -146,11 +147,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--batch-size", type=int, default=8, help="per worker")
     parser.add_argument("--size", type=int, help="image side (default: the model's)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps per copy before the rounds")
-    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=20)
     parser.add_argument("--steps", type=int, default=3, help="steps per copy per round")
-    parser.add_argument("--search-warmup", type=int, default=2, help="MergeComp: untimed steps per candidate")
-    parser.add_argument("--search-timed", type=int, default=5, help="MergeComp: timed steps per candidate")
-    parser.add_argument("--search-limit", type=int, default=400, help="MergeComp: most steps the search may take")
+    parser.add_argument("--search-warmup", type=int, default=5, help="MergeComp: untimed steps per candidate")
+    parser.add_argument("--search-timed", type=int, default=20, help="MergeComp: timed steps per candidate")
+    parser.add_argument("--search-limit", type=int, default=800, help="MergeComp: most steps the search may take")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--results", type=Path, help="write the figures as JSON here (rank 0)")
     args = parser.parse_args(argv)
