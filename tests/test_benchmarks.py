@@ -242,6 +242,30 @@ def test_selection_cost_prints_ratios(tmp_path):
     assert f"{row['histogram_over_topk']:.4f}" in result.stdout
 
 
+# -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
+def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "grouping_overhead", "--compressors", "topk:density=0.05", "--batch-size", "2", "--size", "8",
+                  "--warmup", "1", "--rounds", "2", "--steps", "1", "--search-warmup", "1", "--search-timed", "1",
+                  "--results", str(tmp_path / "grouping.json")], timeout=600)
+    text = "\n".join(rank0_lines(result.stdout))
+    assert re.search(r"^MergeComp search \(topk:density=0.05\): \d+ candidates, \d+ steps", text, re.M)
+    rows = json.loads((tmp_path / "grouping.json").read_text())["results"]["rows"]
+    assert [r["grouping"] for r in rows] == ["tensor", "size:8192", "model", "mergecomp"]
+    assert min(r["ratio_to_best_fixed"] for r in rows[:3]) == 1.0
+
+
+def test_lags_overlap_reports_the_model_and_the_chosen_densities(tmp_path):
+    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "lags_overlap", "--batch-size", "2", "--size", "8", "--warmup", "3", "--rounds", "1", "--steps", "1",
+                  "--results", str(tmp_path / "lags.json")], timeout=600)
+    text = "\n".join(rank0_lines(result.stdout))
+    assert "Measured alpha-beta model" in text and "LAGS's own start-up model" in text
+    figures = json.loads((tmp_path / "lags.json").read_text())["results"]
+    assert [r["copy"] for r in figures["rows"]] == ["dense", "topk", "lags", "lags-uniform"]
+    assert figures["lags_groups"] and all(g["rho"] is None or 0 < g["rho"] <= 1 for g in figures["lags_groups"])
+
+
 # -- convergence -------------------------------------------------------------------------------------------
 def test_convergence_table_json_and_curves(tmp_path):
     result = run([sys.executable, "-m", "benchmarks", "convergence", "--workers", "2", "--seeds", "0",
