@@ -435,8 +435,10 @@ class GradientExchanger:
         local = tf.reshape(tf.cast(tf.logical_not(tf.reduce_all(finite)), tf.int32), [1])
         flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, process_set=self.process_set)
         if isinstance(step, int):
-            abandon = bool(tf.reduce_any(flags > 0))
-            exchanged = self._abandon(kept, layout, step, finite) if abandon else self._exchange_step(kept, layout, step)
+            if bool(tf.reduce_any(flags > 0)):
+                exchanged = self._abandon(kept, layout, step, finite)
+            else:
+                exchanged = self._exchange_step(kept, layout, step)
         else:
             exchanged = tf.cond(tf.reduce_any(flags > 0), lambda: self._abandon(kept, layout, step, finite),
                                 lambda: self._exchange_step(kept, layout, step))
