@@ -7,6 +7,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from tests.launch import run_configs
 
@@ -113,3 +114,23 @@ def test_exact_resume_from_per_rank_checkpoints(tmp_path):
         assert b["steps"] == 2 * half
         for x, y in zip(a["params"], b["params"]):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_the_cheap_finiteness_check_is_exact(dtype):
+    """One sum decides the usual case; finite values whose sum overflows, and NaN/Inf anywhere
+    (including +Inf and -Inf together), still get the exact answer."""
+    from horovod_sparse.torch.optimizer import _all_finite
+
+    values = torch.randn(3000, generator=torch.Generator().manual_seed(0)).to(dtype)
+    huge = torch.full((3000,), torch.finfo(dtype).max, dtype=dtype)
+    cases = [values, huge, torch.zeros(0, dtype=dtype)]
+    for position, bad in ((17, float("nan")), (2999, float("inf")), (0, -float("inf"))):
+        poisoned = values.clone()
+        poisoned[position] = bad
+        cases.append(poisoned)
+    opposite = huge.clone()
+    opposite[1], opposite[2] = float("inf"), -float("inf")
+    cases.append(opposite)
+    for case in cases:
+        assert _all_finite(case) == bool(torch.isfinite(case).all())

@@ -60,6 +60,15 @@ class _Inflight:
             self.advance(outputs)
 
 
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite. A NaN or Inf anywhere makes the sum
+    non-finite, so one summing pass settles the usual case (``torch.isfinite(t).all()`` costs
+    about 20 times more on a CPU: it writes a bool tensor of the full size); only a non-finite
+    sum, which finite values near the dtype's maximum can also produce, takes the exact check."""
+    accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    return bool(torch.isfinite(tensor.sum(dtype=accumulate))) or bool(torch.isfinite(tensor).all())
+
+
 def _dense_exchange(group: FlatGroup, compression: Any, comm: Communicator, op: Any,
                     prescale: float, postscale: float) -> Exchange:
     """Horovod's own path: one in-place allreduce per gradient, through ``compression``."""
@@ -211,7 +220,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     raise ValueError(f"parameter {self._group_of[p].name!r} has a sparse gradient; "
                                      "pass sparse_as_dense=True to exchange it as a dense one")
                 p.grad = p.grad.to_dense()
-        if self.nonfinite is not None and not all(bool(torch.isfinite(p.grad).all()) for p in group.params):
+        if self.nonfinite is not None and not all(_all_finite(p.grad) for p in group.params):
             # This rank's gradient is unusable: it contributes nothing this step and never
             # reaches the residual; synchronize() tells every rank and applies the policy.
             for p in group.params:
