@@ -41,3 +41,17 @@ def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], 
     spec = out / "configs.json"
     spec.write_text(json.dumps(configs))
     return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout)
+
+
+def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = 300) -> Any:
+    """A module-scoped pytest fixture running every config of ``configs`` in one ``script`` job
+    on ``np`` workers (:func:`run_configs`); it yields the folder of the workers' records."""
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def job(tmp_path_factory: Any) -> Path:
+        out = tmp_path_factory.mktemp(Path(script).stem)
+        run_configs(script, np, out, configs, timeout=timeout)
+        return out
+
+    return job

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.launch import run_configs
+from tests.launch import job_fixture, run_configs
 from tests.streams import raw_gradient
 from tests.test_torch_reliability import records, same_on_all_ranks
 from tests.workers.tf_reliability import SHAPES
@@ -28,11 +28,7 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("tf_reliability")
-    run_configs("tf_reliability.py", NP, out, SCENARIOS, timeout=300)
-    return out
+run = job_fixture("tf_reliability.py", NP, SCENARIOS)
 
 
 @pytest.mark.parametrize("name,setting", [("density", "compression.density=0.02 (rank 0: 0.05)"),

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.launch import run_configs
+from tests.launch import job_fixture, run_configs
 
 NP = 2
 
@@ -36,11 +36,7 @@ SCENARIOS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("reliability")
-    run_configs("torch_reliability.py", NP, out, SCENARIOS, timeout=300)
-    return out
+run = job_fixture("torch_reliability.py", NP, SCENARIOS)
 
 
 def test_configuration_mismatch_raises_on_every_rank_naming_the_rank(run):
