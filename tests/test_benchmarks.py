@@ -358,3 +358,15 @@ def test_namespaces_of_a_killed_run_are_removed_by_the_next():
     finally:
         netem.delete_namespace(stale)
     assert not our_namespaces(os.getpid())
+
+
+def test_readme_commands_name_existing_benchmarks_and_options():
+    """Every ``python -m benchmarks.<name> ...`` command in the README names a benchmark of this
+    checkout, and every ``--option`` it passes is one that benchmark's parser declares."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"python -m benchmarks[. ](\w+)([^`\n]*)", readme)
+    assert len(commands) >= 10
+    for name, rest in commands:
+        source = (ROOT / "benchmarks" / f"{name}.py").read_text()
+        for option in re.findall(r"(--[\w-]+)", rest):
+            assert f'"{option}"' in source, f"README passes {option} to benchmarks.{name}, which does not declare it"
