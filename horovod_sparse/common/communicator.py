@@ -25,7 +25,8 @@ class CommunicatorBase:
         self.size: int = process_set.size()
         self.rank: int = process_set.rank()
 
-    def _collective_name(self, tag: str) -> str:
+    def _name(self, tag: str) -> str:
+        """The Horovod name of this group's collective ``tag``."""
         return f"hs.{self.name}.{tag}"
 
     def _account(self, kind: str, sent: Any) -> None:

@@ -102,7 +102,7 @@ class Communicator(CommunicatorBase):
         self._after: List[tf.Tensor] = [] if anchor is None else [anchor]
 
     def _name(self, tag: str) -> str:
-        return op_name(self._collective_name(tag))
+        return op_name(super()._name(tag))
 
     @contextmanager
     def _in_order(self) -> Iterator[None]:

@@ -160,6 +160,16 @@ def _exchangeable(source: Any) -> bool:
     return tf.as_dtype(source.dtype).is_floating and tf.TensorShape(source.shape).num_elements() != 0
 
 
+def _all_finite(tensor: tf.Tensor) -> tf.Tensor:
+    """Whether every element of ``tensor`` is finite (a boolean scalar), as the PyTorch side
+    decides it: a NaN or Inf anywhere makes the sum non-finite, so one summing pass settles the
+    usual case; only a non-finite sum (finite values near the dtype's maximum can also overflow
+    it) takes the exact elementwise check, which writes a full-size boolean tensor."""
+    accumulate = tf.float64 if tensor.dtype == tf.float64 else tf.float32
+    return tf.cond(tf.math.is_finite(tf.reduce_sum(tf.cast(tensor, accumulate))), lambda: tf.constant(True),
+                   lambda: tf.reduce_all(tf.math.is_finite(tensor)))
+
+
 def _source_name(source: Any, position: int) -> str:
     try:
         return str(source.name)
@@ -430,7 +440,7 @@ class GradientExchanger:
                             counter: tf.Variable) -> List[tf.Tensor]:
         """The step's exchange if no rank has a non-finite gradient, else :meth:`_abandon`;
         counts the step, then applies the ``nonfinite`` policy (see the module docstring)."""
-        finite = [tf.reduce_all([tf.reduce_all(tf.math.is_finite(kept[p])) for p in group.positions])
+        finite = [tf.reduce_all([_all_finite(kept[p]) for p in group.positions])
                   for group in layout.groups]
         local = tf.reshape(tf.cast(tf.logical_not(tf.reduce_all(finite)), tf.int32), [1])
         flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, process_set=self.process_set)

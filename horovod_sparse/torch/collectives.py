@@ -65,9 +65,6 @@ class Communicator(CommunicatorBase):
         super().__init__(process_set, name, stats, scale)
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
-    def _name(self, tag: str) -> str:
-        return self._collective_name(tag)
-
     def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
         self._account(kind, sent)
         return Pending(handle, kind, own)
