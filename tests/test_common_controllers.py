@@ -38,8 +38,6 @@ def test_paper_factor_bands(ratio, published, intended):
     assert paper_factor(ratio, intended_band=True) == intended
 
 
-# Hypothesis deadlines are off throughout: timings mean nothing on a shared machine.
-@settings(deadline=None)
 @given(st.lists(ratios, min_size=1, max_size=3))
 def test_paper_factor_bounded_and_monotone(values):
     for intended in (False, True):
@@ -48,7 +46,6 @@ def test_paper_factor_bounded_and_monotone(values):
         assert factors == sorted(factors)
 
 
-@settings(deadline=None)
 @given(k=st.integers(1, 10 ** 7), unions=st.lists(st.integers(0, 10 ** 7), max_size=40),
        intended=st.booleans())
 def test_paper_controller_reproduces_the_published_rule_step_by_step(k, unions, intended):
@@ -101,7 +98,6 @@ def test_windows_stay_positive_and_finite_at_the_ends_of_the_range(centre):
         assert np.all(np.diff(edges) > 0) and edges[0] > 0 and np.all(np.isfinite(edges))
 
 
-@settings(deadline=None)
 @given(magnitude_arrays(), st.sampled_from([1e-3, 1.0, 7.5]))
 def test_histogram_counts_by_edges(values, centre):
     window = HistogramWindow.around(centre)
@@ -126,7 +122,7 @@ def _global_histogram(window, parts_values, budgets, block):
     return total, bars
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(st.lists(magnitude_arrays(), min_size=1, max_size=4), st.integers(1, 60), st.sampled_from([1, 4, 32]),
        st.booleans())
 def test_threshold_read_off_the_summed_histogram(parts, k, block, fine):
@@ -153,7 +149,6 @@ def test_threshold_read_off_the_summed_histogram(parts, k, block, fine):
     assert (crossed and not short) or (stopped and short)
 
 
-@settings(deadline=None)
 @given(magnitude_arrays(), st.integers(1, 40), st.integers(1, 40))
 def test_threshold_is_non_increasing_in_the_target(values, k1, k2):
     window = HistogramWindow.around(1.0)

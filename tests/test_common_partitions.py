@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 import horovod_sparse.common.methods  # noqa: F401  (registers the options)
@@ -23,8 +23,6 @@ def assert_partition_of_range(bounds, numel, count):
     assert all(a <= b for a, b in zip(bounds, bounds[1:]))
 
 
-# Hypothesis deadlines are off throughout: timings mean nothing on a shared machine.
-@settings(deadline=None)
 @given(sizes, parts)
 def test_equal_partitions_cover_the_buffer(numel, n):
     bounds = equal_bounds(numel, n)
@@ -34,7 +32,6 @@ def test_equal_partitions_cover_the_buffer(numel, n):
     assert list(lengths) == sorted(lengths, reverse=True)  # the first numel mod n are longer
 
 
-@settings(deadline=None)
 @given(parts, st.integers(0, 10 ** 6))
 def test_ownership_is_exclusive_and_rotates(n, step):
     owned = [owned_partition(step, r, n) for r in range(n)]
@@ -45,7 +42,6 @@ def test_ownership_is_exclusive_and_rotates(n, step):
     assert [by_partition[owned_partition(step, r, n)] for r in range(n)] == counts
 
 
-@settings(deadline=None)
 @given(sizes, st.integers(1, 4096))
 def test_block_layout(numel, num_blocks):
     layout = BlockLayout.for_buffer(numel, num_blocks)
@@ -74,7 +70,6 @@ def layouts_and_tables(draw):
     return layout, [b - a for a, b in zip(edges, edges[1:])]
 
 
-@settings(deadline=None)
 @given(layouts_and_tables())
 def test_block_partitions_cover_the_buffer(case):
     layout, blocks = case
@@ -132,7 +127,6 @@ def test_prefix_rule_band_minimum_and_guard():
     assert prefix_rebalance([256] * 4, [3, 0, 0, 0], 64) == [256] * 4  # fewer selected than partitions
 
 
-@settings(deadline=None)
 @given(st.integers(0, 2 ** 32 - 1), st.integers(1, 12), st.integers(1, 2000))
 def test_both_rules_move_each_boundary_at_most_one_block_and_keep_the_minimum(seed, n, num_blocks):
     rng = np.random.default_rng(seed)
