@@ -2,32 +2,37 @@
 writes what it observed (aggregated gradients, residuals, parameters, statistics) for the test.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype",
-"compare_stock", "stream", "backward_passes", "backward_sleep"}:
+"compare_stock", "stream", "backward_passes", "backward_seconds", "step_seconds", "cost_model"}:
 
 - ``stream``: see ``tests.streams.raw_gradient``;
 - ``groups``: what ``groups=`` takes, with lists of parameter indices for lists of parameters
   and ``{"mergecomp": {options}}`` for ``MergeCompOptions``;
 - ``backward_passes``: each step's gradient arrives over that many backward passes
   (``backward_passes_per_step`` of both optimizers);
-- ``backward_sleep``: seconds each gradient takes to compute, for a slow backward;
+- ``backward_seconds``, ``step_seconds``: given times instead of measured ones (see
+  :class:`VirtualClock`), so what LAGS and MergeComp decide from times is a function of the
+  config, not of the machine's speed: each gradient takes ``backward_seconds * (1 + rank)``
+  seconds; each step ``step_seconds(spec, ...)`` seconds;
+- ``cost_model``: ``{"alpha", "beta"}``, the alpha-beta model LAGS uses instead of timing
+  allgathers at the end of step 0;
 - ``compare_stock``: a second copy of the parameters is trained by
   ``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
 """
 import json
-import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, List, Sequence
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
+from horovod_sparse.common.cost_model import AlphaBeta
+from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.streams import raw_gradient
-
-
 from tests.workers.cli import configs_and_out
+
 
 def make_params(shapes, seed, dtype):
     generator = torch.Generator().manual_seed(seed)
@@ -43,12 +48,35 @@ def backward(params, seed, step, rank, stream="normal", passes=1):
         loss.backward()
 
 
-def slowly(seconds):
-    """A gradient hook that makes computing the gradient take ``seconds`` longer."""
-    def hook(grad):
-        time.sleep(seconds)
-        return grad
-    return hook
+class VirtualClock:
+    """The optimizer's clock (``opt.timeline``) in a run with given times: it moves only when
+    the worker advances it, so every duration the optimizer measures is one the config gave."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+    def after(self, seconds: float):
+        """A gradient hook: computing this gradient takes ``seconds``."""
+        def hook(grad):
+            self.advance(seconds)
+            return grad
+        return hook
+
+
+def step_seconds(spec: dict, group_sizes: Sequence[int], step: int, rank: int) -> float:
+    """The given duration of ``step`` on ``rank`` with groups of ``group_sizes`` elements (in the
+    optimizer's group order, which MergeComp's groups are launched in): ``(1 + rank) * (per_group * groups + per_element * elements of the last
+    group)`` (a fixed cost per group; the last group's exchange overlaps nothing), plus
+    ``extra[(step - 1) % len(extra)]`` (e.g. a slow first step after each regrouping)."""
+    extra: List[float] = spec.get("extra", [0.0])
+    base = spec["per_group"] * len(group_sizes) + spec["per_element"] * group_sizes[-1]
+    return (1 + rank) * base + extra[(step - 1) % len(extra)]
 
 
 def grouping(spec, params):
@@ -65,13 +93,20 @@ def run(config, out: Path):
     seed, steps = config["seed"], config["steps"]
     params = make_params(config["shapes"], seed, dtype)
     named = [(f"p{i}", p) for i, p in enumerate(params)]
-    for p in params if config.get("backward_sleep") else []:
-        p.register_hook(slowly(config["backward_sleep"]))
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
+    if "cost_model" in config:
+        compression.cost_model = AlphaBeta(workers=hvd.size(), **config["cost_model"])
     passes = config.get("backward_passes", 1)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9), named_parameters=named,
                                   compression=compression, groups=grouping(config.get("groups"), params),
                                   backward_passes_per_step=passes)
+    clock = None
+    if "backward_seconds" in config or "step_seconds" in config:
+        clock = VirtualClock()
+        opt.timeline = ReadyTimeline(clock)
+        for p in params if "backward_seconds" in config else []:
+            p.register_hook(clock.after(config["backward_seconds"] * (1 + rank)))
+    sizes = {f"p{i}": p.numel() for i, p in enumerate(params)}
     stock = None
     if config.get("compare_stock"):
         stock_params = make_params(config["shapes"], seed, dtype)
@@ -83,6 +118,9 @@ def run(config, out: Path):
     for step in range(steps):
         opt.zero_grad()
         backward(params, seed, step, rank, config.get("stream", "normal"), passes)
+        if "step_seconds" in config:
+            clock.advance(step_seconds(config["step_seconds"], [sum(sizes[n] for n in g) for g in opt.groups],
+                                       step, rank))
         opt.synchronize()
         launch_order.append(opt.timeline.last.launch_order)
         aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
