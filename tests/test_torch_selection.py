@@ -1,6 +1,7 @@
 """The block-scan selection (``horovod_sparse.torch.selection``) against ``torch.where`` over
 ``|x|``: same indices, ascending, for any slice, block length (power of two or not, partial last
-block) and threshold, and candidates that filter to exactly the same set."""
+block), threshold (reached or, ``strict``, exceeded; ties included) and candidates that filter to
+exactly the same set. The exact top-k built on it is tested in ``test_top_k.py``."""
 from __future__ import annotations
 
 import torch
@@ -10,22 +11,26 @@ from hypothesis import strategies as st
 from horovod_sparse.torch.selection import Candidates, pick_with_magnitudes, scan, select
 
 
-def naive(x: torch.Tensor, start: int, end: int, threshold: float) -> torch.Tensor:
-    return torch.nonzero(x[start:end].abs() >= threshold).squeeze(1) + start
+def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:
+    magnitudes = x[start:end].abs()
+    return torch.nonzero(magnitudes > threshold if strict else magnitudes >= threshold).squeeze(1) + start
 
 
 @settings(max_examples=60, deadline=None)
 @given(numel=st.integers(1, 3000), block=st.sampled_from([1, 3, 32, 48, 64, 100, 512]),
-       cut=st.tuples(st.floats(0, 1), st.floats(0, 1)), quantile=st.floats(0, 1), seed=st.integers(0, 2**31))
-def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed):
+       cut=st.tuples(st.floats(0, 1), st.floats(0, 1)), quantile=st.floats(0, 1), seed=st.integers(0, 2**31),
+       ties=st.booleans(), strict=st.booleans())
+def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed, ties, strict):
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    if ties:  # the threshold is then one of few magnitudes, held by many coordinates
+        x = x.mul(2).round()
     start, end = sorted(int(c * numel) for c in cut)
     if start == end:
         end = min(numel, start + 1)
         start = end - 1
     threshold = float(torch.quantile(x[start:end].abs(), quantile))
-    indices, magnitudes = pick_with_magnitudes(scan(x, start, end, block), threshold)
-    expected = naive(x, start, end, threshold)
+    indices, magnitudes = pick_with_magnitudes(scan(x, start, end, block), threshold, strict)
+    expected = naive(x, start, end, threshold, strict)
     assert torch.equal(indices, expected)
     assert torch.equal(magnitudes, x[expected].abs())
 

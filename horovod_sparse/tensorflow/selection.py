@@ -5,7 +5,9 @@ The counterpart of :mod:`horovod_sparse.torch.selection`, with the same results:
 :func:`scan` gives the largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``
 (the last block partial), :func:`pick` exactly ``{i in [start, end) : |x[i]| >= threshold}`` in
 ascending order (int64). Here :func:`pick` compares the slice directly: the PyTorch side's
-block-skipping is a CPU memory-traffic optimisation that does not change the result.
+block-skipping is a CPU memory-traffic optimisation that does not change the result. So is its
+:func:`horovod_sparse.torch.selection.top_k`: :func:`top_k` here finds the same set, under the
+same tie rule, from the ``k``-th largest ``|x|`` over the whole buffer.
 """
 from __future__ import annotations
 
@@ -82,3 +84,23 @@ class Candidates:
         if threshold >= self.bar:
             return tf.boolean_mask(self.indices, self.magnitudes >= tf.cast(threshold, self.magnitudes.dtype))
         return pick(self.scanned, threshold)
+
+
+def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
+    """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``tf.reshape(x, [-1])``.
+
+    Tie rule, as :func:`horovod_sparse.torch.selection.top_k`: among equal magnitudes the lower
+    index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.
+    ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. Only the value
+    of the ``k``-th largest ``|x|`` is taken from ``tf.math.top_k`` (whatever order it gives
+    ties): every coordinate above it, then the first of those equal to it. Traceable, with ``k``
+    a Python int or a scalar tensor.
+    """
+    magnitude = tf.abs(tf.reshape(x, [-1]))
+    k = tf.clip_by_value(tf.cast(k, tf.int32), 0, tf.size(magnitude))
+    kth = tf.reduce_min(tf.math.top_k(magnitude, k, sorted=False).values)  # +inf when k = 0
+    above = magnitude > kth
+    tied = tf.cast(magnitude == kth, tf.int32)
+    room = k - tf.reduce_sum(tf.cast(above, tf.int32))
+    keep = above | ((tied > 0) & (tf.cumsum(tied) <= room))
+    return tf.where(keep)[:, 0]
