@@ -86,3 +86,53 @@ def assert_exchange_correct(obs: Observed, config: dict, reference: Reference) -
     assert_matches_reference(obs, config, reference)
     assert_identical_replicas(obs)
     assert_conservation(obs, config)
+
+
+#: Per dtype: the unit roundoff u = 2**-p (p significand bits, the implicit one included: eps/2),
+#: the relative error of one rounding to nearest; and half the smallest subnormal, the absolute
+#: error of one rounding near zero (where the relative bound fails).
+ROUNDING = {"float64": (2.0 ** -53, 2.0 ** -1075), "float32": (2.0 ** -24, 2.0 ** -150),
+            "float16": (2.0 ** -11, 2.0 ** -25), "bfloat16": (2.0 ** -8, 2.0 ** -134)}
+
+
+def conservation_bound(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """Elementwise bound on ``|delivered + mean residual - mean raw gradient|`` after ``T`` steps
+    of error-feedback sparsification on ``R`` ranks with buffers of ``dtype``; ``raw[t, r]`` is
+    rank r's float64 gradient at step t (zeros where it had none).
+
+    In exact arithmetic the difference is 0. Each rounding to ``dtype`` errs by at most
+    ``u * |v|`` (plus ``eta`` near zero) for the value ``v`` rounded; per element and step:
+
+    * rank r's gradient cast to ``dtype``: ``|g[t, r]|``, counted with weight 1/R in the means;
+    * rank r's buffer ``x = e + g``: ``|x[t, r]| <= X[t, r] = sum_{s<=t} |g[s, r]|`` (a residual
+      holds at most the sum of its rank's past gradients, to first order in u), weight 1/R;
+    * the aggregate: each rank's chunk scaled by 1/R, then added (2 roundings per rank, R ranks),
+      each of a value ``<= sum_r X[t, r] / R``, weight 1 (it is delivered as it is);
+    * the residual update subtracts exactly the value sent (equal values; or ``x - fl16(x)`` with
+      ``fp16_values``, exact by Sterbenz's lemma): no rounding;
+    * the check itself, in float64: ``T*R + T + R + 2`` additions and divisions of partial sums
+      ``<= R * H``.
+
+    So with ``C = sum_{t,r} |g[t, r]| / R`` and ``H = sum_{t,r} X[t, r] / R``:
+    ``u (C + (1 + 2R) H) + u64 (T*R + T + R + 2) R H + 3 T R eta``.
+    """
+    u, eta = ROUNDING[dtype]
+    steps, ranks = raw.shape[:2]
+    magnitude = np.abs(raw)
+    cast = magnitude.sum(axis=(0, 1)) / ranks
+    held = np.cumsum(magnitude, axis=0).sum(axis=(0, 1)) / ranks
+    check = ROUNDING["float64"][0] * (steps * ranks + steps + ranks + 2) * ranks * held
+    return u * (cast + (1 + 2 * ranks) * held) + check + 3 * steps * ranks * eta
+
+
+def assert_conserved(delivered: np.ndarray, residuals: Sequence[np.ndarray], raw: np.ndarray, dtype: str,
+                     what: str) -> None:
+    """Nothing lost, nothing invented, to within :func:`conservation_bound`: the updates
+    ``delivered`` over ``raw``'s steps plus the mean of the ranks' ``residuals`` equal the mean
+    raw gradient summed over the steps."""
+    expected = raw.sum(axis=(0, 1)) / raw.shape[1]
+    error = np.abs(delivered + sum(residuals) / len(residuals) - expected)
+    bound = conservation_bound(raw, dtype)
+    worst = int(np.argmax(error / bound))
+    assert error[worst] <= bound[worst], (f"{what}: element {worst} off by {error[worst]:.3g}, more than the "
+                                          f"{dtype} rounding bound {bound[worst]:.3g} (expected {expected[worst]:.4g})")
