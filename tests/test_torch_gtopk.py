@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from horovod_sparse.common.butterfly import largest_power_of_two, round_count
-from horovod_sparse.torch.sparsifiers.gtopk import SparseSet, merge, topk_ties_by_index
+from horovod_sparse.torch.selection import top_k
+from horovod_sparse.torch.sparsifiers.gtopk import SparseSet, merge
 from tests.checks import (Observed, assert_conservation, assert_identical_replicas, assert_matches_reference,
                           raw_group_stream)
 from tests.launch import run_configs
@@ -178,10 +179,10 @@ def test_merge_is_symmetric_and_equals_the_reference_merge(seed):
 
 def test_local_selection_breaks_ties_toward_the_lower_index():
     magnitude = torch.tensor([1.0, 3.0, 2.0, 3.0, 2.0, 2.0, 0.0, 2.0])
-    assert topk_ties_by_index(magnitude, 4).tolist() == [1, 2, 3, 4]
-    assert topk_ties_by_index(torch.zeros(6), 3).tolist() == [0, 1, 2]
+    assert top_k(magnitude, 4).tolist() == [1, 2, 3, 4]
+    assert top_k(torch.zeros(6), 3).tolist() == [0, 1, 2]
     rng = np.random.default_rng(0)
     for _ in range(50):
         x = rng.integers(0, 4, size=40).astype(np.float32)
         k = int(rng.integers(1, 40))
-        assert topk_ties_by_index(torch.from_numpy(x), k).tolist() == sorted(topk_indices(x, k).tolist())
+        assert top_k(torch.from_numpy(x), k).tolist() == sorted(topk_indices(x, k).tolist())

@@ -5,7 +5,8 @@ schedule of :mod:`horovod_sparse.common.butterfly` (fold-in, recursive-doubling 
 In a round the two partners exchange their sets, each with one ``alltoall`` whose splits are
 non-zero only for the partner (a point-to-point exchange over whatever Horovod's alltoall runs
 on), and both compute the same merge: values added at common
-indices, then the top-k of the at most 2k candidates by magnitude, ties to the lower index.
+indices, then the top-k of the at most 2k candidates by magnitude, ties to the lower index
+(:func:`horovod_sparse.torch.selection.top_k`, which also makes the local selection).
 After the rounds every rank holds the identical global set ``(idx_g, val_g)`` of exactly ``k``
 coordinates and writes ``out[idx_g] = val_g / n``.
 
@@ -23,23 +24,8 @@ import torch
 from horovod_sparse.common.butterfly import FOLD_IN, Phase, SparseSet, butterfly_schedule, round_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
+from horovod_sparse.torch.selection import top_k
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
-
-
-def topk_ties_by_index(magnitude: torch.Tensor, k: int) -> torch.Tensor:
-    """Positions of the ``k`` largest entries of ``magnitude`` in ascending order, ties resolved
-    toward the lower position, so the choice is the same on every rank and device.
-
-    One ``torch.topk`` plus one compare; the tie repair (two more passes) runs only when the
-    k-th largest value is tied with an entry that ``topk`` left out.
-    """
-    top = torch.topk(magnitude, k, sorted=False)
-    threshold = top.values.min()
-    if int((magnitude >= threshold).sum()) == k:
-        return top.indices.sort().values
-    above = (magnitude > threshold).nonzero().squeeze(1)
-    tied = (magnitude == threshold).nonzero().squeeze(1)[:k - above.numel()]
-    return torch.cat([above, tied]).sort().values
 
 
 def merge(a: SparseSet, b: SparseSet, k: int) -> SparseSet:
@@ -52,7 +38,7 @@ def merge(a: SparseSet, b: SparseSet, k: int) -> SparseSet:
     idx, position = torch.unique(torch.cat([a.idx, b.idx]), sorted=True, return_inverse=True)
     summed = torch.zeros(idx.numel(), dtype=a.val.dtype, device=idx.device)
     summed.index_add_(0, position, torch.cat([a.val, b.val]))
-    keep = topk_ties_by_index(summed.abs(), k)
+    keep = top_k(summed, k)  # idx is ascending: ties to the lower position are to the lower index
     return SparseSet(idx[keep], summed[keep])
 
 
@@ -82,7 +68,7 @@ class GTopK(Sparsifier):
                  step: int) -> Exchange:
         k = self.options.count(x.numel(), step)
         with comm.timer("select"):
-            local_idx = topk_ties_by_index(x.abs(), k)
+            local_idx = top_k(x, k)
             local = SparseSet(local_idx, self.to_wire(x[local_idx]))
         held = local
         # rank -> indices whose value from that rank is still in `held` (self, plus a folded rank).
@@ -151,6 +137,6 @@ def recall(global_idx: torch.Tensor, total: torch.Tensor, k: int) -> Tuple[float
     and the magnitude it covers, ``sum |total[global_idx]| / sum |total[exact top-k]|`` (1 when
     it is as good as the exact top-k even if it picks other coordinates)."""
     magnitude = total.abs()
-    exact = topk_ties_by_index(magnitude, k)
+    exact = top_k(total, k)
     covered = float(magnitude[global_idx].sum()) / max(float(magnitude[exact].sum()), 1e-30)
     return float(torch.isin(exact, global_idx).sum()) / k, covered

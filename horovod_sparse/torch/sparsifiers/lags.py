@@ -14,6 +14,7 @@ from horovod_sparse.common.options import target_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.torch.mergecomp import agree_seconds, measure_cost_model
+from horovod_sparse.torch.selection import top_k
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
 
@@ -85,5 +86,5 @@ class Lags(Sparsifier):
                                  "alpha": None if model is None else model.alpha,
                                  "beta": None if model is None else model.beta})
         with comm.timer("select"):
-            idx = torch.topk(x.abs(), k, sorted=False).indices
+            idx = top_k(x, k)
         yield from self.allgather_exchange(x, idx, out, comm, fixed_count=k)
