@@ -44,3 +44,24 @@ def test_keras_wrapper_is_the_optimizers_class_with_the_exchanger_installed():
     assert type(optimizer).__name__ == "SGD" and isinstance(optimizer, tf.keras.optimizers.SGD)
     assert optimizer._allreduce_grads is optimizer.exchanger and optimizer.last_stats is None
     assert optimizer.get_config()["momentum"] == 0.9
+
+
+@pytest.mark.parametrize("nonfinite", ["bogus", "", 1])
+def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
+    compression = hs.Compression.topk(density=0.1)
+    with pytest.raises(ValueError, match=r"nonfinite must be one of 'raise', 'skip', got"):
+        hs.DistributedGradientTape(tf.GradientTape(), compression=compression, nonfinite=nonfinite)
+    with pytest.raises(ValueError, match=r"nonfinite must be one of 'raise', 'skip', got"):
+        hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=compression, nonfinite=nonfinite)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "needs a package change (horovod_sparse/tensorflow/keras.py, DistributedOptimizer): refuse "
+    "backward_passes_per_step < 1 or not an int before building Horovod's wrapper, with the PyTorch "
+    "wrapper's message 'backward_passes_per_step must be > 0'; today 0, -1 and 1.5 are taken silently "
+    "(Horovod's Keras wrapper checks nothing). Remove this mark with the change."))
+@pytest.mark.parametrize("passes", [0, -1, 1.5])
+def test_keras_backward_passes_per_step_below_one_is_refused(passes):
+    with pytest.raises((ValueError, TypeError), match="backward_passes_per_step"):
+        hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=hs.Compression.topk(density=0.1),
+                                      backward_passes_per_step=passes)

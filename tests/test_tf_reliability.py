@@ -67,8 +67,12 @@ def test_dtypes_train_identically_and_conserve(run, dtype):
 def test_odd_variables_are_passed_through_and_missing_gradients_do_not_hang(run):
     recs = records(run, "odd")
     same_on_all_ranks(recs)
-    assert recs[0]["groups"] == [[f"odd_p{i}:0"] for i in range(len(SHAPES))]
-    assert recs[0]["odd"] == [None, [0]]  # integer variable: no gradient; zero-size: its own
+    assert recs[0]["groups"] == [[f"odd_p{i}:0"] for i in range(len(SHAPES))] + [["odd_unused:0"]]
+    assert recs[0]["odd"] == [None, None, [0]]  # integer, bool variables: no gradient; zero-size: its own
+    for rec in recs:
+        # no gradient for `unused` on any rank: exchanged as zeros (every rank takes part), so no
+        # update; an empty variable list: nothing
+        assert rec["unused_grads"] == [0.0] * 6 and rec["nothing"] == []
     conserved(recs, SHAPES, 6, "float32", skipped=lambda step, rank, i: rank == 0 and i == 1 and step % 2 == 0)
 
 

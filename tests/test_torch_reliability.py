@@ -45,6 +45,7 @@ SCENARIOS = [
     *({"name": f"dtype_{d}", "scenario": "dtypes", "dtype": d} for d in ("float32", "float64", "float16", "bfloat16")),
     {"name": "dtype_float32_fp16wire", "scenario": "dtypes", "dtype": "float32", "fp16_values": True},
     {"name": "odd", "scenario": "odd_parameters"},
+    {"name": "nothing", "scenario": "nothing_to_exchange"},
     {"name": "broadcast", "scenario": "broadcast_state"},
 ]
 
@@ -94,7 +95,18 @@ def test_dtypes_train_identically_and_conserve(run, dtype):
 def test_odd_parameters_are_ignored_or_handled(run):
     recs = records(run, "odd")
     same_on_all_ranks(recs)
-    assert recs[0]["groups"] == [["q0"], ["q1"], ["q2"], ["q6"]]
+    # q3 integer, q4 frozen, q5 empty and q7 bool carry no gradient: no group, left alone
+    assert recs[0]["groups"] == [["q0"], ["q1"], ["q2"], ["q6"], ["q8"]]
+    for rec in recs:
+        assert rec["ignored_unchanged"] == [True, True]
+        # q8 has no gradient on any rank: exchanged as zeros (as Horovod's optimizer does), no update
+        assert rec["unused_grads"] == [0.0] * 6 and rec["unused_unchanged"]
+
+
+def test_an_optimizer_with_nothing_to_exchange_steps_without_collectives(run):
+    for rec in records(run, "nothing"):
+        assert (rec["groups"], rec["steps"], rec["residuals"]) == ([], 3, 0)
+        assert rec["params"] == [[1.0] * 4, [0] * 3, [True]]
 
 
 def test_broadcast_optimizer_state_works_with_the_wrapper(run):

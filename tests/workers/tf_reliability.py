@@ -166,28 +166,35 @@ def scenario_dtypes(config):
 
 
 def scenario_odd_variables(config):
-    """An integer and a zero-size variable are passed through; rank 0 has no gradient for
-    variable 1 on even steps: no hang, identical replicas, nothing lost."""
+    """An integer, a bool and a zero-size variable are passed through; rank 0 has no gradient
+    for variable 1 on even steps and no rank ever has one for ``unused``; an empty variable list
+    exchanges nothing: no hang, identical replicas, nothing lost."""
     trainer = Trainer(config)
     counter = tf.Variable([1, 2, 3], name=f"{config['name']}_int")
+    flag = tf.Variable([True, False], name=f"{config['name']}_bool")
     empty = tf.Variable(tf.zeros([0]), name=f"{config['name']}_empty")
+    unused = tf.Variable(tf.ones([7]), name=f"{config['name']}_unused")
     delivered = [np.zeros(int(np.prod(s))) for s in SHAPES]
-    odd = []
+    odd, unused_grads = [], []
     for step in range(6):
         skip = (1,) if hvd.rank() == 0 and step % 2 == 0 else ()
         raw = raw_gradients(trainer.variables, step, skip=skip)
         with tf.GradientTape() as tape:
             loss = loss_of(trainer.variables, raw) + tf.reduce_sum(empty)
         tape = hs.DistributedGradientTape(tape, compression=compression(config))
-        grads = tape.gradient(loss, trainer.variables + [counter, empty])
-        odd = [None if g is None else g.shape.as_list() for g in grads[len(SHAPES):]]
+        grads = tape.gradient(loss, trainer.variables + [counter, flag, empty, unused])
+        odd = [None if g is None else g.shape.as_list() for g in grads[len(SHAPES):-1]]
+        unused_grads.append(None if grads[-1] is None else float(tf.reduce_max(tf.abs(grads[-1]))))
         trainer.optimizer.apply_gradients(zip(grads[:len(SHAPES)], trainer.variables))
         for total, g in zip(delivered, grads):
             total += g.numpy().astype(np.float64).reshape(-1)
         trainer.tape = tape
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(unused)
+    nothing = hs.DistributedGradientTape(tape, compression=compression(config)).gradient(loss, [])
     return {"params": [p.tolist() for p in trainer.params()], "delivered": [d.tolist() for d in delivered],
             "residuals": [r.tolist() for r in trainer.residuals()], "groups": trainer.exchanger.groups(),
-            "odd": odd}
+            "odd": odd, "unused_grads": unused_grads, "nothing": nothing}
 
 
 def scenario_resume(config):

@@ -134,25 +134,50 @@ def scenario_dtypes(config):
 
 
 def scenario_odd_parameters(config):
-    """Integer, frozen and zero-size parameters are ignored; a non-contiguous gradient works;
-    rank 0 skips parameter 1 on even steps (dynamic graph): no hang, identical replicas."""
+    """Integer, bool, frozen and zero-size parameters are ignored; a non-contiguous gradient
+    works; rank 0 skips parameter 1 on even steps (dynamic graph) and no rank ever computes a
+    gradient for ``unused``: no hang, identical replicas, ``unused`` exchanged as zeros."""
     params = make_params()
     counter = torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)
     frozen = torch.nn.Parameter(torch.ones(4), requires_grad=False)
     empty = torch.nn.Parameter(torch.zeros(0))
     transposed = torch.nn.Parameter(torch.randn(6, 5, generator=torch.Generator().manual_seed(1)))
-    everything = params + [counter, frozen, empty, transposed]
-    opt = hs.DistributedOptimizer(torch.optim.SGD(everything, lr=0.01),
+    flag = torch.nn.Parameter(torch.tensor([True, False]), requires_grad=False)
+    unused = torch.nn.Parameter(torch.randn(7, generator=torch.Generator().manual_seed(2)))
+    start = unused.detach().clone()
+    everything = params + [counter, frozen, empty, transposed, flag, unused]
+    opt = hs.DistributedOptimizer(torch.optim.SGD(everything, lr=0.01, momentum=0.9),
                                   named_parameters=[(f"q{i}", p) for i, p in enumerate(everything)],
                                   compression=hs.Compression.topk(density=0.1, min_numel=0))
+    unused_grads = []
     for step in range(6):
         opt.zero_grad()
         skip = (1,) if hvd.rank() == 0 and step % 2 == 0 else ()
         backward(params, step, skip=skip)
         (transposed.t() * torch.arange(30.0).view(5, 6)).sum().backward()  # grad of a transposed view
         opt.step()
-    return {"params": [p.detach().double().numpy().tolist() for p in params + [transposed]],
-            "groups": opt.groups}
+        unused_grads.append(None if unused.grad is None else unused.grad.abs().max().item())
+    return {"params": [p.detach().double().numpy().tolist() for p in params + [transposed, unused]],
+            "groups": opt.groups, "unused_grads": unused_grads,
+            "unused_unchanged": bool(torch.equal(unused.detach(), start)),
+            "ignored_unchanged": [bool(torch.equal(counter, torch.zeros(3, dtype=torch.int64))),
+                                  bool(torch.equal(flag, torch.tensor([True, False])))]}
+
+
+def scenario_nothing_to_exchange(config):
+    """An optimizer whose parameters carry no gradient to exchange (frozen, integer, bool): no
+    group, no collective, steps still counted on every rank."""
+    frozen = torch.nn.Parameter(torch.ones(4), requires_grad=False)
+    counter = torch.nn.Parameter(torch.zeros(3, dtype=torch.int64), requires_grad=False)
+    flag = torch.nn.Parameter(torch.tensor([True]), requires_grad=False)
+    opt = hs.DistributedOptimizer(torch.optim.SGD([frozen, counter, flag], lr=0.01),
+                                  named_parameters=[("frozen", frozen), ("counter", counter), ("flag", flag)],
+                                  compression=hs.Compression.topk(density=0.1, min_numel=0))
+    for _ in range(3):
+        opt.zero_grad()
+        opt.step()
+    return {"groups": opt.groups, "steps": opt.steps, "residuals": len(opt.residuals()),
+            "params": [frozen.tolist(), counter.tolist(), flag.tolist()]}
 
 
 def scenario_resume(config):

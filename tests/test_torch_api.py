@@ -1,0 +1,48 @@
+"""The PyTorch wrapper's arguments, in one process (no Horovod job needed): what is refused
+before any collective runs, and with which message."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import horovod_sparse.torch as hs
+
+
+def wrap(**arguments):
+    p = torch.nn.Parameter(torch.randn(5))
+    return hs.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
+                                   compression=hs.Compression.topk(density=0.5, min_numel=0), **arguments)
+
+
+@pytest.mark.parametrize("passes", [0, -1])
+def test_backward_passes_per_step_below_one_is_refused(passes):
+    with pytest.raises(ValueError, match="backward_passes_per_step must be > 0"):
+        wrap(backward_passes_per_step=passes)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "needs a package change (horovod_sparse/torch/optimizer.py, DistributedOptimizer): refuse a "
+    "backward_passes_per_step that is not an int (check_int('backward_passes_per_step', ..., minimum=1)); "
+    "today 1.5 or True are taken and the hook counts down to fractions. Remove this mark with the change."))
+@pytest.mark.parametrize("passes", [1.5, True])
+def test_backward_passes_per_step_must_be_an_integer(passes):
+    with pytest.raises(TypeError, match="backward_passes_per_step"):
+        wrap(backward_passes_per_step=passes)
+
+
+@pytest.mark.parametrize("nonfinite", ["bogus", "", 1, True])
+def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
+    with pytest.raises(ValueError, match=r"nonfinite must be one of 'raise', 'skip', got"):
+        wrap(nonfinite=nonfinite)
+
+
+def test_a_bool_parameter_cannot_ask_for_a_gradient():
+    """So a bool parameter is always frozen, and the wrapper ignores it (the reliability job
+    trains with one)."""
+    with pytest.raises(RuntimeError, match="floating point and complex dtype can require gradients"):
+        torch.nn.Parameter(torch.zeros(3, dtype=torch.bool))
+
+
+def test_an_empty_parameter_list_is_refused_by_the_wrapped_optimizer():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        hs.DistributedOptimizer(torch.optim.SGD([], lr=0.1), compression=hs.Compression.topk(density=0.5))
