@@ -11,7 +11,8 @@ on the emulated links, validated against the emulated-cluster runs, and projecte
    step of the same workers training without exchange and ``local`` the method's own work outside
    the collectives (selection, flattening, applying: every timed phase but the communication
    wait), both measured in the cluster run; the partitioned methods (MiCRO, ExDyna) scan ``d/n``
-   of the buffer, so their local work is scaled as ``1/n`` (an optimistic simplification). ``wire`` is the alpha-beta time of the
+   of the buffer, so their selection is scaled as ``1/n`` (an optimistic simplification; the other
+   phases, over the whole buffer or the ``k`` selected, are not). ``wire`` is the alpha-beta time of the
    method's collectives (:data:`WIRE`), each with the payload per rank measured in the run and its
    law in ``n``: a dense allreduce ``2 alpha log2 n + 2 (n-1)/n beta S``; an allgather of ``s``
    bytes per rank ``alpha log2 n + (n-1) beta s`` (Top-k and the threshold methods: the build-up);
@@ -20,8 +21,9 @@ on the emulated links, validated against the emulated-cluster runs, and projecte
    backward pass is not subtracted (an upper bound on the step).
 3. *Validation*: predicted against measured step time of every cluster row (n = 2 and 4); the
    project's target is an error of at most 20%.
-4. *Projection* to n = 2 ... 1024 at 1, 10 and 100 Gbit/s (beta scaled from the 1 Gbit/s fit by the
-   rate, alpha kept): scaling efficiency ``compute / step``, and the gTop-k paper's comparison on
+4. *Projection* to n = 2 ... 1024 at 1, 10 and 100 Gbit/s (each rate's own fit where one was
+   measured; otherwise beta scaled from the 1 Gbit/s fit by the ratio of the nominal rates, alpha
+   kept: :func:`network`): scaling efficiency ``compute / step``, and the gTop-k paper's comparison on
    32 workers at 1 GbE (its efficiency against dense and against Top-k), once with the selection
    times measured here and once with the methods' own work left out (selection as cheap as on
    the paper's GPUs).
@@ -43,13 +45,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from benchmarks import plots
+from benchmarks.netem import rate_bits
 from benchmarks.results import RESULTS_DIR, command_line, read_results, write_results
 from horovod_sparse.common.cost_model import AlphaBeta
 
 #: Methods whose selection scans only this worker's ``1/n`` partition of the buffer.
 PARTITIONED = ("micro", "exdyna")
 PROJECTION_WORKERS = [2 ** i for i in range(1, 11)]
-PROJECTION_RATES = {"1gbit": 1e9, "10gbit": 1e10, "100gbit": 1e11}
+PROJECTION_RATES = ["1gbit", "10gbit", "100gbit"]
+#: The fits of the README's cluster runs (``python -m benchmarks.scaling`` on the emulated links of a
+#: quiet 2-core machine, README "Scaling model"): what :mod:`benchmarks.digits` projects with when
+#: this machine has no ``results/alpha_beta.json`` of its own.
+REFERENCE_FITS: Dict[str, Any] = {"1gbit": {"model": {"alpha": 0.80e-3, "beta": 12.7e-9, "workers": 2}},
+                                  "10gbit": {"model": {"alpha": 0.93e-3, "beta": 1.9e-9, "workers": 2}}}
 
 
 @dataclass(frozen=True)
@@ -107,9 +115,12 @@ def payload(row: Dict[str, Any]) -> Payload:
 
 def local_seconds(row: Dict[str, Any], workers: int) -> float:
     """The row's measured per-step work outside the collectives (selection, flattening, applying,
-    merging, ...: every phase but the ``communicate`` wait), moved to ``workers`` workers."""
-    seconds = sum(v for phase, v in row["stats"]["seconds"].items() if phase != "communicate")
-    return seconds * row["workers"] / workers if row["compressor"] in PARTITIONED else seconds
+    merging, ...: every phase but the ``communicate`` wait), moved to ``workers`` workers (the
+    ``select`` phase of a :data:`PARTITIONED` method scales as ``1/n``)."""
+    phases = {phase: v for phase, v in row["stats"]["seconds"].items() if phase != "communicate"}
+    if row["compressor"] in PARTITIONED and "select" in phases:
+        phases["select"] *= row["workers"] / workers
+    return sum(phases.values())
 
 
 def predict_step(row: Dict[str, Any], compute: float, ab: AlphaBeta, local: bool = True) -> float:
@@ -156,6 +167,32 @@ def measure_alpha_beta(rates: Sequence[str]) -> Dict[str, Any]:
     return fits
 
 
+def load_fits(fit_file: Path, rates: Sequence[str], remeasure: bool, command: str) -> Dict[str, Any]:
+    """The fits of ``fit_file`` (a result file of :func:`measure_alpha_beta`'s fits), with every
+    rate of ``rates`` it lacks (all of them with ``remeasure``) measured and the file rewritten."""
+    fits = read_results(fit_file) if fit_file.exists() and not remeasure else {}
+    if not set(rates) <= set(fits):
+        fits.update(measure_alpha_beta([r for r in rates if r not in fits]))
+        write_results(fit_file, "alpha_beta", fits, command)
+    return fits
+
+
+def network(fits: Dict[str, Any], rate: str) -> AlphaBeta:
+    """The alpha-beta model of links at ``rate`` (a tc rate, e.g. ``10gbit``), for one worker
+    (:meth:`AlphaBeta.with_workers` sets the count): the fit of that rate when ``fits`` has one;
+    otherwise the 1 Gbit/s fit (or the slowest fitted rate) with alpha kept and beta scaled by the
+    ratio of the nominal rates."""
+    if rate in fits:
+        return AlphaBeta(**fits[rate]["model"]).with_workers(1)
+    base = AlphaBeta(**fits[base_rate(fits)]["model"])
+    return AlphaBeta(base.alpha, base.beta * rate_bits(base_rate(fits)) / rate_bits(rate), 1)
+
+
+def base_rate(fits: Dict[str, Any]) -> str:
+    """The rate projections start from: ``1gbit`` when fitted, else the slowest fitted rate."""
+    return "1gbit" if "1gbit" in fits else max(fits, key=lambda r: fits[r]["model"]["beta"])
+
+
 # -- validation and projection ------------------------------------------------------------------------
 def compute_seconds(rows: Sequence[Dict[str, Any]], workers: int, rate: str) -> float:
     """The compute-only step of the job with ``workers`` workers at ``rate``."""
@@ -178,20 +215,19 @@ def validate(rows: Sequence[Dict[str, Any]], fits: Dict[str, Any]) -> List[Dict[
 
 
 def project(rows: Sequence[Dict[str, Any]], fits: Dict[str, Any], local: bool = True) -> List[Dict[str, Any]]:
-    """Efficiency of every method of the smallest measured job, projected to PROJECTION_WORKERS at
-    PROJECTION_RATES, with beta scaled from the 1 Gbit/s fit (or the slowest measured rate);
-    ``local=False`` leaves the methods' own work out (selection as cheap as on a GPU)."""
-    base_rate = "1gbit" if "1gbit" in fits else max(fits, key=lambda r: fits[r]["model"]["beta"])
-    base = AlphaBeta(**fits[base_rate]["model"])
-    base_bits = 8 / base.beta if base.beta else 1e9
+    """Efficiency of every method of the smallest measured job at the 1 Gbit/s fit's rate (or the
+    slowest measured one), projected to PROJECTION_WORKERS at PROJECTION_RATES on the links of
+    :func:`network`; ``local=False`` leaves the methods' own work out (selection as cheap as on a
+    GPU)."""
+    rate0 = base_rate(fits)
     n0 = min(r["workers"] for r in rows)
-    measured = [r for r in rows if r["optimizer"] == "hs" and r["workers"] == n0 and r["rate"] == base_rate]
-    compute = compute_seconds(rows, n0, base_rate)
+    measured = [r for r in rows if r["optimizer"] == "hs" and r["workers"] == n0 and r["rate"] == rate0]
+    compute = compute_seconds(rows, n0, rate0)
     projection = []
-    for rate, bits in PROJECTION_RATES.items():
-        network = AlphaBeta(base.alpha, base.beta * base_bits / bits, 1)
+    for rate in PROJECTION_RATES:
+        links = network(fits, rate)
         for row in measured:
-            steps = [predict_step(row, compute, network.with_workers(n), local) for n in PROJECTION_WORKERS]
+            steps = [predict_step(row, compute, links.with_workers(n), local) for n in PROJECTION_WORKERS]
             projection.append({"rate": rate, "label": row["label"], "compressor": row["compressor"],
                                "workers": PROJECTION_WORKERS, "step": steps,
                                "efficiency": [compute / s for s in steps]})
@@ -229,11 +265,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         return
     rows = [row for path in args.cluster for row in read_results(path)["rows"]]
     rates = sorted({r["rate"] for r in rows})
-    fit_file = args.out / "alpha_beta.json"
-    fits = read_results(fit_file) if fit_file.exists() and not args.remeasure else {}
-    if not set(rates) <= set(fits):
-        fits.update(measure_alpha_beta([r for r in rates if r not in fits]))
-        write_results(fit_file, "alpha_beta", fits, command_line(argv, "benchmarks.scaling"))
+    fits = load_fits(args.out / "alpha_beta.json", rates, args.remeasure, command_line(argv, "benchmarks.scaling"))
     validation = validate(rows, fits)
     print(f"{'n':>2} {'rate':>7} {'compressor':28s} {'measured s':>10} {'predicted s':>11} {'error':>7}")
     for v in validation:
