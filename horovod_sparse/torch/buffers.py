@@ -40,8 +40,9 @@ class FlatGroup:
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
 
-    def load_gradients(self) -> torch.Tensor:
-        """Add every parameter's gradient into the residual and return it: ``x = g + e``.
+    def load_gradients(self, usable: bool = True) -> torch.Tensor:
+        """Add every parameter's gradient into the residual and return it: ``x = g + e`` (only
+        ``e`` when the gradients are not ``usable``).
 
         Parameters without a gradient contribute zero. Non-contiguous gradients are read through
         ``reshape``.
@@ -49,6 +50,8 @@ class FlatGroup:
         if self.residual is None:
             self._allocate()
         assert self.residual is not None
+        if not usable:
+            return self.residual
         for p, chunk in zip(self.params, self.residual.split(self.numels)):
             if p.grad is not None:
                 chunk.add_(p.grad.reshape(-1))

@@ -12,10 +12,11 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import functools
+import pickle
 import warnings
 import weakref
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import horovod.torch as hvd
 import torch
@@ -25,6 +26,7 @@ from horovod_sparse.common.consensus import require_same_configuration
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.plain import from_plain, to_plain
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.collectives import Communicator, Pending, allgather_bytes
@@ -70,19 +72,25 @@ def _all_finite(tensor: torch.Tensor) -> bool:
 
 
 def _dense_exchange(group: FlatGroup, compression: Any, comm: Communicator, op: Any,
-                    prescale: float, postscale: float) -> Exchange:
-    """Horovod's own path: one in-place allreduce per gradient, through ``compression``."""
-    pendings, contexts = [], []
+                    prescale: float, postscale: float, usable: bool) -> Exchange:
+    """Horovod's own path: one in-place allreduce per gradient, through ``compression``; zeros
+    instead of this rank's gradients when they are not ``usable`` (non-finite)."""
+    pendings, contexts, params = [], [], []
     for name, p in zip(group.names, group.params):
+        if p.grad is None:
+            continue  # a sparse gradient, aggregated on its own (see _launch_sparse_rows)
+        params.append(p)
         # Horovod's torch collectives do not take bfloat16: such gradients travel as float32.
         grad = p.grad.float() if p.grad.dtype == torch.bfloat16 else p.grad
+        if not usable:
+            grad = torch.zeros_like(grad)
         compressed, ctx = compression.compress(grad)
         pendings.append(comm.allreduce(compressed, name, "values", op=op, prescale_factor=prescale,
                                        postscale_factor=postscale))
         contexts.append(ctx)
     comm.stats.selected = comm.stats.union = group.numel
     outputs = yield pendings
-    for p, output, ctx in zip(group.params, outputs, contexts):
+    for p, output, ctx in zip(params, outputs, contexts):
         result = compression.decompress(output, ctx)
         if result.dtype == p.grad.dtype:
             p.grad.set_(result)
@@ -109,6 +117,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
         self.nonfinite = nonfinite
         names = _parameter_names(self.param_groups, named_parameters)
+        #: Parameter -> name, as Horovod's optimizer has it (its tests and some user code read it).
+        self._parameter_names = names
         # Integer/bool parameters, frozen ones and zero-size ones carry no gradient to exchange.
         ordered = [(names[p], p) for group in self.param_groups for p in group["params"]
                    if p.requires_grad and p.is_floating_point() and p.numel() > 0]
@@ -134,6 +144,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.steps = 0
         self._synchronized = False
         self._should_synchronize = True
+        #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
+        self._agree_with: Optional[int] = 0
+        #: The world size at the last agreement.
+        self._world_size = process_set.size() if process_set.included() else 0
+        #: Aggregation of sparse (``torch.sparse``) gradients in flight, by parameter.
+        self._sparse_rows: Dict[torch.Tensor, Callable[[], torch.Tensor]] = {}
+        #: Parameters whose sparse gradient travels dense this step (``sparse_as_dense``).
+        self._densified: Set[torch.Tensor] = set()
         if self.process_set.included():
             require_same_configuration(self._configuration(),
                                        functools.partial(allgather_bytes, process_set=self.process_set))
@@ -198,6 +216,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._delay[p] -= 1
         if self._delay[p] > 0:
             return
+        self._agree_if_due()
         self.timeline.param_ready(self._position[p])
         group = self._group_of[p]
         self._ready_count[group.index] += 1
@@ -212,19 +231,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _launch(self, group: FlatGroup) -> None:
         self.timeline.group_ready(group.name)
         for p in group.params:
-            if p.grad is None:
+            if p.grad is not None and p.grad.is_sparse:
+                if self.sparse_as_dense:
+                    p.grad = p.grad.to_dense()
+                    self._densified.add(p)
+                else:
+                    self._launch_sparse_rows(p)
+            elif p.grad is None and p not in self._sparse_rows:
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
                 p.grad = torch.zeros_like(p)
-            elif p.grad.is_sparse:
-                if not self.sparse_as_dense:
-                    raise ValueError(f"parameter {self._group_of[p].name!r} has a sparse gradient; "
-                                     "pass sparse_as_dense=True to exchange it as a dense one")
-                p.grad = p.grad.to_dense()
-        if self.nonfinite is not None and not all(_all_finite(p.grad) for p in group.params):
-            # This rank's gradient is unusable: it contributes nothing this step and never
-            # reaches the residual; synchronize() tells every rank and applies the policy.
-            for p in group.params:
-                p.grad.zero_()
+        usable = self.nonfinite is None or all(p.grad is None or _all_finite(p.grad) for p in group.params)
+        if not usable:
+            # This rank's gradient contributes nothing this step and never reaches the residual
+            # (it stays in .grad until synchronize()); synchronize() tells every rank and applies
+            # the policy.
             self._nonfinite_groups.append(group.name)
         sparse = not self._is_dense(group)
         target = self._compression.options.count(group.numel, self.steps) if sparse else group.numel
@@ -245,17 +265,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 state = self._compression.new_state(group.numel, size)
                 self._states[group.index] = (size, state)
             with comm.timer("flatten"):
-                x = group.load_gradients()
+                x = group.load_gradients(usable)
                 out = group.zeroed_output()
             exchange = self._compression.exchange(x, out, comm, state, self.steps)
         else:
             compression = hvd.Compression.none if self._sparse else self._compression
-            exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale)
+            exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale, usable)
         inflight = _Inflight(exchange, comm, group, sparse)
         if inflight.advance(None):
             self._inflight[group.index] = inflight
         elif sparse:
             group.publish()
+
+    def _launch_sparse_rows(self, p: torch.Tensor) -> None:
+        """Aggregate ``p``'s ``torch.sparse`` gradient as Horovod does (an allgather of its rows,
+        averaged for ``op=Average``), whatever the compression: the rows present are already a
+        sparse payload, sent exactly, with no residual. ``p.grad`` stays None until
+        :meth:`synchronize` puts the aggregate there, so ``p`` contributes zeros to its group."""
+        grad = p.grad.coalesce()
+        p.grad = None
+        if self.nonfinite is not None and not _all_finite(grad.values()):
+            self._nonfinite_groups.append(self._parameter_names[p])
+            grad = torch.sparse_coo_tensor(grad.indices()[:, :0], grad.values()[:0], grad.shape)
+        self._sparse_rows[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._parameter_names[p]}",
+                                                          op=self.op, process_set=self.process_set)
 
     # -- synchronizing ----------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -269,6 +302,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        self._agree_if_due()
         for group in self._groups:
             if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
                 self._launch(group)
@@ -276,6 +310,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for inflight in finished:
             inflight.finish()
         self._inflight.clear()
+        rows = {p: handle() for p, handle in self._sparse_rows.items()}
+        self._sparse_rows.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         for index in self._ready_count:
@@ -286,6 +322,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for inflight in finished:
             if inflight.sparse:
                 inflight.group.publish()
+        for p, aggregate in rows.items():
+            p.grad = aggregate.zero_() if bad_ranks else aggregate
+        for p in self._densified:
+            p.grad = p.grad.to_sparse()  # back to the layout the optimizer expects, as Horovod does
+        self._densified.clear()
         self._close_step()
         self._after_step()
         self._synchronized = True
@@ -359,7 +400,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._skip_step:
             self._skip_step = False
             return None
-        return super(self.__class__, self).step(closure)  # type: ignore[misc]
+        return self._base_step(closure)  # type: ignore[attr-defined]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         if self._inflight:
@@ -373,20 +414,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._delay:
             self._delay[p] = passes
 
-    # -- checkpoints ------------------------------------------------------------------------------
+    # -- checkpoints and the state every rank shares ------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """The wrapped optimizer's state plus, under ``"horovod_sparse"``, this rank's
-        sparsification state: step counter, and per group its residual and sparsifier state
-        (thresholds, partition tables, schedules). Residuals are per rank: save every rank's
-        state dict to resume exactly."""
+        sparsification state: step counter, MergeComp's grouping, and per group its residual
+        and method state (thresholds, partition tables, schedules, DGC's velocity), as tensors
+        and plain containers (``torch.load`` reads it with ``weights_only=True``). Residuals
+        are per rank: save every rank's state dict to resume exactly."""
         state = super(self.__class__, self).state_dict()  # type: ignore[misc]
-        state["horovod_sparse"] = {
-            "steps": self.steps,
-            "groups": {g.name: {"numel": g.numel, "residual": g.residual,
-                                "state": self._states.get(g.index)} for g in self._groups},
-            "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
-            else self.mergecomp.result.as_dict(),
-        }
+        state["horovod_sparse"] = self._sparse_state(per_rank=True)
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -399,11 +435,32 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
-        if ours is None:
-            return
-        saved = ours["groups"]
+        if ours is not None:
+            self._load_sparse_state(ours)
+
+    def _sparse_state(self, per_rank: bool) -> Dict[str, Any]:
+        """The step counter, MergeComp's grouping and each group's method state; with
+        ``per_rank`` also what differs between ranks (residuals, and the state of methods whose
+        state is per rank), else only what every rank must hold alike."""
+        groups = {}
+        for g in self._groups:
+            record: Dict[str, Any] = {"numel": g.numel}
+            if per_rank:
+                record["residual"] = g.residual
+            if per_rank or not (self._sparse and self._compression.per_rank_state):
+                built = self._states.get(g.index)
+                record["state"] = None if built is None else {"world_size": built[0], "state": to_plain(built[1])}
+            groups[g.name] = record
+        return {"steps": self.steps, "groups": groups,
+                "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
+                else self.mergecomp.result.as_dict()}
+
+    def _load_sparse_state(self, ours: Dict[str, Any]) -> None:
+        """Take the state :meth:`_sparse_state` returned (here or on another rank): what it holds
+        replaces this rank's, what it leaves out (residuals, per-rank state) stays."""
         if self.mergecomp is not None and ours.get("mergecomp") is not None:
             self._use_groups(self.mergecomp.restore(ours["mergecomp"]))
+        saved = ours["groups"]
         for group in self._groups:
             record = saved.get(group.name)
             if record is None or record["numel"] != group.numel:
@@ -411,12 +468,66 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                  f"({group.numel} elements) is {'missing' if record is None else 'of '}"
                                  f"{'' if record is None else str(record['numel']) + ' elements'} in it; "
                                  "load it with the same model and groups= it was saved with")
-            if record["residual"] is not None:
+            if record.get("residual") is not None:
                 group.load_residual(record["residual"])
-            if record["state"] is not None:
-                self._states[group.index] = record["state"]
+            if "state" in record:
+                built = record["state"]
+                if built is None:
+                    self._states.pop(group.index, None)
+                else:
+                    size = built["world_size"]
+                    template = self._compression.new_state(group.numel, size)
+                    self._states[group.index] = (size, from_plain(template, built["state"]))
         self.steps = ours["steps"]
         self._step_stats = StepStats(step=self.steps)
+
+    def _agree_if_due(self) -> None:
+        """Before this optimizer's first exchange, and again after the world changed size
+        (elastic), every rank adopts the shared state of the agreed rank (see
+        :meth:`agree_shared_state`)."""
+        if self._agree_with is None and self._world_size != self.process_set.size():
+            self._agree_with = 0
+        if self._agree_with is not None:
+            self.agree_shared_state(self._agree_with)
+
+    def agree_shared_state(self, root_rank: int = 0) -> None:
+        """Every rank of the process set takes ``root_rank``'s step counter, MergeComp grouping
+        and method state shared by all ranks (thresholds, partition tables, schedules);
+        residuals and per-rank method state (DGC's velocity) stay each rank's own. Collective.
+
+        It runs by itself before the first exchange of a new optimizer with ``root_rank=0``, so
+        Horovod's checkpoint idiom (rank 0 alone loads a checkpoint, then broadcasts) resumes in
+        step on every rank: rank 0 with its saved residual, the others with empty residuals (a
+        rank-0 checkpoint holds no other rank's residual). :func:`broadcast_optimizer_state`
+        calls it with its root.
+        """
+        self._agree_with = None
+        if not self.process_set.included():
+            return
+        self._world_size = self.process_set.size()
+        if not self._groups:
+            return  # nothing is exchanged, so there is nothing to agree on
+        mine = self._sparse_state(per_rank=False) if self.process_set.rank() == root_rank else None
+        shared = pickle.loads(allgather_bytes(pickle.dumps(mine), "hs.shared_state", self.process_set)[root_rank])
+        if self.process_set.rank() != root_rank:
+            self._load_sparse_state(shared)
+
+
+def _initialising_step(base: type) -> Callable[..., Any]:
+    """``base.step``, with every parameter put back as it was: how ``hvd.broadcast_optimizer_state``
+    (through ``super(type(opt), opt).step()``) creates the state of an optimizer that has none,
+    on zero gradients, without an exchange and without a parameter update."""
+
+    def step(self: torch.optim.Optimizer, closure: Any = None) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        saved = [p.detach().clone() for p in params]
+        result = base.step(self, closure)
+        with torch.no_grad():
+            for p, value in zip(params, saved):
+                p.copy_(value)
+        return result
+
+    return step
 
 
 def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
@@ -527,7 +638,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
                          "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")
     nonfinite = resolve_nonfinite(nonfinite, sparse)
-    cls = type(optimizer.__class__.__name__, (optimizer.__class__,), dict(_DistributedOptimizer.__dict__))
+    base = optimizer.__class__
+    # hvd.broadcast_optimizer_state initialises a stateless optimizer by calling, on the ranks
+    # without state, super(type(opt), opt).step() when it recognises its own optimizer by its
+    # module, else opt.step(). Ours would start an exchange that the ranks holding state never
+    # join (a hang), so the class carries Horovod's module name, and the class just below it
+    # runs that zero-gradient step without moving the parameters (weight decay would, after
+    # hvd.broadcast_parameters: replicas would differ).
+    initialising = type(base.__name__, (base,), {"step": _initialising_step(base), "__module__": base.__module__})
+    attributes = dict(_DistributedOptimizer.__dict__, __module__=hvd.DistributedOptimizer.__module__,
+                      _base_step=base.step)
+    cls = type(base.__name__, (initialising,), attributes)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite)
 

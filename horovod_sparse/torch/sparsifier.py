@@ -51,6 +51,10 @@ class Sparsifier(Compressor):
     method_name: ClassVar[str] = ""
     #: Grouping used when the optimizer is given ``groups=None`` (any ``groups=`` strategy).
     default_grouping: ClassVar[str] = "tensor"
+    #: Whether :meth:`new_state`'s state differs between ranks (like a residual) rather than
+    #: being the same on every rank; shared state is agreed from one rank when an optimizer
+    #: starts (see ``DistributedOptimizer.agree_shared_state``), per-rank state never is.
+    per_rank_state: ClassVar[bool] = False
 
     def __init__(self, options: SparsifierOptions) -> None:
         self.options = options

@@ -39,6 +39,8 @@ class DGC(Sparsifier):
     A step abandoned by the optimizer (non-finite gradient) restores the residual but not ``u``.
     """
 
+    per_rank_state = True  # the velocity is this rank's own, like the residual
+
     def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:
         return MomentumState() if self.options.momentum else None
 
