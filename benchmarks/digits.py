@@ -1,81 +1,225 @@
-"""The main job: train on real data (scikit-learn's digits) with dense Horovod and with sparse
-methods side by side, on every worker of a ``horovodrun`` job, and print what each one buys.
+"""The main job: dense Horovod and every sparse method trained on real data (scikit-learn's digits)
+on this machine's workers, and what each one buys on a real cluster.
 
-    horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.digits \
-        --compressors none topk:density=0.01 [--framework tensorflow]
+    python -m benchmarks.digits [--np 2] [--framework torch|tensorflow] [--link 1gbit] [--workers 8]
 
-Prints, per method: test accuracy, training samples/s (all workers), payload bytes sent per
-step per rank (values + indices + metadata) and the density that reached the model.
+One ``horovodrun --gloo`` job of ``--np`` workers trains the digits MLP, one configuration after the
+other: compute-only (no exchange), dense Horovod (``none``), every method of the framework at every
+``--densities`` value, and ``--mergecomp`` methods with ``groups="mergecomp"`` (PyTorch). Then it
+prints one table: *measured* here (test accuracy and its difference to dense, payload bytes sent
+per step and the reduction against dense, union density, the method's own work per step) and
+*projected* by :mod:`benchmarks.scaling`'s alpha-beta model with this run's costs (step time and
+speed-up over dense on 1 and 10 Gbit/s clusters of 8 and 64 workers, and on ``--link`` /
+``--workers``); then the recommendation: the fastest configuration on ``--link`` / ``--workers``
+whose accuracy is within ``--tolerance`` points of dense. Links use ``<out>/alpha_beta.json`` when
+this machine has one (``python -m benchmarks.scaling`` or ``--emulate`` write it), else the fits of
+the README's emulated cluster.
+
+``--emulate`` (root, network namespaces) also trains every configuration across an emulated
+cluster of ``--np`` workers on 1 Gbit/s links (:mod:`benchmarks.netem`) and prints the measured step
+beside the projected one; when ``<out>/alpha_beta.json`` has no 1 Gbit/s fit, it fits alpha and
+beta on such a link first (:func:`benchmarks.scaling.load_fits`) and projects with them.
+
+``--framework tensorflow`` trains through Keras ``model.fit`` (:mod:`benchmarks.digits_tf`): traced
+where the method's exchange traces, with ``run_eagerly=True`` (marked) where it does not yet.
+Writes ``<out>/<name>.json``, ``<out>/<name>_accuracy_bytes.png`` and ``<out>/<name>_speedup.png``.
+``--worker`` is the mode the job's ranks run in.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-import horovod.torch as hvd
-import numpy as np
-import torch
+from benchmarks import digits_report, scaling
+from benchmarks.digits_training import EPOCH_PREFIX, LOCAL, Recorder, add_arguments, horovodrun, parse_configuration
+from benchmarks.netem import rate_bits
+from benchmarks.results import Progress, command_line, read_results, write_results
 
-import horovod_sparse.torch as hs
-from benchmarks.digits_training import DigitsJob
-from benchmarks.models import count_parameters
-
-
-def train(spec: str, args: argparse.Namespace) -> Dict[str, Any]:
-    """Train one model with compressor ``spec``; return rank 0's figures."""
-    job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=args.seed,
-                    split_seed=args.seed)
-    sent: List[int] = []
-    union: List[float] = []
-    start = time.perf_counter()
-    for _ in job.steps(args.epochs, order_seed=args.seed + hvd.rank()):
-        sent.append(job.opt.last_stats.bytes_sent())
-        union.append(job.opt.last_stats.union_density)
-    elapsed = time.perf_counter() - start
-    samples = args.epochs * job.steps_per_epoch * args.batch_size * hvd.size()
-    return {"compressor": spec, "accuracy": job.test_accuracy(), "samples_per_s": samples / elapsed,
-            "bytes_sent_per_step": float(np.mean(sent)), "union_density": float(np.mean(union)),
-            "parameters": count_parameters(job.model), "workers": hvd.size()}
+FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow, Keras model.fit"}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--compressors", nargs="+", default=["none", "topk:density=0.01"],
-                        help="compressor specs, e.g. none topk:density=0.01 (names: "
-                             f"{', '.join(hs.Compression.names())})")
-    parser.add_argument("--epochs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=32, help="per worker")
-    parser.add_argument("--lr", type=float, default=0.02, help="per worker; scaled by the worker count")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results", type=Path, help="write the table as JSON here (rank 0)")
-    parser.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
-                        help="torch: horovod_sparse.torch.DistributedOptimizer; tensorflow: Keras model.fit "
-                             "with horovod_sparse.tensorflow.keras.DistributedOptimizer (benchmarks/digits_tf.py)")
-    args = parser.parse_args()
+def link_rate(text: str) -> str:
+    """``--link``: a tc rate (checked now, not after the training)."""
+    try:
+        rate_bits(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch")
+    p.add_argument("--np", type=int, default=2, help="workers of the job on this machine")
+    p.add_argument("--methods", nargs="+", help="methods to train (default: every one the framework implements)")
+    p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--mergecomp", nargs="*", default=["topk"],
+                   help="methods also trained with groups='mergecomp' (PyTorch only; none: no MergeComp)")
+    p.add_argument("--compressors", nargs="+",
+                   help="explicit configurations SPEC[@GROUPS], e.g. none topk:density=0.01@mergecomp "
+                        "(replaces --methods/--densities/--mergecomp; dense is always trained)")
+    p.add_argument("--link", type=link_rate, default="1gbit",
+                   help="your cluster's link rate, as tc writes it (1gbit, 25gbit, 100mbit)")
+    p.add_argument("--workers", type=int, default=8, help="your cluster's worker count")
+    p.add_argument("--tolerance", type=float, default=1.0,
+                   help="accuracy points below dense a recommended configuration may lose")
+    p.add_argument("--emulate", action="store_true",
+                   help="also measure every configuration on an emulated 1 Gbit/s cluster (root)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    add_arguments(p, seeds=[0], epochs=8, name="digits")
+    return p
+
+
+def configurations(args: argparse.Namespace) -> List[str]:
+    """The job's configurations, in training order: compute-only, dense, then the methods."""
+    if args.compressors:
+        chosen = [c for c in args.compressors if c != "none"]
+    else:
+        from benchmarks.synthetic import available_methods
+
+        chosen = [f"{m}:density={d}" for m in args.methods or available_methods(args.framework)
+                  for d in args.densities]
+        if args.framework == "torch":
+            chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
+    return [LOCAL, "none", *dict.fromkeys(chosen)]
+
+
+# -- the job's ranks --------------------------------------------------------------------------------------
+def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """Train configuration ``label`` once per seed with PyTorch; return its row (all ranks)."""
+    import horovod.torch as hvd
+
+    from benchmarks.digits_training import DigitsJob
+    from benchmarks.models import count_parameters
+
+    spec, groups = parse_configuration(label)
+    recorder = Recorder(label, args.epochs, announce=hvd.rank() == 0)
+    for seed in args.seeds:
+        job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=seed,
+                        split_seed=0, groups=groups)
+        loss = 0.0
+        start = time.perf_counter()
+        for step in job.steps(args.epochs, order_seed=seed * 1000 + hvd.rank()):
+            recorder.step(step.epoch, time.perf_counter() - start, getattr(job.opt, "last_stats", None))
+            loss += float(step.loss)
+            if step.step == job.steps_per_epoch - 1:
+                recorder.end_epoch(seed, step.epoch, loss / job.steps_per_epoch)
+                loss = 0.0
+            start = time.perf_counter()
+        recorder.end_run(job.test_accuracy())
+    return recorder.row(count_parameters(job.model), hvd.size())
+
+
+def run_worker(args: argparse.Namespace) -> None:
+    """One rank of the job: every configuration of ``--compressors``; rank 0 writes the rows."""
     if args.framework == "tensorflow":
         from benchmarks import digits_tf
 
-        rank, size, rows = digits_tf.run(args)
+        rank, rows = digits_tf.run(args)
     else:
+        import horovod.torch as hvd
+        import torch
+
         hvd.init()
         torch.set_num_threads(1)
-        rows = [train(spec, args) for spec in args.compressors]
-        rank, size = hvd.rank(), hvd.size()
-    if rank != 0:
+        rows = [train(label, args) for label in args.compressors]
+        rank = hvd.rank()
+    if rank == 0:
+        write_results(args.results, "digits-job", rows, command_line(None, "benchmarks.digits"))
+
+
+# -- the driver -----------------------------------------------------------------------------------------
+def worker_argv(args: argparse.Namespace, configs: Sequence[str], results: Path) -> List[str]:
+    """The command line of the job's ranks."""
+    return [sys.executable, "-m", "benchmarks.digits", "--worker", "--results", str(results),
+            "--framework", args.framework, "--compressors", *configs, "--seeds", *map(str, args.seeds),
+            "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
+            "--hidden", str(args.hidden)]
+
+
+def follower(progress: Progress, where: str, seeds: Sequence[int]) -> Callable[[str], None]:
+    """A reader of rank 0's lines that reports every finished epoch to ``progress``."""
+    def follow(line: str) -> None:
+        if line.startswith(EPOCH_PREFIX):
+            epoch = json.loads(line[len(EPOCH_PREFIX):])
+            seed = f" seed {epoch['seed']}" if len(seeds) > 1 else ""
+            progress.done(f"{where}: {epoch['label']}{seed} epoch {epoch['epoch']}/{epoch['epochs']}",
+                          f"training loss {epoch['loss']:.3f}")
+    return follow
+
+
+def run_jobs(args: argparse.Namespace, configs: Sequence[str]) -> Tuple[List[Dict[str, Any]],
+                                                                       Optional[List[Dict[str, Any]]]]:
+    """Train every configuration on this machine and, with ``--emulate``, on the emulated
+    cluster; returns both jobs' rows (None for the second without ``--emulate``)."""
+    jobs = 2 if args.emulate else 1
+    with tempfile.TemporaryDirectory(prefix="hs-digits-") as tmp, \
+            Progress(jobs * len(configs) * len(args.seeds) * args.epochs, "digits") as progress:
+        local = Path(tmp, "local.json")
+        horovodrun(args.np, worker_argv(args, configs, local), follower(progress, "this machine", args.seeds),
+                   args.timeout)
+        if not args.emulate:
+            return read_results(local), None
+        from benchmarks.netem import EmulatedCluster, run_horovod
+
+        emulated = Path(tmp, "emulated.json")
+        where = f"emulated {digits_report.rate_name(digits_report.EMULATED_RATE)}"
+        with EmulatedCluster(args.np, digits_report.EMULATED_RATE) as cluster:
+            run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout,
+                        follower(progress, where, args.seeds))
+        return read_results(local), read_results(emulated)
+
+
+def link_fits(args: argparse.Namespace, command: str) -> Tuple[Dict[str, Any], str]:
+    """The alpha-beta fits to project with (measuring the emulated link's first with
+    ``--emulate``), and where they come from, in words."""
+    fit_file = args.out / "alpha_beta.json"
+    if args.emulate:
+        scaling.load_fits(fit_file, [digits_report.EMULATED_RATE], False, command)
+    if fit_file.exists():
+        return read_results(fit_file), f"the alpha and beta fitted on this machine's emulated links ({fit_file})"
+    return scaling.REFERENCE_FITS, "the alpha and beta fitted on the README's emulated cluster"
+
+
+def summary(args: argparse.Namespace, report: digits_report.Report, parameters: int) -> str:
+    """The table with its title, footnotes and legend."""
+    title = (f"digits MLP ({parameters:,} parameters), {FRAMEWORKS[args.framework]}, {args.np} workers (Gloo), "
+             f"{args.epochs} epochs, batch {args.batch_size} per worker, seeds {' '.join(map(str, args.seeds))}")
+    marks = {r["label"]: " *" for r in report.rows if r.get("mode") == "eager"}
+    lines = [digits_report.table(report, title, marks)]
+    if marks:
+        lines.append("* run_eagerly=True: Keras' traced mode refuses this method's exchange today.")
+    if args.framework == "tensorflow" and args.mergecomp and not args.compressors:
+        lines.append(f"Not available with TensorFlow: groups='mergecomp' ({', '.join(args.mergecomp)}), PyTorch only.")
+    lines.append(digits_report.legend(report, f"{args.np} workers on this machine, Gloo over loopback"))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    args = parser().parse_args(argv)
+    if args.worker:
+        run_worker(args)
         return
-    framework = " (TensorFlow, Keras model.fit)" if args.framework == "tensorflow" else ""
-    print(f"digits MLP ({rows[0]['parameters']} parameters), {size} workers, {args.epochs} epochs{framework}")
-    print(f"{'compressor':34s} {'accuracy':>8s} {'samples/s':>10s} {'bytes sent/step':>16s} {'union density':>14s}")
-    for row in rows:
-        print(f"{row['compressor']:34s} {row['accuracy']:8.4f} {row['samples_per_s']:10.0f} "
-              f"{row['bytes_sent_per_step']:16.0f} {row['union_density']:14.5f}")
-    if args.results:
-        args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(rows, indent=2))
+    command = command_line(argv, "benchmarks.digits")
+    rows, emulated_rows = run_jobs(args, configurations(args))
+    fits, source = link_fits(args, command)
+    target = (args.link, args.workers)
+    report = digits_report.Report.build(rows, fits, source, target, emulated_rows)
+    recommendation = digits_report.recommendation(report, target, args.tolerance)
+    print(f"{summary(args, report, rows[0]['parameters'])}\n\n{recommendation}")
+    projection = {label: [{"rate": rate, "workers": n, "step_seconds": s} for (rate, n), s in steps.items()]
+                  for label, steps in report.steps.items()}
+    path = write_results(args.out / f"{args.name}.json", "digits",
+                         {"framework": args.framework, "epochs": args.epochs, "rows": rows,
+                          "emulated_rows": emulated_rows, "fits": fits, "fits_source": source,
+                          "projection": projection, "recommendation": recommendation}, command)
+    figures = digits_report.figures(report, args.out, args.name, f"digits MLP, {FRAMEWORKS[args.framework]}")
+    print("\n".join(f"wrote {written}" for written in [path, *figures]))
 
 
 if __name__ == "__main__":

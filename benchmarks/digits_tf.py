@@ -1,22 +1,26 @@
 """The main job's TensorFlow side: the digits MLP trained with Keras ``model.fit`` through
-``horovod_sparse.tensorflow.keras.DistributedOptimizer``. Run through
-``python -m benchmarks.digits --framework tensorflow`` (same options, same table).
+``horovod_sparse.tensorflow.keras.DistributedOptimizer``, one rank of the job
+``python -m benchmarks.digits --framework tensorflow`` launches (same options, same table).
 
-Rows have the keys of the PyTorch side's rows. Methods whose TensorFlow exchange is not traceable
-are trained with ``run_eagerly=True`` (the ``mode`` key says which).
+Rows have the keys of the PyTorch side's (:meth:`benchmarks.digits_training.Recorder.row`) and
+``mode``: ``tf.function`` (Keras' default, traced) or ``eager`` (``run_eagerly=True``, for methods
+whose TensorFlow exchange does not trace). Traced steps are not timed phase by phase, so every
+TensorFlow row's local work (``stats["seconds"]``) is its step minus the compute-only step of the
+same job, one phase ``step_minus_compute`` (an upper bound: it holds the loopback exchange too);
+the phases the exchange timed itself (eager ones) are kept in ``stats["timed_phases"]``.
 """
 from __future__ import annotations
 
 import argparse
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import horovod.tensorflow.keras as hvd
-import numpy as np
 import tensorflow as tf
 
 import horovod_sparse.tensorflow.keras as hs_keras
 from benchmarks.data import digits_split, shard
+from benchmarks.digits_training import LOCAL, Recorder, parse_configuration
 from horovod_sparse.common.registry import parse_spec
 from horovod_sparse.tensorflow import Compression, Sparsifier
 
@@ -29,47 +33,77 @@ def keras_digits_mlp(hidden: int, seed: int) -> tf.keras.Model:
                                 tf.keras.layers.Dense(hidden, activation="relu"), tf.keras.layers.Dense(10)])
 
 
-def local_batches(x: np.ndarray, y: np.ndarray, batch_size: int, seed: int) -> tf.data.Dataset:
+def local_batches(x: Any, y: Any, batch_size: int, seed: int) -> tf.data.Dataset:
     """This rank's shard, reshuffled every epoch, in full batches, repeated."""
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
     return dataset.batch(batch_size, drop_remainder=True).repeat()
 
 
-def fit(spec: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str, Any]]:
-    """Train one model with compressor ``spec`` through ``model.fit``; return the model and this
-    rank's figures."""
-    name, options = parse_spec(spec)
-    compression = Compression.create(name, **options)
-    x_train, y_train, x_test, y_test = digits_split(seed=args.seed)
+class Measure(tf.keras.callbacks.Callback):
+    """Feeds every training step of ``model.fit`` (its wall time and the optimizer's
+    ``last_stats``) and every epoch's training loss to a :class:`Recorder`."""
+
+    def __init__(self, recorder: Recorder, seed: int) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self.seed = seed
+        self.epoch = 0
+        self.start = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.start = time.perf_counter()
+
+    def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.recorder.step(self.epoch, time.perf_counter() - self.start,
+                           getattr(self.model.optimizer, "last_stats", None))
+
+    def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        self.recorder.end_epoch(self.seed, epoch, float((logs or {}).get("loss", float("nan"))))
+
+
+def fit(label: str, args: argparse.Namespace) -> Dict[str, Any]:
+    """Train configuration ``label`` (no groups: MergeComp is PyTorch-only) once per seed through
+    ``model.fit``; return its row."""
+    spec, groups = parse_configuration(label)
+    if groups is not None:
+        raise ValueError(f"{label}: groups={groups!r} is not available with TensorFlow")
+    x_train, y_train, x_test, y_test = digits_split(seed=0)
     rank, size = hvd.rank(), hvd.size()
     # Every rank must take the same number of steps: size them on the smallest shard.
     steps_per_epoch = (len(x_train) // size) // args.batch_size
-    model = keras_digits_mlp(args.hidden, args.seed)
-    optimizer = hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(args.lr * size, momentum=0.9),
-                                              compression=compression)
-    run_eagerly = isinstance(compression, Sparsifier) and not compression.traceable
-    model.compile(optimizer=optimizer, run_eagerly=run_eagerly,
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    data = local_batches(shard(x_train, rank, size), shard(y_train, rank, size), args.batch_size, args.seed + rank)
-    start = time.perf_counter()
-    history = model.fit(data, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0,
-                        callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0),
-                                   hs_keras.SparsificationStatsCallback()])
-    elapsed = time.perf_counter() - start
-    accuracy = float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean())
-    samples = args.epochs * steps_per_epoch * args.batch_size * size
-    row = {"compressor": spec, "accuracy": accuracy, "samples_per_s": samples / elapsed,
-           "bytes_sent_per_step": float(np.mean(history.history["bytes_sent"])),
-           "union_density": float(np.mean(history.history["union_density"])),
-           "parameters": int(model.count_params()), "workers": size,
-           "mode": "eager" if run_eagerly else "tf.function"}
-    return model, row
+    recorder = Recorder(label, args.epochs, announce=rank == 0)
+    run_eagerly = False
+    for seed in args.seeds:
+        model = keras_digits_mlp(args.hidden, seed)
+        optimizer = tf.keras.optimizers.SGD(args.lr * size, momentum=0.9)
+        if spec != LOCAL:
+            name, options = parse_spec(spec)
+            compression = Compression.create(name, **options)
+            run_eagerly = isinstance(compression, Sparsifier) and not compression.traceable
+            optimizer = hs_keras.DistributedOptimizer(optimizer, compression=compression)
+        model.compile(optimizer=optimizer, run_eagerly=run_eagerly,
+                      loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        data = local_batches(shard(x_train, rank, size), shard(y_train, rank, size), args.batch_size,
+                             seed * 1000 + rank)
+        model.fit(data, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0,
+                  callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0), Measure(recorder, seed)])
+        recorder.end_run(float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean()))
+    return recorder.row(int(model.count_params()), size, mode="eager" if run_eagerly else "tf.function")
 
 
-def run(args: argparse.Namespace) -> Tuple[int, int, List[Dict[str, Any]]]:
-    """Initialise Horovod for TensorFlow and train every compressor of ``args.compressors``;
-    return ``(rank, size, rows)``."""
+def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:
+    """Initialise Horovod for TensorFlow and train every configuration of ``args.compressors``
+    (the compute-only one first); return ``(rank, rows)`` with every row's local work set to its
+    step minus the compute-only step."""
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    rows = [fit(spec, args)[1] for spec in args.compressors]
-    return hvd.rank(), hvd.size(), rows
+    rows = [fit(label, args) for label in args.compressors]
+    compute = next(r["step_seconds"] for r in rows if r["compressor"] == LOCAL)
+    for row in rows:
+        if row["stats"]:
+            row["stats"]["timed_phases"] = row["stats"]["seconds"]
+            row["stats"]["seconds"] = {"step_minus_compute": max(0.0, row["step_seconds"] - compute)}
+    return hvd.rank(), rows

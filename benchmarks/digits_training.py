@@ -1,20 +1,36 @@
 """The digits training the torch benchmarks share: the digits MLP trained data-parallel on
 scikit-learn's digits with ``hs.DistributedOptimizer`` over SGD with momentum, one rank's shard of
-the training set per worker (``benchmarks.digits``, ``benchmarks.convergence``, ``benchmarks.gtopk``).
+the training set per worker (``benchmarks.digits``, ``benchmarks.convergence``, ``benchmarks.gtopk``),
+and what the drivers of such jobs share: their options (:func:`add_arguments`), the local
+``horovodrun`` launch (:func:`horovodrun`) and the main job's measurement of a run
+(:class:`Recorder`, framework-free: :mod:`benchmarks.digits_tf` records Keras runs with it).
 
 Torch and Horovod are imported when a job is built, so a driver that only launches jobs can take
-:func:`add_arguments` without them.
+:func:`add_arguments` and :func:`horovodrun` without them.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from benchmarks.results import RESULTS_DIR
 
 if TYPE_CHECKING:
     import torch
+
+    from horovod_sparse.common.stats import StepStats
+
+#: The configuration that trains without any exchange: the compute-only baseline of a step.
+LOCAL = "local"
+#: How rank 0 of a main-job worker starts the line it prints after every epoch, a JSON object
+#: ``{"label", "seed", "epoch" (1-based), "epochs", "loss"}`` following it (the driver's progress).
+EPOCH_PREFIX = "epoch-done "
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epochs: int, name: str) -> None:
@@ -32,19 +48,115 @@ def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epoc
     parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)
 
 
+def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None], timeout: float) -> None:
+    """Run ``argv`` as a ``horovodrun --gloo`` job of ``workers`` ranks on this machine (the
+    repository on ``PYTHONPATH``, one thread per rank, TensorFlow's C++ logging silenced);
+    ``on_line`` sees rank 0's stdout lines. Raises with the job's output when it fails or runs past
+    ``timeout`` seconds (it is killed then)."""
+    command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
+               "--gloo", *argv]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
+                                                         os.environ.get("PYTHONPATH")])))
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    late = threading.Event()
+
+    def stop() -> None:
+        late.set()
+        process.kill()
+
+    deadline = threading.Timer(timeout, stop)
+    deadline.start()
+    output: List[str] = []
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:
+            output.append(line)
+            if line.startswith("[0]<stdout>:"):
+                on_line(line.split(":", 1)[1].rstrip("\n"))
+    finally:
+        deadline.cancel()
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+    if process.returncode != 0:
+        what = f"ran past {timeout:.0f} s" if late.is_set() else f"exited {process.returncode}"
+        raise RuntimeError(f"{' '.join(command)} {what}:\n{''.join(output[-80:])}")
+
+
+class Recorder:
+    """What the main job measures of one configuration, over every seed it trains: the test
+    accuracy after the last epoch, and the wall time and the optimizer's statistics of the steps
+    of the second half of the epochs (the steady state: after warm-ups, and after MergeComp's
+    search). On rank 0 (``announce``) it prints an :data:`EPOCH_PREFIX` line after every epoch."""
+
+    def __init__(self, label: str, epochs: int, announce: bool) -> None:
+        self.label = label
+        self.epochs = epochs
+        self.announce = announce
+        self.accuracies: List[float] = []
+        self.step_seconds: List[float] = []
+        self.stats: List[StepStats] = []
+
+    def step(self, epoch: int, seconds: float, stats: Optional[StepStats]) -> None:
+        """One training step of ``epoch`` (0-based) took ``seconds``; ``stats`` is the
+        optimizer's ``last_stats`` (None without exchange)."""
+        if epoch >= self.epochs // 2:
+            self.step_seconds.append(seconds)
+            if stats is not None:
+                self.stats.append(stats)
+
+    def end_epoch(self, seed: int, epoch: int, loss: float) -> None:
+        """Epoch ``epoch`` (0-based) of the run with ``seed`` ended with mean training ``loss``."""
+        if self.announce:
+            print(EPOCH_PREFIX + json.dumps({"label": self.label, "seed": seed, "epoch": epoch + 1,
+                                             "epochs": self.epochs, "loss": loss}), flush=True)
+
+    def end_run(self, accuracy: float) -> None:
+        """One seed's run ended with test ``accuracy`` (a fraction)."""
+        self.accuracies.append(accuracy)
+
+    def row(self, parameters: int, workers: int, **extra: Any) -> Dict[str, Any]:
+        """The configuration's row: ``label``, ``compressor`` (the method's name, or ``local``),
+        ``options``, ``groups``, ``accuracy`` (mean over seeds) and ``accuracies``,
+        ``step_seconds`` (median steady-state step), ``stats`` (:func:`benchmarks.synthetic.summarize_stats`
+        of the steady-state steps; empty without exchange), ``parameters``, ``workers``, ``extra``."""
+        import numpy as np
+
+        from benchmarks.synthetic import summarize_stats
+        from horovod_sparse.common.registry import parse_spec
+
+        spec, groups = parse_configuration(self.label)
+        name, options = parse_spec(spec)
+        return {"label": self.label, "compressor": name, "options": options, "groups": groups,
+                "accuracy": float(np.mean(self.accuracies)), "accuracies": self.accuracies,
+                "step_seconds": float(np.median(self.step_seconds)), "stats": summarize_stats(self.stats, parameters),
+                "parameters": parameters, "workers": workers, **extra}
+
+
 def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None) -> Any:
     """``hs.DistributedOptimizer`` with compressor ``spec`` (``name:key=value,...``) over SGD with
-    momentum 0.9 on ``model``'s parameters; ``lr`` is per worker, scaled by the worker count."""
+    momentum 0.9 on ``model``'s parameters; ``lr`` is per worker, scaled by the worker count.
+    ``spec`` :data:`LOCAL` returns that SGD itself: no exchange (the compute-only baseline)."""
     import horovod.torch as hvd
     import torch
 
     import horovod_sparse.torch as hs
     from horovod_sparse.common.registry import parse_spec
 
+    sgd = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
+    if spec == LOCAL:
+        return sgd
     name, options = parse_spec(spec)
-    return hs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9),
-                                   named_parameters=model.named_parameters(),
+    return hs.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                    compression=hs.Compression.create(name, **options), groups=groups)
+
+
+def parse_configuration(label: str) -> Tuple[str, Optional[str]]:
+    """``(compressor spec, groups)`` of a main-job configuration ``SPEC[@GROUPS]``, e.g.
+    ``topk:density=0.01@mergecomp`` -> ``("topk:density=0.01", "mergecomp")``."""
+    spec, _, groups = label.partition("@")
+    return spec, groups or None
 
 
 class Step(NamedTuple):

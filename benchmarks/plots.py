@@ -1,4 +1,4 @@
-"""The two kinds of figure the benchmarks draw (matplotlib, Agg backend: no display needed)."""
+"""The three kinds of figure the benchmarks draw (matplotlib, Agg backend: no display needed)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,6 +49,20 @@ def curves(path: Path, title: str, panels: Mapping[str, Mapping[str, Series]], x
     fig.suptitle(title)
     fig.tight_layout(rect=(0, 0, 1 - 2.3 / fig.get_figwidth(), 1))
     return _save(fig, path, layout=False)
+
+
+def scatter(path: Path, title: str, points: Mapping[str, Tuple[float, float]], xlabel: str, ylabel: str) -> Path:
+    """One labelled point per entry (``points[label] = (x, y)``), x on a log scale."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label, (x, y) in points.items():
+        ax.scatter([x], [y], color="tab:gray" if label.startswith("none") else "tab:blue", s=18)
+        ax.annotate(label, (x, y), xytext=(4, 3), textcoords="offset points", fontsize=7)
+    ax.set_xscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    fig.suptitle(title)
+    return _save(fig, path)
 
 
 def _save(fig: "plt.Figure", path: Path, layout: bool = True) -> Path:

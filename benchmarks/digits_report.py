@@ -1,0 +1,191 @@
+"""What the main job (:mod:`benchmarks.digits`) makes of its measurements: every configuration's
+step projected to larger clusters with :mod:`benchmarks.scaling`'s alpha-beta model, the table
+that says which figures are measured and which projected, the recommendation, and the figures.
+
+Pure functions of the rows a digits job writes (:meth:`benchmarks.digits_training.Recorder.row`):
+no framework is imported, so a driver reports without loading torch or TensorFlow.
+"""
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from benchmarks import plots, scaling
+from benchmarks.digits_training import LOCAL
+from benchmarks.netem import rate_bits
+
+#: A projected cluster: (tc link rate, workers).
+Cluster = Tuple[str, int]
+#: The clusters every table projects to.
+CLUSTERS: List[Cluster] = [("1gbit", 8), ("1gbit", 64), ("10gbit", 8), ("10gbit", 64)]
+#: The emulated link ``--emulate`` measures on.
+EMULATED_RATE = "1gbit"
+
+
+def rate_name(rate: str) -> str:
+    """``1gbit`` -> ``1 Gbit/s``, ``100mbit`` -> ``100 Mbit/s``."""
+    bits = rate_bits(rate)
+    return f"{bits / 1e9:g} Gbit/s" if bits >= 1e9 else f"{bits / 1e6:g} Mbit/s"
+
+
+def cluster_name(cluster: Cluster) -> str:
+    """``("1gbit", 8)`` -> ``1 Gbit/s n=8``."""
+    return f"{rate_name(cluster[0])} n={cluster[1]}"
+
+
+def is_dense(row: Dict[str, Any]) -> bool:
+    """The dense Horovod baseline: compressor ``none`` with Horovod's own grouping."""
+    return row["compressor"] == "none" and row["groups"] is None
+
+
+def local_ms(row: Dict[str, Any]) -> float:
+    """The row's measured work per step outside the communication wait, in ms (the ``local``
+    term of :func:`benchmarks.scaling.predict_step`, at the measured worker count)."""
+    return 1e3 * scaling.local_seconds(row, row["workers"])
+
+
+@dataclass
+class Report:
+    """A digits job's rows with their projections.
+
+    Attributes:
+        rows: one per configuration, the compute-only one (``local``) left out; dense first.
+        compute: the compute-only step measured in the same job, in seconds.
+        fits: the alpha-beta fits the projections use (:func:`benchmarks.scaling.network`).
+        fits_source: where ``fits`` come from, in words.
+        clusters: the projected clusters: :data:`CLUSTERS`, then the user's when not among them.
+        steps: ``steps[label][cluster]``: projected seconds per step, for ``clusters`` and the
+            emulated cluster.
+        emulated: ``emulated[label]``: seconds per step measured on the emulated cluster
+            (``--emulate``: :data:`EMULATED_RATE` links, as many workers as the job), else None.
+    """
+
+    rows: List[Dict[str, Any]]
+    compute: float
+    fits: Dict[str, Any]
+    fits_source: str
+    clusters: List[Cluster]
+    steps: Dict[str, Dict[Cluster, float]]
+    emulated: Optional[Dict[str, float]] = None
+
+    @classmethod
+    def build(cls, rows: Sequence[Dict[str, Any]], fits: Dict[str, Any], fits_source: str, target: Cluster,
+              emulated_rows: Optional[Sequence[Dict[str, Any]]] = None) -> "Report":
+        """Project every row of a job (which must hold the ``local`` and the dense row) to
+        :data:`CLUSTERS`, the ``target`` cluster and, with ``emulated_rows``, the emulated one."""
+        compute = next(r["step_seconds"] for r in rows if r["compressor"] == LOCAL)
+        ranked = sorted((r for r in rows if r["compressor"] != LOCAL), key=lambda r: not is_dense(r))
+        if not ranked or not is_dense(ranked[0]):
+            raise ValueError("a digits job's rows must include dense Horovod (compressor none)")
+        clusters = list(dict.fromkeys([*CLUSTERS, target]))
+        emulated = None if emulated_rows is None else {r["label"]: r["step_seconds"] for r in emulated_rows}
+        report = cls(ranked, compute, fits, fits_source, clusters, {}, emulated)
+        for row in ranked:
+            report.steps[row["label"]] = {
+                (rate, n): scaling.predict_step(row, compute, scaling.network(fits, rate).with_workers(n))
+                for rate, n in [*clusters, report.emulated_cluster]}
+        return report
+
+    @property
+    def dense(self) -> Dict[str, Any]:
+        return self.rows[0]
+
+    @property
+    def emulated_cluster(self) -> Cluster:
+        """The cluster ``--emulate`` measures: :data:`EMULATED_RATE` links, the job's workers."""
+        return EMULATED_RATE, self.dense["workers"]
+
+    def points(self, row: Dict[str, Any]) -> float:
+        """Test accuracy of ``row`` minus dense's, in percentage points."""
+        return 100 * (row["accuracy"] - self.dense["accuracy"])
+
+    def speedup(self, row: Dict[str, Any], cluster: Cluster) -> float:
+        """Projected dense step over ``row``'s step on ``cluster``."""
+        return self.steps[self.dense["label"]][cluster] / self.steps[row["label"]][cluster]
+
+
+def table(report: Report, title: str, marks: Dict[str, str]) -> str:
+    """The table: measured figures, then projected step and speed-up per cluster, then (with
+    ``--emulate``) the emulated cluster's measured step beside its projection. ``marks`` maps a
+    label to a footnote mark shown after it."""
+    measured = (f"{'configuration':32s} {'acc. %':>6} {'vs dense':>8} {'kB/step':>8} {'reduction':>9} "
+                f"{'union':>7} {'local ms':>8}")
+    projected = "".join(f"{cluster_name(c):>17s}" for c in report.clusters)
+    spans = (f"{'measured on this machine, ' + str(report.dense['workers']) + ' workers':^{len(measured)}s} |"
+             f"{'projected: ms per step (speed-up over dense)':^{len(projected)}s}")
+    head = f"{measured} |{projected}"
+    if report.emulated is not None:
+        emulated = f"emulated {cluster_name(report.emulated_cluster)}"
+        spans += f" | {'measured / projected ms':^{len(emulated)}s}"
+        head += f" | {emulated}"
+    lines = [title, spans, head, "-" * len(head)]
+    dense_bytes = report.dense["stats"]["bytes_sent"]
+    for row in report.rows:
+        label, sent, steps = row["label"], row["stats"]["bytes_sent"], report.steps[row["label"]]
+        line = (f"{(label + marks.get(label, ''))[:32]:32s} {100 * row['accuracy']:6.2f} {report.points(row):+8.2f} "
+                f"{sent / 1e3:8.2f} {dense_bytes / sent:8.1f}x {row['stats']['union_density']:7.4f} "
+                f"{local_ms(row):8.3f} |")
+        line += "".join(f"{1e3 * steps[c]:10.2f} {report.speedup(row, c):5.2f}x" for c in report.clusters)
+        if report.emulated is not None:
+            cell = f"{1e3 * report.emulated[label]:.2f} / {1e3 * steps[report.emulated_cluster]:.2f}"
+            line += f" | {cell:^{len(emulated)}s}"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def legend(report: Report, job: str) -> str:
+    """How to read the table: what is measured, where, and what the projection assumes."""
+    base = scaling.network(report.fits, "1gbit")
+    paragraphs = [
+        f"Measured ({job}): test accuracy after the last epoch and its difference to dense in points; payload kB "
+        "sent per step per worker (values + indices + metadata) and the reduction against dense; union density (the "
+        "share of the gradient that reached the model); local ms: the method's own work per step outside the "
+        "communication wait (selection, packing, applying). Per-step figures: the second half of training.",
+        "Projected: benchmarks.scaling's alpha-beta model with this run's costs: step = the compute-only step measured "
+        f"here ({1e3 * report.compute:.3f} ms) + local work + the wire time of the method's collectives for the "
+        f"payload measured here, on links with {report.fits_source} (1 Gbit/s: alpha {1e3 * base.alpha:.2f} ms, beta "
+        f"{1e9 * base.beta:.1f} ns/byte). Communication overlapped with the backward pass is not subtracted.",
+    ]
+    return "\n".join(map(paragraph, paragraphs))
+
+
+def paragraph(text: str) -> str:
+    """``text`` wrapped at 110 columns, continuation lines indented, never between a number and
+    its unit."""
+    units = re.sub(r"(\d) (?=Gbit/s|Mbit/s|ms\b|ns/byte|points?\b)", "\\1\0", text)
+    return textwrap.fill(units, width=110, subsequent_indent="  ").replace("\0", " ")
+
+
+def recommendation(report: Report, target: Cluster, tolerance: float) -> str:
+    """The fastest configuration on ``target`` among those whose accuracy is within ``tolerance``
+    points of dense (dense itself included), and the faster ones the band excludes."""
+    steps = {label: by_cluster[target] for label, by_cluster in report.steps.items()}
+    eligible = [r for r in report.rows if report.points(r) >= -tolerance]
+    best = min(eligible, key=lambda r: steps[r["label"]])
+    where = f"{target[1]} workers on {rate_name(target[0])} links (--workers, --link)"
+    if is_dense(best):
+        lines = [f"Recommendation for {where}: dense Horovod ({1e3 * steps[best['label']]:.2f} ms per step): no "
+                 f"configuration within {tolerance:g} point of dense is projected faster on this model."]
+    else:
+        lines = [f"Recommendation for {where}: {best['label']}, projected {1e3 * steps[best['label']]:.2f} ms per "
+                 f"step, {report.speedup(best, target):.2f}x dense Horovod, test accuracy "
+                 f"{100 * best['accuracy']:.2f}% ({report.points(best):+.2f} points vs dense, within {tolerance:g})."]
+    faster = [r for r in report.rows if steps[r["label"]] < steps[best["label"]] and r not in eligible]
+    if faster:
+        lines.append(f"Faster, but more than {tolerance:g} point below dense: " + ", ".join(
+            f"{r['label']} ({report.speedup(r, target):.2f}x, {report.points(r):+.2f} points)" for r in faster) + ".")
+    return "\n".join(map(paragraph, lines))
+
+
+def figures(report: Report, out: Path, name: str, title: str) -> List[Path]:
+    """``<out>/<name>_accuracy_bytes.png`` (test accuracy against payload per step) and
+    ``<out>/<name>_speedup.png`` (projected speed-up over dense, one panel per projected cluster)."""
+    points = {r["label"]: (r["stats"]["bytes_sent"] / 1e3, 100 * r["accuracy"]) for r in report.rows}
+    panels = {cluster_name(c): {r["label"]: report.speedup(r, c) for r in report.rows[1:]} for c in CLUSTERS}
+    return [plots.scatter(out / f"{name}_accuracy_bytes.png", f"{title}: accuracy against bytes", points,
+                          "kB sent per step per worker (log)", "test accuracy (%)"),
+            plots.grouped_bars(out / f"{name}_speedup.png", f"{title}: projected speed-up over dense", panels,
+                               "speed-up over dense", reference=1.0)]
