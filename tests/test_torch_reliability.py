@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.checks import assert_conserved
 from tests.launch import job_fixture, run_configs
+from tests.mismatch import option_cases
 from tests.streams import raw_gradient
 
 NP = 2
@@ -37,8 +39,30 @@ def conserved(recs, shapes, steps, dtype, skipped=lambda step, rank, i: False):
                          raw, dtype, f"parameter {i}")
 
 
+#: A mismatch in every field of the wrapper's configuration fingerprint (``tests/mismatch.py``).
+MISMATCHES = option_cases() + [
+    {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": "op='1' (rank 0: '0')"},
+    {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
+     "expect": "nonfinite='skip' (rank 0: 'raise')"},
+    {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
+     "expect": "groups.group0.p0='1410 x torch.float32' (rank 0: '<missing>')"},
+    {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
+     "expect": "groups.p1='31 x torch.float32' (rank 0: '30 x torch.float32')"},
+    {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
+     "expect": "groups.p1='30 x torch.float64' (rank 0: '30 x torch.float32')"},
+    {"name": "backward_passes_per_step", "rank0": {}, "rank1": {"wrapper": {"backward_passes_per_step": 2}},
+     "expect": "backward_passes_per_step=2 (rank 0: 1)"},
+    {"name": "mergecomp", "rank0": {"wrapper": {"groups": {"mergecomp": {}}}},
+     "rank1": {"wrapper": {"groups": {"mergecomp": {"timed_steps": 3}}}},
+     "expect": f"mergecomp={repr(MergeCompOptions(timed_steps=3))!r} (rank 0: {repr(MergeCompOptions())!r})"},
+    {"name": "dense_compression", "rank0": {"method": "none"}, "rank1": {"method": "fp16"},
+     "expect": "compression='FP16Compressor' (rank 0: 'NoneCompressor')"},
+    {"name": "gradient_predivide_factor", "rank0": {"method": "none"},
+     "rank1": {"method": "none", "wrapper": {"gradient_predivide_factor": 2.0}},
+     "expect": "gradient_predivide_factor=2.0 (rank 0: 1.0)"},
+]
 SCENARIOS = [
-    {"name": "mismatch", "scenario": "mismatch"},
+    {"name": "mismatches", "scenario": "mismatches", "cases": MISMATCHES},
     {"name": "stock", "scenario": "stock_refuses"},
     {"name": "nan_raise", "scenario": "nonfinite", "policy": "raise"},
     {"name": "nan_skip", "scenario": "nonfinite", "policy": "skip"},
@@ -53,11 +77,12 @@ SCENARIOS = [
 run = job_fixture("torch_reliability.py", NP, SCENARIOS)
 
 
-def test_configuration_mismatch_raises_on_every_rank_naming_the_rank(run):
-    for rec in records(run, "mismatch"):
-        assert rec["raised"] == "ValueError"
-        assert "rank 1 differs from rank 0" in rec["message"]
-        assert "density=0.02 (rank 0: 0.05)" in rec["message"]
+@pytest.mark.parametrize("case", MISMATCHES, ids=lambda case: case["name"])
+def test_configuration_mismatch_raises_on_every_rank_naming_the_rank_and_setting(run, case):
+    for rank, rec in enumerate(records(run, "mismatches")):
+        message = rec[case["name"]]
+        assert message is not None, f"rank {rank} built the optimizer without an error"
+        assert "rank 1 differs from rank 0" in message and case["expect"] in message, message
 
 
 def test_stock_horovod_optimizer_refuses_a_sparsifier(run):

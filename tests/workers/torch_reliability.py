@@ -13,6 +13,8 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
+from horovod_sparse.common.mergecomp import MergeCompOptions
+from tests.mismatch import BASE_OPTIONS
 from tests.streams import raw_gradient
 
 from tests.workers.cli import configs_and_out
@@ -50,14 +52,36 @@ def snapshot(opt, params):
             [r.double().numpy().copy() for r in opt.residuals().values()])
 
 
-def scenario_mismatch(config):
-    """Rank 1 asks for another density: every rank must raise, naming rank 1 and density."""
-    density = 0.05 if hvd.rank() != 1 else 0.02
-    try:
-        wrap(make_params(), density=density)
-    except ValueError as err:
-        return {"raised": "ValueError", "message": str(err)}
-    return {"raised": None}
+def build(settings):
+    """An optimizer from a mismatch case's settings (see ``tests/mismatch.py``): ``method`` (a
+    registered one, or Horovod's ``none`` / ``fp16``), ``options`` over ``BASE_OPTIONS``,
+    ``wrapper`` arguments (``op`` by name, ``groups`` with ``{"mergecomp": {...}}``), ``shapes``,
+    ``dtype``."""
+    params = make_params(settings.get("shapes", SHAPES), getattr(torch, settings.get("dtype", "float32")))
+    method = settings.get("method", "topk")
+    compression = (getattr(hvd.Compression, method) if method in ("none", "fp16")
+                   else hs.Compression.create(method, **{**BASE_OPTIONS, **settings.get("options", {})}))
+    wrapper = dict(settings.get("wrapper", {}))
+    if "op" in wrapper:
+        wrapper["op"] = getattr(hvd, wrapper["op"])
+    if isinstance(wrapper.get("groups"), dict):
+        wrapper["groups"] = MergeCompOptions(**wrapper["groups"]["mergecomp"])
+    return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
+                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                   compression=compression, **wrapper)
+
+
+def scenario_mismatches(config):
+    """Each case: rank 1's settings differ in one field; every rank must raise ValueError."""
+    results = {}
+    for case in config["cases"]:
+        settings = {**case["rank0"], **(case["rank1"] if hvd.rank() == 1 else {})}
+        try:
+            build(settings)
+            results[case["name"]] = None
+        except ValueError as err:
+            results[case["name"]] = str(err)
+    return results
 
 
 def scenario_stock_refuses(config):

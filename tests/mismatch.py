@@ -1,0 +1,49 @@
+"""Configuration mismatches across ranks, one per field of the configuration fingerprint, for the
+reliability jobs of both front ends: rank 1 builds its wrapper with ``rank1`` over the case's
+``rank0`` settings, and every rank must raise the documented ``ValueError`` naming rank 1 and
+the setting (``expect``), instead of hanging in a collective.
+
+The options part is generated: every option of every registered method, so an option added
+later is covered (or this module fails to import, asking for an alternative value)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, List
+
+import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
+from horovod_sparse.common import registry
+
+#: The options every case starts from (on both ranks), besides the method's defaults.
+BASE_OPTIONS = {"density": 0.05, "min_numel": 0}
+#: Rank 1's value of each option: valid, and different from the default and from BASE_OPTIONS.
+ALTERNATIVE = {"density": 0.02, "min_numel": 7, "warmup_steps": 1, "fp16_values": True,
+               "density_schedule": "exp_warmup:5", "residual": "paper", "recall_every": 3, "group_size": 100,
+               "adaptive": False, "max_density": 0.3, "measure_steps": 2, "controller": "paper",
+               "balancer": "paper", "num_blocks": 64, "sample_ratio": 0.05, "max_adaptations": 3, "momentum": 0.9}
+#: (method, option) pairs whose alternative the method refuses outright: nothing to mismatch.
+REFUSED = {("gtopk", "fp16_values")}
+
+
+def option_cases() -> List[Dict[str, Any]]:
+    """One case per option of every registered method, plus one for the method itself."""
+    cases = [{"name": "method", "rank0": {"method": "topk"}, "rank1": {"method": "gtopk"},
+              "expect": "compression.method='gtopk' (rank 0: 'topk')"}]
+    for method in registry.method_names():
+        rank0 = registry.make_options(method, **BASE_OPTIONS)
+        for field in dataclasses.fields(rank0):
+            if field.name not in ALTERNATIVE:
+                raise KeyError(f"tests/mismatch.py: add a valid alternative value of option {field.name!r} "
+                               f"({method}) to ALTERNATIVE, so its mismatch across ranks is tested")
+            options = {**BASE_OPTIONS, field.name: ALTERNATIVE[field.name]}
+            try:
+                rank1 = registry.make_options(method, **options)
+            except (TypeError, ValueError):
+                if (method, field.name) in REFUSED:
+                    continue
+                raise
+            before, after = getattr(rank0, field.name), getattr(rank1, field.name)
+            assert before != after, f"{method}.{field.name}: the alternative is rank 0's value"
+            cases.append({"name": f"{method}.{field.name}", "rank0": {"method": method},
+                          "rank1": {"method": method, "options": options},
+                          "expect": f"compression.{field.name}={after!r} (rank 0: {before!r})"})
+    return cases
