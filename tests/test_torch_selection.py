@@ -1,9 +1,11 @@
 """The block-scan selection (``horovod_sparse.torch.selection``) against ``torch.where`` over
 ``|x|``: same indices, ascending, for any slice, block length (power of two or not, partial last
 block), threshold (reached or, ``strict``, exceeded; ties included) and candidates that filter to
-exactly the same set. The exact top-k built on it is tested in ``test_top_k.py``."""
+exactly the same set; the scan's moments against NumPy's mean and deviation. The exact top-k
+built on it is tested in ``test_top_k.py``."""
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -44,3 +46,16 @@ def test_candidates_select_what_pick_selects(numel, budget, factor, seed):
     threshold = candidates.bar * factor
     assert torch.equal(candidates.select(threshold), naive(x, 0, numel, threshold))
     assert torch.equal(select(x, threshold, 32), naive(x, 0, numel, threshold))
+
+
+@settings(max_examples=40, deadline=None)
+@given(numel=st.integers(1, 300_000), block=st.sampled_from([1, 3, 32, 64, 512]), shift=st.floats(-3, 3),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]), seed=st.integers(0, 2**31))
+def test_scan_moments_give_the_mean_and_deviation(numel, block, shift, dtype, seed):
+    x = (torch.randn(numel, generator=torch.Generator().manual_seed(seed)) + shift).to(dtype)
+    start = numel // 3
+    mean, std = scan(x, start, numel, block, moments=True).mean_std()
+    exact = x[start:].double().numpy()
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-4  # single-precision chunk sums, |mean| <= 3 std
+    assert mean == pytest.approx(exact.mean(), rel=tolerance, abs=tolerance)
+    assert std == pytest.approx(exact.std(ddof=1) if exact.size > 1 else 0.0, rel=tolerance, abs=tolerance)
