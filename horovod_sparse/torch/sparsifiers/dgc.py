@@ -12,7 +12,7 @@ from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import (ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment,
                                                        dgc_sample)
 from horovod_sparse.torch.collectives import Communicator
-from horovod_sparse.torch.selection import pick, scan
+from horovod_sparse.torch.selection import pick, scan, top_k
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
 
@@ -58,7 +58,7 @@ class DGC(Sparsifier):
             for _ in range(options.max_adaptations):
                 action = dgc_adjustment(idx.numel(), k)
                 if action == TOPK:
-                    idx = idx[torch.topk(x[idx].abs(), k, sorted=False).indices]
+                    idx = idx[top_k(x[idx], k)]  # idx is ascending: ties to the lower index
                 if action in (TOPK, ACCEPT):
                     break
                 threshold = as_float32(threshold * DGC_LOWER)
