@@ -3,7 +3,8 @@
 The TensorFlow port of :mod:`horovod_sparse.torch.sparsifiers.gtopk`, with the same schedule
 (:mod:`horovod_sparse.common.butterfly`: fold-in, recursive-doubling rounds, fold-out), the same
 point-to-point ``alltoall`` exchanges and tags, the same merge (values added at common indices,
-top-k of the candidates by magnitude, ties to the lower index) and the same residual rules
+top-k of the candidates by magnitude, ties to the lower index:
+:func:`horovod_sparse.tensorflow.selection.top_k`) and the same residual rules
 (``residual="exact"`` tracks which of this rank's coordinates survive every merge). Every rank
 ends with the identical global set of exactly ``k`` coordinates and returns
 ``update[idx_g] = val_g * scale``.
@@ -20,13 +21,8 @@ import tensorflow as tf
 from horovod_sparse.common.butterfly import FOLD_IN, Phase, SparseSet, butterfly_schedule, round_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.tensorflow.collectives import Communicator, Pending, index_dtype
+from horovod_sparse.tensorflow.selection import top_k
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier, Step
-
-
-def topk_ties_by_index(magnitude: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
-    """Positions (int64, ascending) of the ``k`` largest entries of ``magnitude``, ties resolved
-    toward the lower position (``tf.math.top_k`` puts the lower index first among equals)."""
-    return tf.sort(tf.cast(tf.math.top_k(magnitude, k, sorted=True).indices, tf.int64))
 
 
 def merge(a: SparseSet, b: SparseSet, k: Union[int, tf.Tensor], dtype: tf.DType) -> SparseSet:
@@ -40,7 +36,7 @@ def merge(a: SparseSet, b: SparseSet, k: Union[int, tf.Tensor], dtype: tf.DType)
     order = tf.argsort(indices, stable=True)
     idx, position = tf.unique(tf.gather(indices, order), out_idx=tf.int64)
     summed = tf.math.unsorted_segment_sum(tf.gather(values, order), position, tf.size(idx, out_type=tf.int64))
-    keep = topk_ties_by_index(tf.abs(summed), k)
+    keep = top_k(summed, k)  # idx is ascending: ties to the lower position are to the lower index
     return SparseSet(tf.gather(idx, keep), tf.cast(tf.gather(summed, keep), a.val.dtype))
 
 
@@ -77,7 +73,7 @@ class GTopK(Sparsifier):
         numel = int(x.shape[0])
         k = self.count(numel, step)
         with comm.timer("select"):
-            local_idx = topk_ties_by_index(tf.abs(x), k)
+            local_idx = top_k(x, k)
             local = SparseSet(local_idx, self.to_wire(tf.gather(x, local_idx)))
         held = local
         # rank -> indices whose value from that rank is still in `held` (self, plus a folded rank).
@@ -157,7 +153,7 @@ def recall(global_idx: tf.Tensor, total: tf.Tensor, k: int) -> Tuple[float, floa
     and the magnitude it covers, ``sum |total[global_idx]| / sum |total[exact top-k]|`` (1 when
     it is as good as the exact top-k even if it picks other coordinates)."""
     magnitude = tf.abs(total)
-    exact = topk_ties_by_index(magnitude, k)
+    exact = top_k(total, k)
     best = max(float(tf.reduce_sum(tf.gather(magnitude, exact))), 1e-30)
     covered = float(tf.reduce_sum(tf.gather(magnitude, global_idx))) / best
     return float(tf.reduce_sum(tf.cast(isin(exact, global_idx), tf.int64))) / k, covered

@@ -21,6 +21,7 @@ from horovod_sparse.common.grouping import MergeBySize
 from horovod_sparse.common.lags import LagsOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.tensorflow.collectives import Communicator
+from horovod_sparse.tensorflow.selection import top_k
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier, Step
 
 
@@ -41,5 +42,5 @@ class Lags(Sparsifier):
         comm.stats.extra.update({"rho": self.density(step), "t_comp": 0.0 if self.options.adaptive else None,
                                  "alpha": None, "beta": None})
         with comm.timer("select"):
-            idx = tf.math.top_k(tf.abs(x), k, sorted=False).indices
+            idx = top_k(x, k)
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))

@@ -7,12 +7,14 @@ import tensorflow as tf
 
 from horovod_sparse.common.registry import implements
 from horovod_sparse.tensorflow.collectives import Communicator
+from horovod_sparse.tensorflow.selection import top_k
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier, Step
 
 
 @implements("tensorflow", "topk")
 class TopK(Sparsifier):
-    """Exact top-k by magnitude per group, ``k = max(1, int(density * numel))``.
+    """Exact top-k by magnitude per group, ``k = max(1, int(density * numel))``, ties to the
+    lower index (:func:`horovod_sparse.tensorflow.selection.top_k`).
 
     Every rank sends exactly ``k`` (value, index) pairs; each rank scatter-adds all ``n`` chunks.
     Traffic ``O(k * n)`` per rank, and the union of indices can reach ``n * k`` (build-up).
@@ -22,5 +24,5 @@ class TopK(Sparsifier):
     def exchange(self, x: tf.Tensor, comm: Communicator, state: Any, step: Step) -> Exchange:
         k = self.count(int(x.shape[0]), step)
         with comm.timer("select"):
-            idx = tf.math.top_k(tf.abs(x), k, sorted=False).indices
+            idx = top_k(x, k)
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))
