@@ -13,7 +13,7 @@ from horovod_sparse.common.controllers import as_float32
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment, dgc_sample
 from horovod_sparse.tensorflow.collectives import Communicator
-from horovod_sparse.tensorflow.selection import select
+from horovod_sparse.tensorflow.selection import select, top_k
 from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier
 
 
@@ -66,7 +66,7 @@ class DGC(Sparsifier):
             for _ in range(options.max_adaptations):
                 action = dgc_adjustment(int(tf.size(idx)), k)
                 if action == TOPK:
-                    idx = tf.gather(idx, tf.math.top_k(tf.abs(tf.gather(x, idx)), k, sorted=False).indices)
+                    idx = tf.gather(idx, top_k(tf.gather(x, idx), k))  # idx is ascending: ties to the lower index
                 if action in (TOPK, ACCEPT):
                     break
                 threshold = as_float32(threshold * DGC_LOWER)
