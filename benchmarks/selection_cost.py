@@ -1,12 +1,23 @@
-"""Selection cost of MiCRO/ExDyna against Top-k and against reading the partition once.
+"""Selection cost of every method against reading the buffer once, and MiCRO/ExDyna's against Top-k.
 
-    python -m benchmarks.selection_cost --numel 25600000 --workers 2 4 --density 0.001
+    python -m benchmarks.selection_cost --numel 25600000 --workers 2 4 --density 0.001 --repeats 15
 
 One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--numel`` elements
-(the size of ResNet-50 by default). For each worker count ``n`` it times, on rank 0's partition
-``[0, numel / n)``, side by side and interleaved (medians over ``--repeats``):
+(the size of ResNet-50 by default), ``k = density * numel``. First, over the whole buffer, side by
+side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 
-* ``topk``: ``torch.topk(x.abs(), k)`` over the whole buffer (what Top-k does, k = density * numel);
+* ``sum``: ``x.sum()``, a read-only pass over the buffer;
+* ``torch.topk``: ``torch.topk(x.abs(), k)``, what Top-k did before the exact top-k primitive;
+* ``top_k``: :func:`horovod_sparse.torch.selection.top_k`, the exact top-k of Top-k, gTop-k,
+  LAGS and DGC's final pick (checked once to pick the same set as ``torch.topk``);
+* ``threshold``: the hard-threshold method's selection (block scan and pick at its fixed
+  ``1 / (2 sqrt(k))``), on the gradient scaled so that this threshold selects ``k``;
+* ``gaussiank``: Gaussian-k's selection, statistics and corrections included
+  (:func:`horovod_sparse.torch.sparsifiers.gaussiank.gaussiank_select`).
+
+Then, for each worker count ``n``, on rank 0's partition ``[0, numel / n)``:
+
+* ``topk``: ``torch.topk(x.abs(), k)`` over the whole buffer (for the ratio ``histogram / topk``);
 * ``sum``: ``x[partition].sum()``, a read-only pass over the partition;
 * ``histogram``: MiCRO/ExDyna's selection with the default controller, as the exchange runs it:
   block scan, candidate read and local histogram, threshold, filter (the other ranks' histograms
@@ -17,7 +28,7 @@ One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--
 and prints each time and the ratios ``histogram / topk`` and ``histogram / sum``. Times are the
 process's CPU time (``time.process_time``; everything runs on one thread), so that other load on a
 shared machine, which preempts this process, does not count; they are only meaningful as ratios
-measured in the same run.
+measured in the same run. ``--results`` writes ``{"whole_buffer": {...}, "partitions": [...]}``.
 """
 from __future__ import annotations
 
@@ -31,9 +42,11 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import torch
 
-from horovod_sparse.common.controllers import (HistogramController, ThresholdState, candidate_budget,
+from horovod_sparse.common.controllers import (HistogramController, ThresholdState, as_float32, candidate_budget,
                                                local_histogram, scan_block_size)
-from horovod_sparse.torch.selection import Candidates, pick, scan
+from horovod_sparse.common.threshold_baselines import hard_threshold
+from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k
+from horovod_sparse.torch.sparsifiers.gaussiank import gaussiank_select
 
 
 PHASES = ("scan", "candidates", "histogram", "threshold", "filter")
@@ -82,6 +95,27 @@ def time_side_by_side(candidates: Dict[str, Callable[[], object]], repeats: int)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
+def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[str, float]:
+    """Median milliseconds of a read pass and of each method's selection over all of ``x``, and
+    each selection's ratio to the read pass (``<name>_over_sum``)."""
+    exact = top_k(x, k)
+    if not torch.equal(exact, torch.topk(x.abs(), k).indices.sort().values):
+        raise AssertionError("top_k and torch.topk picked different sets")
+    threshold = as_float32(hard_threshold(k))
+    scaled = x * (threshold / float(x[exact].abs().min()))  # the fixed threshold selects about k
+    block = scan_block_size(density)
+    seconds = time_side_by_side({
+        "sum": lambda: x.sum(),
+        "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
+        "top_k": lambda: top_k(x, k),
+        "threshold": lambda: select(scaled, threshold, block),
+        "gaussiank": lambda: gaussiank_select(x, k, density),
+    }, repeats)
+    row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
+    row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=25_600_000)
@@ -94,11 +128,16 @@ def main() -> None:
     torch.set_num_threads(1)
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
     k = max(1, int(args.density * args.numel))
-    rows = []
     print(f"selection over a float32 gradient of {args.numel} elements, density {args.density} (k = {k}), "
           f"1 thread, medians of {args.repeats} (CPU time)")
-    print(f"{'n':>3s} {'topk ms':>9s} {'sum ms':>8s} {'hist ms':>8s} {'paper ms':>9s} {'naive ms':>9s} "
-          f"{'hist/topk':>10s} {'hist/sum':>9s}  histogram phases (ms)")
+    whole = whole_buffer(x, k, args.density, args.repeats)
+    methods = ("torch.topk", "top_k", "threshold", "gaussiank")
+    print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
+    print("".join(f"{name:>22s}" for name in methods))
+    print("".join(f"{whole[name + '_ms']:13.1f} {whole[name + '_over_sum']:8.2f}" for name in methods))
+    rows = []
+    print(f"\nMiCRO/ExDyna on rank 0's partition\n{'n':>3s} {'topk ms':>9s} {'sum ms':>8s} {'hist ms':>8s} "
+          f"{'paper ms':>9s} {'naive ms':>9s} {'hist/topk':>10s} {'hist/sum':>9s}  histogram phases (ms)")
     for workers in args.workers:
         end = args.numel // workers
         state = steady_state(x, end, k, workers)
@@ -124,7 +163,8 @@ def main() -> None:
               + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_ms"].items()))
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps(rows, indent=2))
+        args.results.write_text(json.dumps({"whole_buffer": {"numel": args.numel, "density": args.density, **whole},
+                                            "partitions": rows}, indent=2))
 
 
 def time_phases(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState,

@@ -236,9 +236,14 @@ def test_controllers_tables_and_json(tmp_path):
 def test_selection_cost_prints_ratios(tmp_path):
     result = run([sys.executable, "-m", "benchmarks", "selection_cost", "--numel", "200000", "--workers", "2",
                   "--repeats", "3", "--results", str(tmp_path / "selection.json")])
-    (row,) = json.loads((tmp_path / "selection.json").read_text())
+    figures = json.loads((tmp_path / "selection.json").read_text())
+    (row,) = figures["partitions"]
     assert row["workers"] == 2 and row["histogram_over_topk"] == pytest.approx(row["histogram_ms"] / row["topk_ms"])
     assert f"{row['histogram_over_topk']:.4f}" in result.stdout
+    whole = figures["whole_buffer"]
+    for name in ("torch.topk", "top_k", "threshold", "gaussiank"):
+        assert whole[f"{name}_over_sum"] == pytest.approx(whole[f"{name}_ms"] / whole["sum_ms"])
+        assert f"{whole[name + '_over_sum']:8.2f}" in result.stdout
 
 
 # -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
