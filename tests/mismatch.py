@@ -47,3 +47,11 @@ def option_cases() -> List[Dict[str, Any]]:
                           "rank1": {"method": method, "options": options},
                           "expect": f"compression.{field.name}={after!r} (rank 0: {before!r})"})
     return cases
+
+
+def assert_every_rank_refused(recs: List[Dict[str, Any]], case: Dict[str, Any]) -> None:
+    """Every rank's record of ``case`` holds the ValueError naming rank 1 and the setting."""
+    for rank, rec in enumerate(recs):
+        message = rec[case["name"]]
+        assert message is not None, f"rank {rank} went on without an error"
+        assert "rank 1 differs from rank 0" in message and case["expect"] in message, message

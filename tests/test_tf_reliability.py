@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from tests.launch import job_fixture, run_configs
+from tests.mismatch import assert_every_rank_refused, option_cases
 from tests.test_torch_reliability import conserved, records, same_on_all_ranks
 from tests.workers.tf_reliability import SHAPES
 
@@ -16,9 +17,20 @@ STEPS = 5
 NONFINITE = [(policy, api) for policy in ("raise", "skip") for api in ("tape", "keras", "tape_function")]
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
+#: A mismatch in every field of the exchanger's configuration fingerprint (``tests/mismatch.py``).
+MISMATCHES = option_cases() + [
+    {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": "op='sum' (rank 0: 'average')"},
+    {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
+     "expect": "nonfinite='skip' (rank 0: 'raise')"},
+    {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
+     "expect": "groups.group0.grouping_p0:0='1410 x float32' (rank 0: '<missing>')"},
+    {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
+     "expect": "groups.group_size_p1:0='31 x float32' (rank 0: '30 x float32')"},
+    {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
+     "expect": "groups.dtype_p1:0='30 x float64' (rank 0: '30 x float32')"},
+]
 SCENARIOS = [
-    {"name": "mismatch_density", "scenario": "mismatch", "rank1": {"options": {"density": 0.02}}},
-    {"name": "mismatch_method", "scenario": "mismatch", "rank1": {"method": "gtopk"}},
+    {"name": "mismatches", "scenario": "mismatches", "cases": MISMATCHES},
     *({"name": f"nan_{policy}_{api}", "scenario": "nonfinite", "policy": policy, "api": api}
       for policy, api in NONFINITE),
     *({"name": f"dtype_{d}", "scenario": "dtypes", "dtype": d} for d in DTYPES),
@@ -30,13 +42,9 @@ SCENARIOS = [
 run = job_fixture("tf_reliability.py", NP, SCENARIOS)
 
 
-@pytest.mark.parametrize("name,setting", [("density", "compression.density=0.02 (rank 0: 0.05)"),
-                                          ("method", "compression.method='gtopk' (rank 0: 'topk')")])
-def test_configuration_mismatch_raises_on_every_rank_naming_the_rank(run, name, setting):
-    for rec in records(run, f"mismatch_{name}"):
-        assert rec["raised"] == "ValueError"
-        assert "rank 1 differs from rank 0" in rec["message"]
-        assert setting in rec["message"]
+@pytest.mark.parametrize("case", MISMATCHES, ids=lambda case: case["name"])
+def test_configuration_mismatch_raises_on_every_rank_naming_the_rank_and_setting(run, case):
+    assert_every_rank_refused(records(run, "mismatches"), case)
 
 
 @pytest.mark.parametrize("policy,api", NONFINITE)

@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
+from tests.mismatch import BASE_OPTIONS
 from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
@@ -47,10 +48,8 @@ def loss_of(variables, grads):
     return tf.add_n([tf.reduce_sum(v * g) for v, g in zip(variables, grads) if g is not None])
 
 
-def compression(config, **defaults):
-    options = dict(defaults, min_numel=0, **config.get("options", {}))
-    options.setdefault("density", 0.05)
-    return hs.Compression.create(config.get("method", "topk"), **options)
+def compression(config):
+    return hs.Compression.create(config.get("method", "topk"), **{**BASE_OPTIONS, **config.get("options", {})})
 
 
 def as_lists(tensors):
@@ -68,7 +67,8 @@ class Trainer:
 
     def __init__(self, config, dtype="float32", **wrapper_args):
         self.config = config
-        self.variables = make_variables(f"{config.get('prefix', config['name'])}_p", dtype)
+        self.variables = make_variables(f"{config.get('prefix', config['name'])}_p", dtype,
+                                        config.get("shapes", SHAPES))
         self.api = config.get("api", "tape")
         self.wrapper_args = dict(wrapper_args, compression=compression(config))
         self.optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
@@ -108,16 +108,24 @@ class Trainer:
         return [v.numpy().astype(np.float64) for v in self.variables]
 
 
-def scenario_mismatch(config):
-    """Rank 1 asks for another density or method: every rank must raise, naming rank 1."""
-    if hvd.rank() == 1:
-        config = dict(config, **config["rank1"])
-    trainer = Trainer(config)
-    try:
-        trainer.step(raw_gradients(trainer.variables, 0))
-    except ValueError as err:
-        return {"raised": "ValueError", "message": str(err)}
-    return {"raised": None}
+def scenario_mismatches(config):
+    """Each case (``tests/mismatch.py``): rank 1's settings differ in one field; every rank must
+    raise ValueError at the first exchange. Settings: ``method``, ``options``, ``wrapper``
+    arguments of the tape (``op`` by name), ``shapes``, ``dtype``; the variables are named after
+    the case."""
+    results = {}
+    for case in config["cases"]:
+        settings = {**case["rank0"], **(case["rank1"] if hvd.rank() == 1 else {}), "name": case["name"]}
+        wrapper = dict(settings.get("wrapper", {}))
+        if "op" in wrapper:
+            wrapper["op"] = getattr(hvd, wrapper["op"])
+        trainer = Trainer(settings, settings.get("dtype", "float32"), **wrapper)
+        try:
+            trainer.step(raw_gradients(trainer.variables, 0))
+            results[case["name"]] = None
+        except ValueError as err:
+            results[case["name"]] = str(err)
+    return results
 
 
 def scenario_nonfinite(config):
