@@ -79,7 +79,7 @@ def test_torch_top_k_is_the_stable_sort_prefix(kind, numel, choice, dtype, seed)
                                      (300_001, 150_000), (300_001, 299_999)])
 def test_torch_top_k_on_large_buffers(kind, numel, k):
     """Here the candidate level comes from a sample of the block maxima (k >= 4096), the buffer
-    spans several scan chunks and the blocks are smaller than the default (large k)."""
+    spans more than one scan chunk and the blocks are smaller than the default (large k)."""
     x = make(kind, numel, numel + k, "float32")
     assert torch_top_k(x, k, "float32") == expected(x, k)
 
