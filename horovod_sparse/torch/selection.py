@@ -15,9 +15,10 @@ it before the threshold is known and then filter it.
 :func:`top_k` is the exact top-k of every method that needs the ``k`` largest ``|x|`` (Top-k,
 gTop-k, LAGS, DGC's final pick), with one tie rule that
 :func:`horovod_sparse.tensorflow.selection.top_k` follows too: among equal magnitudes the lower
-index wins. It costs a block scan, one pick
-of about ``k`` candidates and a top-k of those, instead of ``torch.topk`` over the whole buffer
-(about 80 times a read pass at 25.6M elements, k = 25,600, on one CPU thread).
+index wins. It costs a block scan, one pick of about ``k`` candidates and a top-k of those,
+instead of ``torch.topk`` over the whole buffer (about 80 times a read pass at 25.6M elements,
+k = 25,600, on one CPU thread). Gaussian-k takes its mean and deviation from the same scan
+(``moments``).
 """
 from __future__ import annotations
 
@@ -189,9 +190,8 @@ LEVEL_MARGIN = 1.125
 def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``x.reshape(-1)``.
 
-    Tie rule: among equal magnitudes the lower index wins, so the result is
-    the first ``k`` indices in the order of ``(-|x[i]|, i)``, on every rank and device and in
-    both frameworks. It is the set ``torch.topk(x.abs(), k)`` returns whenever that set is
+    Tie rule: among equal magnitudes the lower index wins, so the result is the first ``k``
+    indices in the order of ``(-|x[i]|, i)``, on every rank and device and in both frameworks. It is the set ``torch.topk(x.abs(), k)`` returns whenever that set is
     unambiguous (``torch.topk`` promises no order among ties). ``k <= 0`` gives nothing,
     ``k >= numel`` every index. ``x`` must hold no NaN; a non-contiguous ``x`` is copied once.
 
@@ -202,7 +202,8 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     the tie rule; otherwise it is all of them and the lowest-index coordinates equal to the
     level (:func:`first_at`: in the order of the buffer, up to the last one needed). Blocks are
     of :func:`horovod_sparse.common.controllers.scan_block_size` elements, fewer when the buffer
-    holds less than ``k`` such blocks. On CPU nothing of the buffer's size is allocated.
+    holds less than ``k`` such blocks. On CPU nothing of the buffer's size is allocated for a
+    contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks.
     """
     flat = x.reshape(-1)
     numel = flat.numel()
