@@ -231,8 +231,10 @@ def scenario_resume(config):
 
 
 def scenario_broadcast_state(config):
-    """hvd.broadcast_optimizer_state and hs.broadcast_optimizer_state on a fresh wrapper."""
-    params = make_params()
+    """hvd.broadcast_optimizer_state and hs.broadcast_optimizer_state on a fresh wrapper. Every
+    rank starts from its own parameters (seeded by rank), so only the broadcast makes them equal."""
+    params = make_params(seed=5 + hvd.rank())
+    initial = [p.detach().double().numpy().tolist() for p in params]
     opt = wrap(params)
     hvd.broadcast_parameters({f"p{i}": p for i, p in enumerate(params)}, root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -241,7 +243,8 @@ def scenario_broadcast_state(config):
         opt.zero_grad()
         backward(params, step)
         opt.step()
-    return {"params": [p.detach().double().numpy().tolist() for p in params], "steps": opt.steps}
+    return {"params": [p.detach().double().numpy().tolist() for p in params], "steps": opt.steps,
+            "initial": initial}
 
 
 def main():
