@@ -87,8 +87,9 @@ def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None]
 class Recorder:
     """What the main job measures of one configuration, over every seed it trains: the test
     accuracy after the last epoch, and the wall time and the optimizer's statistics of the steps
-    of the second half of the epochs (the steady state: after warm-ups, and after MergeComp's
-    search). On rank 0 (``announce``) it prints an :data:`EPOCH_PREFIX` line after every epoch."""
+    of the second half of the epochs that follow any search (the steady state: after warm-ups,
+    and after MergeComp's search). On rank 0 (``announce``) it prints an :data:`EPOCH_PREFIX`
+    line after every epoch."""
 
     def __init__(self, label: str, epochs: int, announce: bool) -> None:
         self.label = label
@@ -98,10 +99,11 @@ class Recorder:
         self.step_seconds: List[float] = []
         self.stats: List[StepStats] = []
 
-    def step(self, epoch: int, seconds: float, stats: Optional[StepStats]) -> None:
+    def step(self, epoch: int, seconds: float, stats: Optional[StepStats], settled: bool = True) -> None:
         """One training step of ``epoch`` (0-based) took ``seconds``; ``stats`` is the
-        optimizer's ``last_stats`` (None without exchange)."""
-        if epoch >= self.epochs // 2:
+        optimizer's ``last_stats`` (None without exchange); ``settled`` is False while the step
+        belonged to a search (MergeComp's), which then does not count either."""
+        if epoch >= self.epochs // 2 and settled:
             self.step_seconds.append(seconds)
             if stats is not None:
                 self.stats.append(stats)
@@ -126,6 +128,9 @@ class Recorder:
         from benchmarks.synthetic import summarize_stats
         from horovod_sparse.common.registry import parse_spec
 
+        if not self.step_seconds:
+            raise RuntimeError(f"{self.label}: no settled step in the second half of the {self.epochs} epochs "
+                               "(MergeComp's search ran past it): train more epochs")
         spec, groups = parse_configuration(self.label)
         name, options = parse_spec(spec)
         return {"label": self.label, "compressor": name, "options": options, "groups": groups,
