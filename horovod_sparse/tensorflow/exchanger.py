@@ -53,6 +53,7 @@ Reliability, as on the PyTorch side:
 from __future__ import annotations
 
 import functools
+import pickle
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -168,6 +169,13 @@ def _all_finite(tensor: tf.Tensor) -> tf.Tensor:
     accumulate = tf.float64 if tensor.dtype == tf.float64 else tf.float32
     return tf.cond(tf.math.is_finite(tf.reduce_sum(tf.cast(tensor, accumulate))), lambda: tf.constant(True),
                    lambda: tf.reduce_all(tf.math.is_finite(tensor)))
+
+
+def _eager_capable() -> bool:
+    """Whether collectives can run eagerly here: in eager mode, or inside a ``tf.function``
+    (lifted out by ``tf.init_scope``), but not in a TF1-style graph (``tf.compat.v1`` sessions)."""
+    with tf.init_scope():
+        return tf.executing_eagerly()
 
 
 def _source_name(source: Any, position: int) -> str:
@@ -320,9 +328,33 @@ class GradientExchanger:
             require_same_configuration(self._configuration(layout),
                                        functools.partial(allgather_bytes, process_set=self.process_set))
             self._restore(layout)
+            self._agree(layout)
             self._layouts[key] = layout
         self._last_layout = layout
         return layout
+
+    def _agree(self, layout: Layout) -> None:
+        """Every rank takes the first rank's step counter and method state shared by all ranks
+        (thresholds, partition tables, schedules) for this variable list, at its first exchange;
+        residuals and per-rank method state (DGC's velocity) stay each rank's own. So Horovod's
+        checkpoint idiom (rank 0 alone restores, then broadcasts the variables, e.g. Keras'
+        ``BroadcastGlobalVariablesCallback``) resumes in step on every rank: rank 0 with its
+        saved residuals, the others with empty ones. Collective, run eagerly."""
+        if not self.sparse:
+            return
+        shares = not self.compression.per_rank_state
+        with tf.init_scope():
+            mine = None
+            if self.process_set.rank() == 0:
+                mine = {"steps": 0 if layout.step is None else int(layout.step.numpy()),
+                        "states": {g.index: self.compression.export_state(layout.states[g.index])
+                                   for g in layout.groups if shares and g.index in layout.states}}
+            shared = pickle.loads(allgather_bytes(pickle.dumps(mine), "hs.shared_state", self.process_set)[0])
+            if self.process_set.rank() == 0:
+                return
+            layout.step_counter().assign(shared["steps"])
+            if shares:
+                layout.states = {index: self.compression.import_state(state) for index, state in shared["states"].items()}
 
     def _configuration(self, layout: Layout) -> Dict[str, Any]:
         """Everything that must agree across ranks for the collectives to match. Sparse
@@ -367,7 +399,9 @@ class GradientExchanger:
     def _exchange_dense(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool) -> List[Any]:
         present = [i for i, g in enumerate(grads) if g is not None]
         layout = None
-        if present and self.process_set.included():
+        # Horovod's reduction needs nothing of ours; the layout only feeds the statistics, which
+        # a TF1-style graph (no eager collectives, even at trace time) goes without.
+        if present and self.process_set.included() and _eager_capable():
             layout = self._layout([grads[i] for i in present], [sources[i] for i in present])
         reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
         if layout is not None:
@@ -407,11 +441,22 @@ class GradientExchanger:
             raise RuntimeError(EAGER_ONLY.format(
                 what=f"Compression.{self.compression.method_name}",
                 why="its decisions are computed in Python from the values of the current step"))
+        if not _eager_capable():
+            raise RuntimeError("horovod_sparse sparsifiers run in TensorFlow 2 (eager, tf.function, Keras "
+                               "model.fit), not in a TF1-style graph (tf.compat.v1 sessions, eager execution "
+                               "disabled): they agree their configuration across ranks once, eagerly. Use "
+                               "Horovod's Compression.none / Compression.fp16 there.")
         results = list(grads)
         positions = [i for i, s in enumerate(sources) if _exchangeable(s)]
+        rows = [i for i in positions if isinstance(grads[i], tf.IndexedSlices) and not self.sparse_as_dense]
+        if rows:
+            # Already a sparse payload: its rows are aggregated exactly, as Horovod does.
+            for i, value in zip(rows, self._horovod_reduce([grads[i] for i in rows], [sources[i] for i in rows])):
+                results[i] = value
+            positions = [i for i in positions if i not in rows]
         if not positions:
             return results
-        kept = [self._dense_gradient(grads[i], sources[i], i) for i in positions]
+        kept = [self._dense_gradient(grads[i], sources[i]) for i in positions]
         layout = self._layout(kept, [sources[i] for i in positions])
         counter = layout.step_counter()
         step: Step = int(counter.numpy()) if eager else counter.read_value()
@@ -536,17 +581,13 @@ class GradientExchanger:
             results[position] = tf.cast(value, kept[position].dtype)
         stats.groups.extend(self._dense_stats(group, [kept[p] for p in group.positions]) for group in groups)
 
-    def _dense_gradient(self, grad: Any, source: Any, position: int) -> tf.Tensor:
+    @staticmethod
+    def _dense_gradient(grad: Any, source: Any) -> tf.Tensor:
         """``grad`` as a dense tensor: zeros when this rank has none (every rank then still takes
-        part in the group's collectives), a ``tf.IndexedSlices`` converted with ``sparse_as_dense``."""
+        part in the group's collectives), a ``tf.IndexedSlices`` (``sparse_as_dense``) converted."""
         if grad is None:
             return tf.zeros(source.shape, dtype=source.dtype)
-        if not isinstance(grad, tf.IndexedSlices):
-            return grad
-        if not self.sparse_as_dense:
-            raise ValueError(f"variable {_source_name(source, position)!r} has a sparse gradient "
-                             "(tf.IndexedSlices); pass sparse_as_dense=True to exchange it as a dense one")
-        return tf.convert_to_tensor(grad)
+        return tf.convert_to_tensor(grad) if isinstance(grad, tf.IndexedSlices) else grad
 
 
 _EXCHANGERS: Dict[Tuple[Any, ...], GradientExchanger] = {}

@@ -67,6 +67,10 @@ class Sparsifier(Compressor):
     #: partition tables) set this to False and run in eager mode only; the driver then refuses to
     #: trace them with a message saying how to run eagerly.
     traceable: ClassVar[bool] = True
+    #: Whether :meth:`new_state`'s state differs between ranks (like a residual) rather than
+    #: being the same on every rank; shared state is agreed from the first rank at a variable
+    #: list's first exchange, per-rank state never is.
+    per_rank_state: ClassVar[bool] = False
 
     def __init__(self, options: SparsifierOptions) -> None:
         self.options = options

@@ -36,6 +36,7 @@ class DGC(Sparsifier):
     count the previous threshold selected."""
 
     traceable = False
+    per_rank_state = True  # the velocity is this rank's own, like the residual
 
     def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:
         return MomentumState() if self.options.momentum else None

@@ -1,0 +1,123 @@
+"""The TensorFlow front end where Horovod users rely on Horovod's own behaviour: the checkpoint
+idiom (rank 0 alone restores, then broadcasts) with the tape and with Keras'
+BroadcastGlobalVariablesCallback, IndexedSlices gradients, PartialDistributedGradientTape in a
+TF1-style graph. Real horovodrun jobs (tests/workers/tf_dropin.py)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tests.launch import job_fixture
+
+METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags"]
+TRACEABLE = ["topk", "threshold", "gtopk", "lags"]
+SPARSE = {"density": 0.1, "min_numel": 0}
+
+
+def tape(method, traced=False, **extra):
+    return {"scenario": "tape_checkpoint", "method": method, "options": dict(SPARSE, **extra), "steps": 4,
+            "more": 3, "traced": traced}
+
+
+def keras(method, **extra):
+    return {"scenario": "keras_checkpoint", "method": method, "options": dict(SPARSE, **extra), "steps": 4, "more": 3}
+
+
+TAPES_TWO = ([tape(m, warmup_steps=2) if m in ("topk", "micro") else tape(m, momentum=0.9) if m == "dgc" else tape(m)
+              for m in METHODS] + [tape(m, traced=True) for m in TRACEABLE])
+KERAS_TWO = [keras("topk", warmup_steps=2), keras("micro"), keras("dgc", momentum=0.9), keras("gtopk")]
+TWO = TAPES_TWO + KERAS_TWO + [
+    {"scenario": "indexed_slices", "method": "none"},
+    {"scenario": "indexed_slices", "method": "topk", "options": SPARSE},
+    {"scenario": "graph_mode", "method": "none"},
+]
+TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", traced=True), tape("dgc", momentum=0.9)]
+KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
+THREE = TAPES_THREE + KERAS_THREE
+
+job2 = job_fixture("tf_dropin.py", 2, TWO, timeout=900)
+job3 = job_fixture("tf_dropin.py", 3, THREE, timeout=900)
+
+
+def records(out, index, np_):
+    return [json.loads((out / f"{index}.rank{r}.json").read_text()) for r in range(np_)]
+
+
+def label(config):
+    return f"{config['method']}-{'traced' if config.get('traced') else 'eager'}-{config['options']}"
+
+
+CASES = ([("job2", 2, TWO, i) for i in range(len(TAPES_TWO))]
+         + [("job3", 3, THREE, i) for i in range(len(TAPES_THREE))])
+
+
+@pytest.mark.parametrize("job_name, np_, configs, index", CASES,
+                         ids=[f"n{n}-{label(c[i])}" for _, n, c, i in CASES])
+def test_tape_checkpoint_idiom_resumes_in_step(request, job_name, np_, configs, index):
+    """Rank 0 alone restores variables and tape state, hvd.broadcast_variables: every rank at
+    rank 0's step, replicas bitwise identical, bitwise the original run's continuation with the
+    other ranks' per-rank state emptied (the documented residual rule)."""
+    ranks = records(request.getfixturevalue(job_name), index, np_)
+    steps = configs[index]["steps"] + configs[index]["more"]
+    for rank, record in enumerate(ranks):
+        assert record["steps"] == steps, f"rank {rank} is at step {record['steps']}, not rank 0's {steps}"
+        np.testing.assert_array_equal(np.asarray(record["resumed"]), np.asarray(ranks[0]["resumed"]),
+                                      err_msg=f"rank {rank} is not a replica of rank 0")
+        np.testing.assert_array_equal(np.asarray(record["resumed"]), np.asarray(record["expected"]),
+                                      err_msg=f"rank {rank} did not continue as documented")
+    assert max(ranks[0]["residual_norms"]) > 0
+
+
+KERAS_CASES = ([("job2", 2, TWO, TWO.index(c)) for c in KERAS_TWO]
+               + [("job3", 3, THREE, THREE.index(c)) for c in KERAS_THREE])
+
+
+@pytest.mark.parametrize("job_name, np_, configs, index", KERAS_CASES,
+                         ids=[f"n{n}-{c[i]['method']}-{c[i]['options']}" for _, n, c, i in KERAS_CASES])
+def test_keras_broadcast_callback_after_rank0_restore(request, job_name, np_, configs, index):
+    """model.fit (traced where the method traces) with BroadcastGlobalVariablesCallback after
+    rank 0 alone restored weights, iterations and exchanger state: no hang, every rank at rank
+    0's exchange count, identical weights after the fit."""
+    ranks = records(request.getfixturevalue(job_name), index, np_)
+    steps = configs[index]["steps"] + configs[index]["more"]
+    for record in ranks:
+        assert (record["steps"], record["iterations"]) == (steps, steps)
+        np.testing.assert_array_equal(np.asarray(record["weights"]), np.asarray(ranks[0]["weights"]))
+    assert max(ranks[0]["residual_norms"]) > 0
+
+
+def test_indexed_slices_with_compression_none_is_stock_horovod(job2):
+    index = TWO.index({"scenario": "indexed_slices", "method": "none"})
+    for record in records(job2, index, 2):
+        stock, ours = record["stock"], record["ours"]
+        assert ours["is_slices"] and stock["is_slices"]
+        for key in ("table", "dense"):
+            np.testing.assert_array_equal(np.asarray(ours[key]), np.asarray(stock[key]))
+
+
+def test_indexed_slices_rows_exchanged_exactly_with_a_sparsifier(job2):
+    """The rows of an IndexedSlices gradient travel as they are, whatever the compression: the
+    aggregate is the mean of the ranks' local gradients (as the stock tape gives)."""
+    index = TWO.index({"scenario": "indexed_slices", "method": "topk", "options": SPARSE})
+    ranks = records(job2, index, 2)
+    mean = np.mean([np.asarray(r["ours"]["local"], dtype=np.float64) for r in ranks], axis=0)
+    for record in ranks:
+        assert record["ours"]["is_slices"]
+        np.testing.assert_array_equal(np.asarray(record["ours"]["table"]), np.asarray(record["stock"]["table"]))
+        np.testing.assert_allclose(np.asarray(record["ours"]["table"]), mean, rtol=1e-6)
+
+
+def test_partial_tape_in_a_tf1_graph(job2):
+    """PartialDistributedGradientTape in a TF1-style graph and session: with Compression.none the
+    stock tape's gradients (local source scaled by 1/size, the other averaged); a sparsifier
+    refuses with an error saying to use Horovod's dense compressions there."""
+    index = TWO.index({"scenario": "graph_mode", "method": "none"})
+    ranks = records(job2, index, 2)
+    for record in ranks:
+        np.testing.assert_array_equal(np.asarray(record["ours"]["grads"][0]), np.asarray(record["stock"]["grads"][0]))
+        np.testing.assert_array_equal(np.asarray(record["ours"]["grads"][1]), np.asarray(record["stock"]["grads"][1]))
+        assert "TF1-style graph" in record["sparsifier"]["error"]
+    assert ranks[0]["ours"]["grads"][0] != ranks[1]["ours"]["grads"][0]  # local: not averaged
+    assert ranks[0]["ours"]["grads"][1] == ranks[1]["ours"]["grads"][1]  # shared: averaged
