@@ -13,11 +13,14 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 WORKERS = Path(__file__).resolve().parent / "workers"
+#: Seconds a test's subprocess may run: only a guard against a hang, far above what a healthy
+#: launch takes even on a 2-core machine shared with other suites (a few minutes at worst).
+HANG_TIMEOUT = 900.0
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 
 
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
-               timeout: float = 240.0) -> subprocess.CompletedProcess:
+               timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes; raise with the output on failure."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
                TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(WORKERS.parent.parent))
@@ -35,7 +38,7 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
 
 
 def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",
-                timeout: float = 240.0) -> subprocess.CompletedProcess:
+                timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
     """Run one launch that goes through every config in ``configs`` (one launch amortises the
     few seconds of start-up every worker pays); results go under ``out``."""
     spec = out / "configs.json"
@@ -43,7 +46,7 @@ def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], 
     return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout)
 
 
-def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = 300) -> Any:
+def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = HANG_TIMEOUT) -> Any:
     """A module-scoped pytest fixture running every config of ``configs`` in one ``script`` job
     on ``np`` workers (:func:`run_configs`); it yields the folder of the workers' records."""
     import pytest

@@ -17,7 +17,7 @@ import torch
 from benchmarks import models, netem, scaling, synthetic
 from benchmarks.cluster import add_ratios, merge_repeats, sweep
 from horovod_sparse.common.cost_model import AlphaBeta
-from tests.launch import HOROVODRUN
+from tests.launch import HANG_TIMEOUT, HOROVODRUN
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
@@ -25,8 +25,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
-def run(argv: List[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+def run(argv: List[str]) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
     return result
 
@@ -251,7 +251,7 @@ def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
     result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "grouping_overhead", "--compressors", "topk:density=0.05", "--batch-size", "2", "--size", "8",
                   "--warmup", "1", "--rounds", "2", "--steps", "1", "--search-warmup", "1", "--search-timed", "1",
-                  "--results", str(tmp_path / "grouping.json")], timeout=600)
+                  "--results", str(tmp_path / "grouping.json")])
     text = "\n".join(rank0_lines(result.stdout))
     assert re.search(r"^MergeComp search \(topk:density=0.05\): \d+ candidates, \d+ steps", text, re.M)
     rows = json.loads((tmp_path / "grouping.json").read_text())["results"]["rows"]
@@ -262,7 +262,7 @@ def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
 def test_lags_overlap_reports_the_model_and_the_chosen_densities(tmp_path):
     result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "lags_overlap", "--batch-size", "2", "--size", "8", "--warmup", "3", "--rounds", "1", "--steps", "1",
-                  "--results", str(tmp_path / "lags.json")], timeout=600)
+                  "--results", str(tmp_path / "lags.json")])
     text = "\n".join(rank0_lines(result.stdout))
     assert "Measured alpha-beta model" in text and "LAGS's own start-up model" in text
     figures = json.loads((tmp_path / "lags.json").read_text())["results"]
@@ -300,7 +300,7 @@ def test_cluster_benchmark_end_to_end(tmp_path):
             "--workers", "2", "--rates", "100mbit", "--densities", "0.01", "--methods", "topk", "bogus",
             "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "1", "--out", str(tmp_path)]
     process = subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = process.communicate(timeout=300)
+    stdout, stderr = process.communicate(timeout=HANG_TIMEOUT)
     assert process.returncode == 1, stdout + stderr
     assert "1 job(s) failed part-way" in stderr and "unknown sparsification method 'bogus'" in stderr
     assert our_namespaces(process.pid) == [] and not any(netem.NETNS_ETC.glob(f"{netem.PREFIX}-{process.pid}-*"))

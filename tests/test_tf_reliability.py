@@ -95,10 +95,10 @@ def test_exact_resume_from_per_rank_checkpoints(tmp_path):
         first.append(dict(extra, name=f"continuous{i}", prefix=f"continuous{i}", scenario="resume",
                           phase="continuous", half=half))
         first.append(dict(extra, name=f"first{i}", prefix=f"resume{i}", scenario="resume", phase="first", half=half))
-    run_configs("tf_reliability.py", NP, tmp_path, first, timeout=300)
+    run_configs("tf_reliability.py", NP, tmp_path, first)
     run_configs("tf_reliability.py", NP, tmp_path, [
         dict(extra, name=f"second{i}", prefix=f"resume{i}", scenario="resume", phase="second", half=half)
-        for i, extra in enumerate(RESUMED)], timeout=300)
+        for i, extra in enumerate(RESUMED)])
     for i in range(len(RESUMED)):
         for a, b in zip(records(tmp_path, f"continuous{i}"), records(tmp_path, f"second{i}")):
             assert b["steps"] == 2 * half

@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 
-from tests.launch import HOROVODRUN, WORKERS
+from tests.launch import HANG_TIMEOUT, HOROVODRUN, WORKERS
 
 
 def test_membership_change_rebuilds_state_and_keeps_replicas_identical(tmp_path):
@@ -23,7 +23,7 @@ def test_membership_change_rebuilds_state_and_keeps_replicas_identical(tmp_path)
     command = [HOROVODRUN, "--network-interface", "lo", "-np", "3", "--min-np", "2", "--max-np", "3",
                "--host-discovery-script", str(discover), "--gloo", sys.executable,
                str(WORKERS / "torch_elastic.py"), "--hosts-file", str(hosts), "--out", str(tmp_path)]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     survivors = [json.loads((tmp_path / f"elastic.rank{r}.json").read_text()) for r in range(2)]
     for record in survivors:

@@ -57,7 +57,7 @@ SEMANTICS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grouping")
-    run_configs("torch_exchange.py", 2, out, MATRIX + SEMANTICS, timeout=600)
+    run_configs("torch_exchange.py", 2, out, MATRIX + SEMANTICS)
     return out
 
 

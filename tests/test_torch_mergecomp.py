@@ -18,7 +18,7 @@ import torch
 
 from horovod_sparse.common.mergecomp import MergeCompOptions, SplitSearch, runs_of
 from tests.checks import Observed, assert_conservation, assert_identical_replicas
-from tests.launch import run_configs
+from tests.launch import HANG_TIMEOUT, run_configs
 
 SIZE = 3
 SHAPES = [[4]] * 60 + [[2000]]
@@ -168,6 +168,6 @@ def test_checkpoint_restores_the_chosen_grouping_and_residuals():
     """A checkpoint taken after the search resumes with the same groups and residuals (one-rank
     Horovod job in a subprocess)."""
     result = subprocess.run([sys.executable, "-c", CHECKPOINT_SCRIPT], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                            timeout=HANG_TIMEOUT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "restored" in result.stdout

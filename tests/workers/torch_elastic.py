@@ -24,7 +24,7 @@ def main():
     parser.add_argument("--method", default="topk")
     # Only so that a job whose world never shrinks (a hang) ends by itself: at >= 0.1 s per step
     # once the shrink is asked for, it lasts longer than the test's process timeout.
-    parser.add_argument("--max-steps", type=int, default=3000)
+    parser.add_argument("--max-steps", type=int, default=10000)
     args = parser.parse_args()
     hvd.init()
     torch.set_num_threads(1)
