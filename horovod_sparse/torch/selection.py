@@ -191,9 +191,10 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``x.reshape(-1)``.
 
     Tie rule: among equal magnitudes the lower index wins, so the result is the first ``k``
-    indices in the order of ``(-|x[i]|, i)``, on every rank and device and in both frameworks. It is the set ``torch.topk(x.abs(), k)`` returns whenever that set is
-    unambiguous (``torch.topk`` promises no order among ties). ``k <= 0`` gives nothing,
-    ``k >= numel`` every index. ``x`` must hold no NaN; a non-contiguous ``x`` is copied once.
+    indices in the order of ``(-|x[i]|, i)``, on every rank and device and in both frameworks.
+    It is the set ``torch.topk(x.abs(), k)`` returns whenever that set is unambiguous
+    (``torch.topk`` promises no order among ties). ``k <= 0`` gives nothing, ``k >= numel``
+    every index. ``x`` must hold no NaN; a non-contiguous ``x`` is copied once.
 
     How (exact for any input): one block scan, and a level at or below the ``k``-th largest
     block maximum (:func:`candidate_level`): at least ``k`` coordinates reach it (one in each
