@@ -42,6 +42,11 @@ from benchmarks.results import Progress, command_line, read_results, write_resul
 from horovod_sparse.common.mergecomp import MergeCompOptions
 
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow, Keras model.fit"}
+#: What the table's local work is, per framework (see benchmarks.digits_tf for TensorFlow's).
+LOCAL_WORK = {"torch": "the method's own work per step outside the communication wait (selection, packing, "
+                       "applying)",
+              "tensorflow": "the step minus the compute-only step (a traced step is not timed phase by phase, so "
+                            "this holds the loopback exchange too: an upper bound)"}
 #: MergeComp's search shortened to fit the demo's few epochs: 1 warm-up and 3 timed steps per
 #: candidate (the reference's 5 + 20 would outlast the training); the other options are the defaults.
 MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
@@ -212,7 +217,8 @@ def summary(args: argparse.Namespace, report: digits_report.Report, parameters: 
                          "measured after it.")
     if args.framework == "tensorflow" and args.mergecomp and not args.compressors:
         lines.append(f"Not available with TensorFlow: groups='mergecomp' ({', '.join(args.mergecomp)}), PyTorch only.")
-    lines.append(digits_report.legend(report, f"{args.np} workers on this machine, Gloo over loopback"))
+    lines.append(digits_report.legend(report, f"{args.np} workers on this machine, Gloo over loopback",
+                                      LOCAL_WORK[args.framework]))
     return "\n".join(lines)
 
 

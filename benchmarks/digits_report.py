@@ -136,19 +136,24 @@ def table(report: Report, title: str, marks: Dict[str, str]) -> str:
     return "\n".join(lines)
 
 
-def legend(report: Report, job: str) -> str:
-    """How to read the table: what is measured, where, and what the projection assumes."""
+def legend(report: Report, job: str, local_work: str) -> str:
+    """How to read the table: what is measured (``local_work`` says what the local ms are), where,
+    and what the projection assumes."""
     base = scaling.network(report.fits, "1gbit")
     paragraphs = [
         f"Measured ({job}): test accuracy after the last epoch and its difference to dense in points; payload kB "
         "sent per step per worker (values + indices + metadata) and the reduction against dense; union density (the "
-        "share of the gradient that reached the model); local ms: the method's own work per step outside the "
-        "communication wait (selection, packing, applying). Per-step figures: the second half of training.",
+        f"share of the gradient that reached the model); local ms: {local_work}. Per-step figures: the second half "
+        "of training.",
         "Projected: benchmarks.scaling's alpha-beta model with this run's costs: step = the compute-only step measured "
         f"here ({1e3 * report.compute:.3f} ms) + local work + the wire time of the method's collectives for the "
         f"payload measured here, on links with {report.fits_source} (1 Gbit/s: alpha {1e3 * base.alpha:.2f} ms, beta "
         f"{1e9 * base.beta:.1f} ns/byte). Communication overlapped with the backward pass is not subtracted.",
     ]
+    if report.emulated is not None:
+        paragraphs.append(f"Emulated: the median step of the same job run across network namespaces joined by "
+                          f"{rate_name(EMULATED_RATE)} links shaped with tc (benchmarks.netem), beside the "
+                          "projection for that cluster.")
     return "\n".join(map(paragraph, paragraphs))
 
 
