@@ -8,7 +8,7 @@ later is covered (or this module fails to import, asking for an alternative valu
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List
 
 import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
@@ -47,6 +47,26 @@ def option_cases() -> List[Dict[str, Any]]:
                           "rank1": {"method": method, "options": options},
                           "expect": f"compression.{field.name}={after!r} (rank 0: {before!r})"})
     return cases
+
+
+def wrapper_cases(param: Callable[[str, int], str], dtype: Callable[[str], str], average: str,
+                  total: str) -> List[Dict[str, Any]]:
+    """:func:`option_cases` and the cases both front ends share (op, nonfinite, grouping, group
+    sizes, dtypes) on the reliability workers' shapes (1200, 30 and 180 elements), in each front
+    end's spelling: ``param(case, i)`` names parameter i, ``dtype(name)`` a dtype, ``average`` and
+    ``total`` the ops ``Average`` and ``Sum``."""
+    float32, float64 = dtype("float32"), dtype("float64")
+    return option_cases() + [
+        {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": f"op={total!r} (rank 0: {average!r})"},
+        {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
+         "expect": "nonfinite='skip' (rank 0: 'raise')"},
+        {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
+         "expect": f"groups.group0.{param('grouping', 0)}='1410 x {float32}' (rank 0: '<missing>')"},
+        {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
+         "expect": f"groups.{param('group_size', 1)}='31 x {float32}' (rank 0: '30 x {float32}')"},
+        {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
+         "expect": f"groups.{param('dtype', 1)}='30 x {float64}' (rank 0: '30 x {float32}')"},
+    ]
 
 
 def assert_every_rank_refused(recs: List[Dict[str, Any]], case: Dict[str, Any]) -> None:

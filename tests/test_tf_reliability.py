@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tests.launch import job_fixture, run_configs
-from tests.mismatch import assert_every_rank_refused, option_cases
+from tests.mismatch import assert_every_rank_refused, wrapper_cases
 from tests.test_torch_reliability import conserved, records, same_on_all_ranks
 from tests.workers.tf_reliability import SHAPES
 
@@ -18,17 +18,7 @@ NONFINITE = [(policy, api) for policy in ("raise", "skip") for api in ("tape", "
 DTYPES = ("float32", "float64", "float16", "bfloat16")
 
 #: A mismatch in every field of the exchanger's configuration fingerprint (``tests/mismatch.py``).
-MISMATCHES = option_cases() + [
-    {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": "op='sum' (rank 0: 'average')"},
-    {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
-     "expect": "nonfinite='skip' (rank 0: 'raise')"},
-    {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
-     "expect": "groups.group0.grouping_p0:0='1410 x float32' (rank 0: '<missing>')"},
-    {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
-     "expect": "groups.group_size_p1:0='31 x float32' (rank 0: '30 x float32')"},
-    {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
-     "expect": "groups.dtype_p1:0='30 x float64' (rank 0: '30 x float32')"},
-]
+MISMATCHES = wrapper_cases(lambda case, i: f"{case}_p{i}:0", lambda name: name, "average", "sum")
 SCENARIOS = [
     {"name": "mismatches", "scenario": "mismatches", "cases": MISMATCHES},
     *({"name": f"nan_{policy}_{api}", "scenario": "nonfinite", "policy": policy, "api": api}

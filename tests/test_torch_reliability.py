@@ -12,7 +12,7 @@ import torch
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.checks import assert_conserved
 from tests.launch import job_fixture, run_configs
-from tests.mismatch import assert_every_rank_refused, option_cases
+from tests.mismatch import assert_every_rank_refused, wrapper_cases
 from tests.streams import raw_gradient
 
 NP = 2
@@ -40,16 +40,7 @@ def conserved(recs, shapes, steps, dtype, skipped=lambda step, rank, i: False):
 
 
 #: A mismatch in every field of the wrapper's configuration fingerprint (``tests/mismatch.py``).
-MISMATCHES = option_cases() + [
-    {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": "op='1' (rank 0: '0')"},
-    {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
-     "expect": "nonfinite='skip' (rank 0: 'raise')"},
-    {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
-     "expect": "groups.group0.p0='1410 x torch.float32' (rank 0: '<missing>')"},
-    {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
-     "expect": "groups.p1='31 x torch.float32' (rank 0: '30 x torch.float32')"},
-    {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
-     "expect": "groups.p1='30 x torch.float64' (rank 0: '30 x torch.float32')"},
+MISMATCHES = wrapper_cases(lambda case, i: f"p{i}", lambda name: f"torch.{name}", "0", "1") + [
     {"name": "backward_passes_per_step", "rank0": {}, "rank1": {"wrapper": {"backward_passes_per_step": 2}},
      "expect": "backward_passes_per_step=2 (rank 0: 1)"},
     {"name": "mergecomp", "rank0": {"wrapper": {"groups": {"mergecomp": {}}}},
