@@ -32,6 +32,8 @@ import json
 import sys
 import tempfile
 import time
+from contextlib import ExitStack
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -157,14 +159,20 @@ def worker_argv(args: argparse.Namespace, configs: Sequence[str], results: Path)
             "--hidden", str(args.hidden)]
 
 
-def follower(progress: Progress, where: str, seeds: Sequence[int]) -> Callable[[str], None]:
-    """A reader of rank 0's lines that reports every finished epoch to ``progress``."""
-    def follow(line: str) -> None:
+def follower(stack: ExitStack, total: int, seeds: Sequence[int]) -> Callable[[str, str], None]:
+    """``follow(where, line)``: a reader of rank 0's lines that reports every finished epoch of
+    ``total`` to a progress display, opened (on ``stack``) at the first one so that the jobs'
+    start-up (framework imports) does not inflate its ETA."""
+    progress: List[Progress] = []
+
+    def follow(where: str, line: str) -> None:
         if line.startswith(EPOCH_PREFIX):
             epoch = json.loads(line[len(EPOCH_PREFIX):])
+            if not progress:
+                progress.append(stack.enter_context(Progress(total, "digits")))
             seed = f" seed {epoch['seed']}" if len(seeds) > 1 else ""
-            progress.done(f"{where}: {epoch['label']}{seed} epoch {epoch['epoch']}/{epoch['epochs']}",
-                          f"training loss {epoch['loss']:.3f}")
+            progress[0].done(f"{where}: {epoch['label']}{seed} epoch {epoch['epoch']}/{epoch['epochs']}",
+                             f"training loss {epoch['loss']:.3f}")
     return follow
 
 
@@ -173,11 +181,12 @@ def run_jobs(args: argparse.Namespace, configs: Sequence[str]) -> Tuple[List[Dic
     """Train every configuration on this machine and, with ``--emulate``, on the emulated
     cluster; returns both jobs' rows (None for the second without ``--emulate``)."""
     jobs = 2 if args.emulate else 1
-    with tempfile.TemporaryDirectory(prefix="hs-digits-") as tmp, \
-            Progress(jobs * len(configs) * len(args.seeds) * args.epochs, "digits") as progress:
+    print(f"[digits] {len(configs)} configurations (compute-only and dense included) x {args.epochs} epochs on "
+          f"{args.np} workers ({FRAMEWORKS[args.framework]}): starting the job ...", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="hs-digits-") as tmp, ExitStack() as stack:
+        follow = follower(stack, jobs * len(configs) * len(args.seeds) * args.epochs, args.seeds)
         local = Path(tmp, "local.json")
-        horovodrun(args.np, worker_argv(args, configs, local), follower(progress, "this machine", args.seeds),
-                   args.timeout)
+        horovodrun(args.np, worker_argv(args, configs, local), partial(follow, "this machine"), args.timeout)
         if not args.emulate:
             return read_results(local), None
         from benchmarks.netem import EmulatedCluster, run_horovod
@@ -185,8 +194,7 @@ def run_jobs(args: argparse.Namespace, configs: Sequence[str]) -> Tuple[List[Dic
         emulated = Path(tmp, "emulated.json")
         where = f"emulated {digits_report.rate_name(digits_report.EMULATED_RATE)}"
         with EmulatedCluster(args.np, digits_report.EMULATED_RATE) as cluster:
-            run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout,
-                        follower(progress, where, args.seeds))
+            run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout, partial(follow, where))
         return read_results(local), read_results(emulated)
 
 
