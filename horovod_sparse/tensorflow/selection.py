@@ -91,16 +91,22 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
 
     Tie rule, as :func:`horovod_sparse.torch.selection.top_k`: among equal magnitudes the lower
     index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.
-    ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. Only the value
-    of the ``k``-th largest ``|x|`` is taken from ``tf.math.top_k`` (whatever order it gives
-    ties): every coordinate above it, then the first of those equal to it. Traceable, with ``k``
-    a Python int or a scalar tensor.
+    ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. When exactly
+    ``k`` coordinates reach the ``k``-th largest ``|x|``, ``tf.math.top_k``'s set is the answer;
+    otherwise (ties at the ``k``-th value) it is every coordinate above that value, then the
+    first of those equal to it, whatever order ``tf.math.top_k`` gives ties. Traceable, with
+    ``k`` a Python int or a scalar tensor.
     """
     magnitude = tf.abs(tf.reshape(x, [-1]))
     k = tf.clip_by_value(tf.cast(k, tf.int32), 0, tf.size(magnitude))
-    kth = tf.reduce_min(tf.math.top_k(magnitude, k, sorted=False).values)  # +inf when k = 0
-    above = magnitude > kth
-    tied = tf.cast(magnitude == kth, tf.int32)
-    room = k - tf.reduce_sum(tf.cast(above, tf.int32))
-    keep = above | ((tied > 0) & (tf.cumsum(tied) <= room))
-    return tf.where(keep)[:, 0]
+    values, indices = tf.math.top_k(magnitude, k, sorted=False)
+    kth = tf.reduce_min(values)  # +inf when k = 0
+
+    def ties_to_the_lower_index() -> tf.Tensor:
+        above = magnitude > kth
+        tied = tf.cast(magnitude == kth, tf.int32)
+        room = k - tf.reduce_sum(tf.cast(above, tf.int32))
+        return tf.where(above | ((tied > 0) & (tf.cumsum(tied) <= room)))[:, 0]
+
+    unambiguous = tf.equal(tf.reduce_sum(tf.cast(magnitude >= kth, tf.int32)), k)
+    return tf.cond(unambiguous, lambda: tf.sort(tf.cast(indices, tf.int64)), ties_to_the_lower_index)
