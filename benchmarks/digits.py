@@ -68,9 +68,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch")
     p.add_argument("--np", type=int, default=2, help="workers of the job on this machine")
     p.add_argument("--methods", nargs="+", help="methods to train (default: every one the framework implements)")
-    p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001],
+                   help="every method is trained at each of these densities")
     p.add_argument("--mergecomp", nargs="*", default=["topk"],
-                   help="methods also trained with groups='mergecomp' (PyTorch only; none: no MergeComp)")
+                   help="methods also trained with groups='mergecomp' (PyTorch only; --mergecomp alone: none)")
     p.add_argument("--compressors", nargs="+",
                    help="explicit configurations SPEC[@GROUPS], e.g. none topk:density=0.01@mergecomp "
                         "(replaces --methods/--densities/--mergecomp; dense is always trained)")
