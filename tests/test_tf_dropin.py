@@ -32,6 +32,8 @@ TWO = TAPES_TWO + KERAS_TWO + [
     {"scenario": "indexed_slices", "method": "none"},
     {"scenario": "indexed_slices", "method": "topk", "options": SPARSE},
     {"scenario": "graph_mode", "method": "none"},
+    {"scenario": "keras_behaviours", "method": "none"},
+    {"scenario": "keras_behaviours", "method": "topk", "options": {"density": 1.0, "min_numel": 0}, "nonfinite": "skip"},
 ]
 TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", traced=True), tape("dgc", momentum=0.9)]
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
@@ -121,3 +123,22 @@ def test_partial_tape_in_a_tf1_graph(job2):
         assert "TF1-style graph" in record["sparsifier"]["error"]
     assert ranks[0]["ours"]["grads"][0] != ranks[1]["ours"]["grads"][0]  # local: not averaged
     assert ranks[0]["ours"]["grads"][1] == ranks[1]["ours"]["grads"][1]  # shared: averaged
+
+
+@pytest.mark.parametrize("method", ["none", "topk"])
+def test_keras_behaviours_as_stock(job2, method):
+    """Horovod's Keras tests' behaviours, ours against the stock wrapper on the same inputs:
+    model.fit with the LearningRateWarmup/Schedule callbacks, backward_passes_per_step=2 and a
+    sparse_as_dense embedding (same learning rates, same weights: bitwise with Compression.none,
+    float32 rounding apart with Top-k at density 1, whose sum runs in another order),
+    get_config/from_config, and aggregation over an Inf gradient (Top-k with nonfinite="skip")."""
+    config = next(c for c in TWO if c["scenario"] == "keras_behaviours" and c["method"] == method)
+    for record in records(job2, TWO.index(config), 2):
+        stock, ours = record["stock"], record["ours"]
+        assert ours["rates"] == stock["rates"] and len(set(stock["rates"])) > 1
+        assert ours["from_config"] and stock["from_config"]
+        assert ours["inf_then_finite"] and stock["inf_then_finite"]
+        if method == "none":
+            np.testing.assert_array_equal(np.asarray(ours["weights"]), np.asarray(stock["weights"]))
+        else:
+            np.testing.assert_allclose(np.asarray(ours["weights"]), np.asarray(stock["weights"]), rtol=2e-6, atol=1e-7)

@@ -154,6 +154,59 @@ def scenario_keras_checkpoint(config):
             "residual_norms": [float(tf.norm(tf.cast(r, tf.float64))) for r in fresh_optimizer.exchanger.residuals().values()]}
 
 
+def keras_behaviours(kind, config):
+    """Horovod's Keras tests' behaviours through one wrapper (``kind``: stock or ours)."""
+    def wrap(optimizer, **options):
+        if kind == "stock":
+            return hvd_keras.DistributedOptimizer(optimizer, **options)
+        return hs_keras.DistributedOptimizer(optimizer, compression=compression(config),
+                                             nonfinite=config.get("nonfinite", "default"), **options)
+
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(7)
+    record = {}
+    # model.fit with Horovod's learning-rate callbacks, two backward passes per step, and an
+    # embedding exchanged as dense (sparse_as_dense).
+    model = tf.keras.Sequential([tf.keras.layers.Embedding(20, 4, input_length=3), tf.keras.layers.Flatten(),
+                                 tf.keras.layers.Dense(2)])
+    optimizer = wrap(tf.keras.optimizers.Adam(0.01), backward_passes_per_step=2, sparse_as_dense=True)
+    model.compile(optimizer=optimizer, loss="mse")
+    rng = np.random.default_rng([3, hvd.rank()])
+    x, y = rng.integers(0, 20, (32, 3)), rng.standard_normal((32, 2))
+    rates = []
+    callbacks = [hvd_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                 hvd_keras.callbacks.LearningRateWarmupCallback(initial_lr=0.02, warmup_epochs=2, steps_per_epoch=4),
+                 hvd_keras.callbacks.LearningRateScheduleCallback(initial_lr=0.02, multiplier=0.5, start_epoch=2),
+                 tf.keras.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: rates.append(
+                     float(tf.keras.backend.get_value(model.optimizer.learning_rate))))]
+    model.fit(x, y, batch_size=8, epochs=4, verbose=0, shuffle=False, callbacks=callbacks)
+    record["weights"] = np.concatenate([w.reshape(-1) for w in model.get_weights()]).astype(np.float64).tolist()
+    record["rates"] = rates
+    # get_config / from_config round trip.
+    config_of = optimizer.get_config()
+    record["from_config"] = (optimizer.from_config(config_of).get_config() == config_of
+                             and type(optimizer).from_config(config_of).get_config() == config_of)
+    # Gradient aggregation with an Inf gradient in the first cycle (Horovod's
+    # test_grad_aggregation_with_inf_grad): the second cycle's gradient is finite.
+    count = tf.Variable(0, trainable=False, dtype=tf.int32)
+    w = tf.Variable(0.0)
+    aggregating = wrap(tf.keras.optimizers.SGD(), backward_passes_per_step=2, sparse_as_dense=True)
+
+    def loss():
+        count.assign_add(1)
+        return tf.cond(count > 1, lambda: w, lambda: w * float("inf"))
+
+    for _ in range(4):
+        grads_and_vars = aggregating._compute_gradients(loss=loss, var_list=[w])
+        aggregating.apply_gradients(grads_and_vars)
+    record["inf_then_finite"] = bool(tf.math.is_finite(grads_and_vars[0][0]))
+    return record
+
+
+def scenario_keras_behaviours(config):
+    return {kind: keras_behaviours(kind, config) for kind in ("stock", "ours")}
+
+
 def scenario_indexed_slices(config):
     """An embedding's IndexedSlices gradient: ours and the stock tape, plus the local gradient."""
     ids = tf.constant([[1, 2, 4, 5], [4, 3, 2, 9]] if hvd.rank() == 0 else [[1, 3, 4, 4], [4, 7, 9, 9]])
