@@ -58,3 +58,9 @@ def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: fl
         return out
 
     return job
+
+
+def rank_records(out: Path, index: int, np: int) -> List[Any]:
+    """The JSON records the ranks of a job wrote for its ``index``-th config, in rank order
+    (workers that name their records ``{index}.rank{r}.json``)."""
+    return [json.loads((out / f"{index}.rank{r}.json").read_text()) for r in range(np)]

@@ -4,12 +4,10 @@ BroadcastGlobalVariablesCallback, IndexedSlices gradients, PartialDistributedGra
 TF1-style graph. Real horovodrun jobs (tests/workers/tf_dropin.py)."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from tests.launch import job_fixture
+from tests.launch import job_fixture, rank_records
 
 METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags"]
 TRACEABLE = ["topk", "threshold", "gtopk", "lags"]
@@ -39,12 +37,9 @@ TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", trace
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
 THREE = TAPES_THREE + KERAS_THREE
 
-job2 = job_fixture("tf_dropin.py", 2, TWO, timeout=900)
-job3 = job_fixture("tf_dropin.py", 3, THREE, timeout=900)
+job2 = job_fixture("tf_dropin.py", 2, TWO)
+job3 = job_fixture("tf_dropin.py", 3, THREE)
 
-
-def records(out, index, np_):
-    return [json.loads((out / f"{index}.rank{r}.json").read_text()) for r in range(np_)]
 
 
 def label(config):
@@ -61,7 +56,7 @@ def test_tape_checkpoint_idiom_resumes_in_step(request, job_name, np_, configs, 
     """Rank 0 alone restores variables and tape state, hvd.broadcast_variables: every rank at
     rank 0's step, replicas bitwise identical, bitwise the original run's continuation with the
     other ranks' per-rank state emptied (the documented residual rule)."""
-    ranks = records(request.getfixturevalue(job_name), index, np_)
+    ranks = rank_records(request.getfixturevalue(job_name), index, np_)
     steps = configs[index]["steps"] + configs[index]["more"]
     for rank, record in enumerate(ranks):
         assert record["steps"] == steps, f"rank {rank} is at step {record['steps']}, not rank 0's {steps}"
@@ -82,7 +77,7 @@ def test_keras_broadcast_callback_after_rank0_restore(request, job_name, np_, co
     """model.fit (traced where the method traces) with BroadcastGlobalVariablesCallback after
     rank 0 alone restored weights, iterations and exchanger state: no hang, every rank at rank
     0's exchange count, identical weights after the fit."""
-    ranks = records(request.getfixturevalue(job_name), index, np_)
+    ranks = rank_records(request.getfixturevalue(job_name), index, np_)
     steps = configs[index]["steps"] + configs[index]["more"]
     for record in ranks:
         assert (record["steps"], record["iterations"]) == (steps, steps)
@@ -92,7 +87,7 @@ def test_keras_broadcast_callback_after_rank0_restore(request, job_name, np_, co
 
 def test_indexed_slices_with_compression_none_is_stock_horovod(job2):
     index = TWO.index({"scenario": "indexed_slices", "method": "none"})
-    for record in records(job2, index, 2):
+    for record in rank_records(job2, index, 2):
         stock, ours = record["stock"], record["ours"]
         assert ours["is_slices"] and stock["is_slices"]
         for key in ("table", "dense"):
@@ -103,7 +98,7 @@ def test_indexed_slices_rows_exchanged_exactly_with_a_sparsifier(job2):
     """The rows of an IndexedSlices gradient travel as they are, whatever the compression: the
     aggregate is the mean of the ranks' local gradients (as the stock tape gives)."""
     index = TWO.index({"scenario": "indexed_slices", "method": "topk", "options": SPARSE})
-    ranks = records(job2, index, 2)
+    ranks = rank_records(job2, index, 2)
     mean = np.mean([np.asarray(r["ours"]["local"], dtype=np.float64) for r in ranks], axis=0)
     for record in ranks:
         assert record["ours"]["is_slices"]
@@ -116,7 +111,7 @@ def test_partial_tape_in_a_tf1_graph(job2):
     stock tape's gradients (local source scaled by 1/size, the other averaged); a sparsifier
     refuses with an error saying to use Horovod's dense compressions there."""
     index = TWO.index({"scenario": "graph_mode", "method": "none"})
-    ranks = records(job2, index, 2)
+    ranks = rank_records(job2, index, 2)
     for record in ranks:
         np.testing.assert_array_equal(np.asarray(record["ours"]["grads"][0]), np.asarray(record["stock"]["grads"][0]))
         np.testing.assert_array_equal(np.asarray(record["ours"]["grads"][1]), np.asarray(record["stock"]["grads"][1]))
@@ -133,7 +128,7 @@ def test_keras_behaviours_as_stock(job2, method):
     float32 rounding apart with Top-k at density 1, whose sum runs in another order),
     get_config/from_config, and aggregation over an Inf gradient (Top-k with nonfinite="skip")."""
     config = next(c for c in TWO if c["scenario"] == "keras_behaviours" and c["method"] == method)
-    for record in records(job2, TWO.index(config), 2):
+    for record in rank_records(job2, TWO.index(config), 2):
         stock, ours = record["stock"], record["ours"]
         assert ours["rates"] == stock["rates"] and len(set(stock["rates"])) > 1
         assert ours["from_config"] and stock["from_config"]

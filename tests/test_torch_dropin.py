@@ -4,12 +4,10 @@ every torch.optim optimizer, backward_passes_per_step, synchronize/clipping, unn
 Real horovodrun jobs (tests/workers/torch_dropin.py); see that file for each scenario."""
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from tests.launch import job_fixture
+from tests.launch import job_fixture, rank_records
 
 METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags"]
 SPARSE = {"density": 0.1, "min_numel": 0}
@@ -46,12 +44,9 @@ TWO = checkpoint_configs() + [
 ]
 THREE = checkpoint_configs()
 
-job2 = job_fixture("torch_dropin.py", 2, TWO, timeout=600)
-job3 = job_fixture("torch_dropin.py", 3, THREE, timeout=600)
+job2 = job_fixture("torch_dropin.py", 2, TWO)
+job3 = job_fixture("torch_dropin.py", 3, THREE)
 
-
-def records(out, index, np):
-    return [json.loads((out / f"{index}.rank{r}.json").read_text()) for r in range(np)]
 
 
 def label(config):
@@ -65,7 +60,7 @@ def test_checkpoint_idiom_resumes_in_step_on_every_rank(request, np_, job_name, 
     identical after every step, and bitwise the original run's continuation with the other
     ranks' per-rank state emptied (the documented residual rule)."""
     config = THREE[index]
-    ranks = records(request.getfixturevalue(job_name), index, np_)
+    ranks = rank_records(request.getfixturevalue(job_name), index, np_)
     for rank, record in enumerate(ranks):
         assert record["steps"] == ranks[0]["steps"], "step counters differ across ranks"
         assert record["groups"] == record["expected_groups"]
@@ -85,7 +80,7 @@ def test_checkpoint_idiom_resumes_in_step_on_every_rank(request, np_, job_name, 
 
 def test_sparse_embedding_with_compression_none_is_stock_horovod(job2):
     index = TWO.index({"scenario": "embedding", "method": "none"})
-    for record in records(job2, index, 2):
+    for record in rank_records(job2, index, 2):
         for sparse_as_dense in ("False", "True"):
             stock, ours = record[sparse_as_dense]["stock"], record[sparse_as_dense]["ours"]
             for key in ("aggregated", "layout_sparse", "params"):
@@ -97,7 +92,7 @@ def test_sparse_embedding_rows_exchanged_exactly_with_a_sparsifier(job2):
     """With a sparsifier the embedding's rows travel as they are: the aggregate is exactly the
     mean of the ranks' local sparse gradients (their rows are already a sparse payload)."""
     index = TWO.index({"scenario": "embedding", "method": "topk", "options": SPARSE})
-    ranks = records(job2, index, 2)
+    ranks = rank_records(job2, index, 2)
     for record in ranks:
         ours = record["False"]["ours"]
         assert ours["layout_sparse"] == [True] * 3
@@ -112,7 +107,7 @@ def test_dynamic_requires_grad_gan_pattern(job2, method):
     """Horovod's test_dynamic_requires_grad: after backward() a trained parameter's .grad holds a
     gradient and a frozen one's is None, and the result matches the stock optimizer."""
     config = next(c for c in TWO if c["scenario"] == "dynamic_requires_grad" and c["method"] == method)
-    for record in records(job2, TWO.index(config), 2):
+    for record in rank_records(job2, TWO.index(config), 2):
         assert record["ours"]["violations"] == [] and record["stock"]["violations"] == []
         compare(record["ours"]["params"], record["stock"]["params"], method)
 
@@ -129,7 +124,7 @@ def compare(ours, stock, method):
 @pytest.mark.parametrize("method", ["none", "topk"])
 def test_backward_passes_clipping_and_names_as_stock(job2, method):
     config = next(c for c in TWO if c["scenario"] == "hooks" and c["method"] == method)
-    for record in records(job2, TWO.index(config), 2):
+    for record in rank_records(job2, TWO.index(config), 2):
         stock, ours = record["stock"], record["ours"]
         for key in ("passes1", "passes2", "noname"):
             compare(ours[key], stock[key], method)
@@ -144,7 +139,7 @@ def test_every_optimizer_state_broadcast_after_rank0_load(job2, method):
     does not: its state initialisation applies weight decay to the non-root ranks' parameters
     after they were broadcast."""
     config = next(c for c in TWO if c["scenario"] == "optimizers" and c["method"] == method)
-    ranks = records(job2, TWO.index(config), 2)
+    ranks = rank_records(job2, TWO.index(config), 2)
     keys = sorted(k for k in ranks[0] if k.endswith("/ours"))
     assert len(keys) >= 2 * 9
     for key in keys:

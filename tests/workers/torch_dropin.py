@@ -20,7 +20,6 @@ import io
 import json
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
