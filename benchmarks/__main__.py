@@ -1,8 +1,9 @@
 """The benchmarks' front door: ``python -m benchmarks <name> [options]`` runs ``benchmarks.<name>``.
 
-``digits``, ``synthetic`` and ``overhead`` are one rank of a Horovod job, launched the usual way
-(``horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks synthetic ...``); ``convergence``
-and ``cluster`` launch their own jobs (``cluster`` builds an emulated network and needs root).
+``synthetic`` and ``overhead`` are one rank of a Horovod job, launched the usual way
+(``horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks synthetic ...``); ``digits`` (the
+main job), ``convergence`` and ``cluster`` launch their own jobs (``cluster`` and ``digits
+--emulate`` build an emulated network and need root).
 ``python -m benchmarks <name> --help`` describes each one.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Dict, List, Optional
 
 PACKAGE = Path(__file__).resolve().parent
 #: Modules of the package that are libraries of the benchmarks, not benchmarks.
-LIBRARIES = {"data", "models", "netem", "plots", "results", "synthetic_tf", "digits_tf", "digits_training"}
+LIBRARIES = {"data", "models", "netem", "plots", "results", "synthetic_tf", "digits_tf", "digits_training",
+             "digits_report"}
 #: Listed first, in this order; any other benchmark module follows alphabetically.
 ORDER = ["digits", "synthetic", "overhead", "convergence", "cluster", "scaling", "selection_cost"]
 
