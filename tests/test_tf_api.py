@@ -55,11 +55,6 @@ def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
         hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=compression, nonfinite=nonfinite)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs a package change (horovod_sparse/tensorflow/keras.py, DistributedOptimizer): refuse "
-    "backward_passes_per_step < 1 or not an int before building Horovod's wrapper, with the PyTorch "
-    "wrapper's message 'backward_passes_per_step must be > 0'; today 0, -1 and 1.5 are taken silently "
-    "(Horovod's Keras wrapper checks nothing). Remove this mark with the change."))
 @pytest.mark.parametrize("passes", [0, -1, 1.5])
 def test_keras_backward_passes_per_step_below_one_is_refused(passes):
     with pytest.raises((ValueError, TypeError), match="backward_passes_per_step"):

@@ -20,10 +20,6 @@ def test_backward_passes_per_step_below_one_is_refused(passes):
         wrap(backward_passes_per_step=passes)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "needs a package change (horovod_sparse/torch/optimizer.py, DistributedOptimizer): refuse a "
-    "backward_passes_per_step that is not an int (check_int('backward_passes_per_step', ..., minimum=1)); "
-    "today 1.5 or True are taken and the hook counts down to fractions. Remove this mark with the change."))
 @pytest.mark.parametrize("passes", [1.5, True])
 def test_backward_passes_per_step_must_be_an_integer(passes):
     with pytest.raises(TypeError, match="backward_passes_per_step"):

@@ -2,6 +2,7 @@
 ``gradient_predivide_factor``, ``compression``), with the same messages in both frameworks."""
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
 
@@ -33,3 +34,13 @@ def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: typ
     if gradient_predivide_factor != 1.0:
         raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
                          "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")
+
+
+def check_backward_passes(passes: Any) -> int:
+    """``backward_passes_per_step`` as an int >= 1: a fraction or a bool would make the hooks
+    count down past the step they should exchange at."""
+    if isinstance(passes, bool) or not isinstance(passes, numbers.Integral):
+        raise TypeError(f"backward_passes_per_step must be an integer > 0, got {passes!r}")
+    if passes <= 0:
+        raise ValueError("backward_passes_per_step must be > 0")
+    return int(passes)

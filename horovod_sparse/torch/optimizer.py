@@ -22,6 +22,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
+from horovod_sparse.common.arguments import check_backward_passes
 from horovod_sparse.common.consensus import require_same_configuration
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
@@ -410,7 +411,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
 
     def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = passes
+        self.backward_passes_per_step = passes = check_backward_passes(passes)
         for p in self._delay:
             self._delay[p] = passes
 
@@ -622,8 +623,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    if backward_passes_per_step <= 0:
-        raise ValueError("backward_passes_per_step must be > 0")
+    backward_passes_per_step = check_backward_passes(backward_passes_per_step)
     sparse = isinstance(compression, Sparsifier)
     if isinstance(compression, type) and issubclass(compression, Sparsifier):
         raise TypeError(f"compression={compression.__name__} is a class; create an instance with "
