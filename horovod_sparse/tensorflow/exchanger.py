@@ -205,13 +205,15 @@ class GradientExchanger:
             (``"default"`` with a sparsifier) or ``"skip"`` (see the module docstring); None
             checks nothing (the only choice, and the default, with Horovod's dense compressors,
             whose behaviour is Horovod's).
+        backward_passes_per_step: the Keras wrapper's local aggregation; it only enters the
+            configuration every rank must agree on.
     """
 
     def __init__(self, name: str, compression: Any, sparse_as_dense: bool = False, op: Any = hvd.Average,
                  gradient_predivide_factor: float = 1.0, groups: Any = None,
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
                  device_sparse: str = "", stats_log: Optional[IO[str]] = None,
-                 nonfinite: Optional[str] = "default") -> None:
+                 nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1) -> None:
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
                                 gradient_predivide_factor)
@@ -221,6 +223,8 @@ class GradientExchanger:
                              "Horovod's dense compressors keep Horovod's own behaviour (nonfinite=None)")
         self.compression = compression
         self.sparse_as_dense = sparse_as_dense
+        #: Local aggregation before each exchange (the Keras wrapper's; in the fingerprint only).
+        self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.groups_spec = groups
         self.process_set = process_set
@@ -363,6 +367,7 @@ class GradientExchanger:
         compression = (self.compression.options.as_dict() if self.sparse
                        else getattr(self.compression, "__name__", type(self.compression).__name__))
         return {"compression": compression, "op": OP_NAMES.get(self.op, str(self.op)), "nonfinite": self.nonfinite,
+                "sparse_as_dense": self.sparse_as_dense, "backward_passes_per_step": self.backward_passes_per_step,
                 "groups": {(g.name if self.sparse else str(g.index)): f"{g.numel} x {g.dtype.name}"
                            for g in layout.groups}}
 
@@ -386,7 +391,9 @@ class GradientExchanger:
 
     # -- the exchange -----------------------------------------------------------------------------
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool = False) -> List[Any]:
-        """The aggregated gradients of ``grads`` (one per source, same order; None stays None).
+        """The aggregated gradients of ``grads`` (one per source, same order). With a sparsifier a
+        floating source without a gradient on this rank gets the others' aggregate (zeros when no
+        rank has one); otherwise, and for other dtypes, None stays None.
 
         ``use_generic_names`` is Horovod's option for its dense op names; sparse exchanges always
         name their collectives after the group.

@@ -77,7 +77,8 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
         groups = num_groups if groups is None else groups
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
-                                  groups, process_set, device_dense, device_sparse, stats_log, nonfinite)
+                                  groups, process_set, device_dense, device_sparse, stats_log, nonfinite,
+                                  backward_passes_per_step)
     # Horovod builds its wrapper (class, checks, local-gradient aggregation) around a dense
     # reduction; the exchanger then takes that reduction's place everywhere Horovod calls it.
     wrapped = _impl.create_distributed_optimizer(

@@ -169,6 +169,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return {"compression": compression, "op": str(self.op),
                 "gradient_predivide_factor": self.gradient_predivide_factor,
                 "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
+                "sparse_as_dense": self.sparse_as_dense,
                 "groups": {g.name: f"{g.numel} x {g.dtype}" for g in self._groups},
                 "mergecomp": None if self.mergecomp is None else repr(self.mergecomp.options)}
 
