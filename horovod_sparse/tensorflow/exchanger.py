@@ -192,8 +192,8 @@ class GradientExchanger:
     Args:
         name: prefix of Horovod's op names on the dense path (as Horovod's wrappers use).
         compression: a horovod_sparse sparsifier or Horovod's ``Compression.none`` / ``.fp16``.
-        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (required for
-            them with a sparsifier, which refuses them otherwise).
+        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (sparsified
+            too, with a sparsifier); otherwise their rows are aggregated exactly, as Horovod does.
         op: ``hvd.Average`` or ``hvd.Sum`` with a sparsifier; any Horovod op densely.
         gradient_predivide_factor: dense path only (a sparsifier refuses anything but 1.0).
         groups: with a sparsifier: an int, ``"tensor"``, ``"model"``, ``"size:N"`` or lists of

@@ -77,8 +77,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         device_dense / device_sparse: devices of the dense and ``tf.IndexedSlices`` collectives.
         compression: a horovod_sparse sparsifier (``horovod_sparse.tensorflow.Compression.topk(...)``
             and friends) or Horovod's ``Compression.none`` / ``Compression.fp16``.
-        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (required for
-            them with a sparsifier).
+        sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (sparsified
+            too, with a sparsifier); otherwise their rows are aggregated exactly, as Horovod does.
         op: ``hvd.Average`` or ``hvd.Sum`` (any Horovod op with a dense compression).
         gradient_predivide_factor: splits the averaging before and after the sum (dense only).
         num_groups: deprecated alias of ``groups`` (as in Horovod).

@@ -601,8 +601,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             N elements); or ``"mergecomp"`` / a ``MergeCompOptions`` (the MergeComp scheduler
             chooses from measured step times: see ``optimizer.mergecomp.result``). ``None`` uses
             the sparsifier's natural grouping (per tensor for Top-k, ``"size:8192"`` for LAGS).
-        sparse_as_dense: exchange ``torch.sparse`` gradients as dense tensors (required for
-            them; sparse gradients are otherwise refused with an error).
+        sparse_as_dense: exchange ``torch.sparse`` gradients with the dense ones (sparsified
+            too, with a sparsifier) and hand them back sparse, as Horovod does; otherwise their
+            rows are aggregated exactly by an allgather, as Horovod does, whatever the compression.
         process_set: the Horovod process set to reduce over.
         stats_log: optional text stream; one JSON line of statistics is written per step.
         nonfinite: what a NaN/Inf gradient on any rank does. ``"raise"`` (default with a
