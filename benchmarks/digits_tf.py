@@ -64,9 +64,9 @@ class Measure(tf.keras.callbacks.Callback):
         self.recorder.end_epoch(self.seed, epoch, float((logs or {}).get("loss", float("nan"))))
 
 
-def fit(label: str, args: argparse.Namespace) -> Dict[str, Any]:
+def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str, Any]]:
     """Train configuration ``label`` (no groups: MergeComp is PyTorch-only) once per seed through
-    ``model.fit``; return its row."""
+    ``model.fit``; return the last seed's model and the configuration's row."""
     spec, groups = parse_configuration(label)
     if groups is not None:
         raise ValueError(f"{label}: groups={groups!r} is not available with TensorFlow")
@@ -91,7 +91,7 @@ def fit(label: str, args: argparse.Namespace) -> Dict[str, Any]:
         model.fit(data, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0,
                   callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0), Measure(recorder, seed)])
         recorder.end_run(float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean()))
-    return recorder.row(int(model.count_params()), size, mode="eager" if run_eagerly else "tf.function")
+    return model, recorder.row(int(model.count_params()), size, mode="eager" if run_eagerly else "tf.function")
 
 
 def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:
@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:
     step minus the compute-only step."""
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    rows = [fit(label, args) for label in args.compressors]
+    rows = [fit(label, args)[1] for label in args.compressors]
     compute = next(r["step_seconds"] for r in rows if r["compressor"] == LOCAL)
     for row in rows:
         if row["stats"]:

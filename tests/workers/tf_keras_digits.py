@@ -17,7 +17,7 @@ def main():
     hvd.init()
     tf.config.threading.set_intra_op_parallelism_threads(1)
     for config in configs:
-        training = argparse.Namespace(epochs=config["epochs"], batch_size=32, lr=0.02, hidden=64, seed=0)
+        training = argparse.Namespace(epochs=config["epochs"], batch_size=32, lr=0.02, hidden=64, seeds=[0])
         model, row = fit(config["spec"], training)
         name = f"{config['name']}.rank{hvd.rank()}"
         np.savez(out / f"{name}.npz", **{f"param_{i}": w for i, w in enumerate(model.get_weights())})
