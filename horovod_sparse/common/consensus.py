@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 from typing import Any, Callable, Dict, List, Sequence
 
 FINGERPRINT_BYTES = 16
@@ -75,3 +76,9 @@ def require_same_configuration(config: Dict[str, Any], allgather_bytes: Allgathe
         return
     configs = [json.loads(text) for text in allgather_bytes(json_bytes(config), "hs.config.describe")]
     raise ValueError(mismatch_message(configs))
+
+
+def state_of_rank(root: int, mine: Any, allgather_bytes: AllgatherBytes) -> Any:
+    """``root``'s ``mine`` on every rank (what the others pass is ignored: send None). For
+    picklable state that every rank must hold alike, agreed once; collective."""
+    return pickle.loads(allgather_bytes(pickle.dumps(mine), "hs.shared_state")[root])

@@ -53,7 +53,6 @@ Reliability, as on the PyTorch side:
 from __future__ import annotations
 
 import functools
-import pickle
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
@@ -62,7 +61,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments
-from horovod_sparse.common.consensus import require_same_configuration
+from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import ParamInfo, form_groups
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
@@ -353,7 +352,7 @@ class GradientExchanger:
                 mine = {"steps": 0 if layout.step is None else int(layout.step.numpy()),
                         "states": {g.index: self.compression.export_state(layout.states[g.index])
                                    for g in layout.groups if shares and g.index in layout.states}}
-            shared = pickle.loads(allgather_bytes(pickle.dumps(mine), "hs.shared_state", self.process_set)[0])
+            shared = state_of_rank(0, mine, functools.partial(allgather_bytes, process_set=self.process_set))
             if self.process_set.rank() == 0:
                 return
             layout.step_counter().assign(shared["steps"])

@@ -12,7 +12,6 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import functools
-import pickle
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -23,7 +22,7 @@ import torch
 from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes
-from horovod_sparse.common.consensus import require_same_configuration
+from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
@@ -510,7 +509,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self._groups:
             return  # nothing is exchanged, so there is nothing to agree on
         mine = self._sparse_state(per_rank=False) if self.process_set.rank() == root_rank else None
-        shared = pickle.loads(allgather_bytes(pickle.dumps(mine), "hs.shared_state", self.process_set)[root_rank])
+        shared = state_of_rank(root_rank, mine, functools.partial(allgather_bytes, process_set=self.process_set))
         if self.process_set.rank() != root_rank:
             self._load_sparse_state(shared)
 
