@@ -100,7 +100,8 @@ def report_line(clock: str, figures: Dict[str, float]) -> str:
     return (f"{clock:>4}: stock {1e3 * figures['stock_step_seconds']:8.2f} ms/step, horovod_sparse "
             f"{1e3 * figures['hs_step_seconds']:8.2f} ms/step; overhead {100 * figures['overhead']:+.1f}% "
             f"(median of per-round ratios; ratio of totals {100 * (figures['total_ratio'] - 1):+.1f}%; 95% of "
-            f"rounds in [{100 * (figures['round_ratio_p2_5'] - 1):+.1f}%, {100 * (figures['round_ratio_p97_5'] - 1):+.1f}%])")
+            f"rounds in [{100 * (figures['round_ratio_p2_5'] - 1):+.1f}%, "
+            f"{100 * (figures['round_ratio_p97_5'] - 1):+.1f}%])")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

@@ -82,10 +82,25 @@ def steady_state(x: torch.Tensor, end: int, k: int, workers: int) -> ThresholdSt
     return state
 
 
+def partition_candidates(x: torch.Tensor, end: int, k: int, workers: int,
+                         state: ThresholdState) -> Dict[str, Callable[[], object]]:
+    """The ways of selecting from rank 0's partition ``x[:end]`` compared side by side: a full
+    ``torch.topk``, a read pass, the histogram controller, the paper's scan and a naive ``where``."""
+    threshold = state.threshold
+    block = scan_block_size(k / x.numel())
+    return {
+        "topk": lambda: torch.topk(x.abs(), k, sorted=False),
+        "sum": lambda: x[:end].sum(),
+        "histogram": lambda: histogram_selection(x, end, k, workers, ThresholdState(**vars(state))),
+        "paper": lambda: pick(scan(x, 0, end, block), threshold),
+        "naive": lambda: torch.where(x[:end].abs() >= threshold),
+    }
+
+
 def time_side_by_side(candidates: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, float]:
     """Median seconds of each callable, run in turn ``repeats`` times (after one warm-up each)."""
     samples: Dict[str, List[float]] = {name: [] for name in candidates}
-    for name, run in candidates.items():
+    for run in candidates.values():
         run()
     for _ in range(repeats):
         for name, run in candidates.items():
@@ -141,15 +156,7 @@ def main() -> None:
     for workers in args.workers:
         end = args.numel // workers
         state = steady_state(x, end, k, workers)
-        threshold = state.threshold
-        block = scan_block_size(args.density)
-        seconds = time_side_by_side({
-            "topk": lambda: torch.topk(x.abs(), k, sorted=False),
-            "sum": lambda: x[:end].sum(),
-            "histogram": lambda: histogram_selection(x, end, k, workers, ThresholdState(**vars(state))),
-            "paper": lambda: pick(scan(x, 0, end, block), threshold),
-            "naive": lambda: torch.where(x[:end].abs() >= threshold),
-        }, args.repeats)
+        seconds = time_side_by_side(partition_candidates(x, end, k, workers, state), args.repeats)
         phases = time_phases(x, end, k, workers, state, args.repeats)
         row = {"workers": workers, "numel": args.numel, "density": args.density,
                **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},

@@ -135,9 +135,8 @@ def test_both_rules_move_each_boundary_at_most_one_block_and_keep_the_minimum(se
     blocks = layout.initial_blocks(n)
     for _ in range(20):
         counts = (rng.exponential(100.0, n) * (rng.random(n) < 0.8)).astype(int).tolist()
-        for rule in (lambda b: prefix_rebalance(b, counts, least),
-                     lambda b: pairwise_rebalance(b, counts, sum(counts), layout, least)):
-            moved = rule(blocks)
+        for moved in (prefix_rebalance(blocks, counts, least),
+                      pairwise_rebalance(blocks, counts, sum(counts), layout, least)):
             assert sum(moved) == num_blocks
             assert np.all(np.abs(np.cumsum(moved) - np.cumsum(blocks)) <= 1)
             assert all(m >= least or m >= b for m, b in zip(moved, blocks))

@@ -116,7 +116,8 @@ def test_projection_and_recommendation_are_present(torch_demo):
         if label == "none":
             assert all(speedup == 1.0 for _, speedup in row["cells"])
     assert "10 Gbit/s n=16" in result.stdout and "1 Gbit/s n=64" in result.stdout
-    (line,) = [l for l in result.stdout.splitlines() if l.startswith("Recommendation for 16 workers on 10 Gbit/s")]
+    (line,) = [text for text in result.stdout.splitlines()
+               if text.startswith("Recommendation for 16 workers on 10 Gbit/s")]
     chosen = "none" if "dense Horovod" in line else line.split(": ", 1)[1].split(",")[0]
     assert float(rows[chosen]["points"]) >= -1.0
     assert {r["label"] for r in payload["rows"]} >= set(rows) | {"local"}

@@ -54,7 +54,7 @@ def test_lags_is_topk_per_group_at_the_reported_density(run, config):
     for g, (members, name) in enumerate(zip(obs.groups, group_names(obs))):
         counts = [group_stats(obs, 0, step)[name]["target"] for step in range(config["steps"])]
         updates, residuals = allgather_method(raw_group_stream(config, SIZE, members),
-                                              lambda x, step: topk_indices(x, counts[step]))
+                                              lambda x, step, counts=counts: topk_indices(x, counts[step]))
         for step, expected in enumerate(updates):
             for rank in range(SIZE):
                 np.testing.assert_allclose(obs.aggregated(rank, step, members), expected, rtol=1e-5,
@@ -73,7 +73,7 @@ def test_default_grouping_merges_up_to_8192_elements(run):
 def test_uniform_density_when_the_rule_is_off(run):
     obs = Observed(run, "uniform", SIZE)
     for step in range(8):
-        for name, group in group_stats(obs, 0, step).items():
+        for group in group_stats(obs, 0, step).values():
             assert group["target"] == int(0.01 * group["numel"])
             assert group["extra"]["rho"] == 0.01 and group["extra"]["alpha"] is None
 
