@@ -42,12 +42,17 @@ def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dt
     n, residuals, scale = error_feedback_start(grads, dtype, average)
     updates = []
     for step, per_rank in enumerate(grads):
-        out = np.zeros_like(residuals[0])
-        for r in range(n):
-            x = residuals[r] + per_rank[r].astype(dtype)
-            idx = select(x, step)
-            out[idx] += scale * x[idx]
-            x[idx] = 0
-            residuals[r] = x
-        updates.append(out)
+        residuals = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
+        updates.append(allgather_step(residuals, step, select, scale))
     return updates, residuals
+
+
+def allgather_step(xs: List[np.ndarray], step: int, select: Selector, scale: np.floating) -> np.ndarray:
+    """One allgather exchange on the ranks' buffers ``xs = e + g``: each rank sends
+    ``select(x, step)``, zeroed in place; returns the update, each contribution scaled by ``scale``."""
+    out = np.zeros_like(xs[0])
+    for x in xs:
+        idx = select(x, step)
+        out[idx] += scale * x[idx]
+        x[idx] = 0
+    return out

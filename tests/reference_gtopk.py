@@ -71,26 +71,33 @@ def gtopk_method(grads: Sequence[Sequence[np.ndarray]], k_at: Callable[[int], in
     n, residuals, scale = error_feedback_start(grads, dtype, average)
     updates = []
     for step, per_rank in enumerate(grads):
-        k = k_at(step)
-        xs = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
-        local = [{int(i): (xs[r][i], frozenset([r])) for i in topk_indices(xs[r], k)} for r in range(n)]
-        held = butterfly_reduce(local, k)
-        final = held[0]
-        assert all(h == final for h in held), "the reference's ranks disagree"
-        if trace is not None:
-            magnitude = np.abs(sum(xs))
-            exact = topk_indices(magnitude, k)
-            trace.append({"indices": sorted(final), "recall": len(set(exact) & set(final)) / k,
-                          "recall_mass": magnitude[sorted(final)].sum() / magnitude[exact].sum()})
-        out = np.zeros_like(residuals[0])
-        for i, (value, _) in final.items():
-            out[i] = scale * value
-        for r in range(n):
-            if residual == "exact":
-                delivered = [i for i, (_, contributors) in final.items() if r in contributors]
-            else:
-                delivered = [i for i in local[r] if i in final]
-            xs[r][delivered] = 0
-        residuals = xs
-        updates.append(out)
+        residuals = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
+        updates.append(gtopk_step(residuals, k_at(step), scale, residual, trace))
     return updates, residuals
+
+
+def gtopk_step(xs: List[np.ndarray], k: int, scale: np.floating, residual: str = "exact",
+               trace: Optional[List[dict]] = None) -> np.ndarray:
+    """One gTop-k step on the ranks' buffers ``xs = e + g`` (zeroed in place where delivered,
+    see :func:`gtopk_method` for ``residual`` and ``trace``); returns the update, each rank's
+    contribution scaled by ``scale``."""
+    n = len(xs)
+    local = [{int(i): (xs[r][i], frozenset([r])) for i in topk_indices(xs[r], k)} for r in range(n)]
+    held = butterfly_reduce(local, k)
+    final = held[0]
+    assert all(h == final for h in held), "the reference's ranks disagree"
+    if trace is not None:
+        magnitude = np.abs(sum(xs))
+        exact = topk_indices(magnitude, k)
+        trace.append({"indices": sorted(final), "recall": len(set(exact) & set(final)) / k,
+                      "recall_mass": magnitude[sorted(final)].sum() / magnitude[exact].sum()})
+    out = np.zeros_like(xs[0])
+    for i, (value, _) in final.items():
+        out[i] = scale * value
+    for r in range(n):
+        if residual == "exact":
+            delivered = [i for i, (_, contributors) in final.items() if r in contributors]
+        else:
+            delivered = [i for i in local[r] if i in final]
+        xs[r][delivered] = 0
+    return out

@@ -2,10 +2,11 @@
 
 They run the whole exchange with explicit loops over ranks in float32: partition tables and
 ownership, selection by a plain comparison over the owned partition, the union, the sum over
-ranks at the union, the residuals zeroed at the union on every rank. The published controller
-and both balancers are written out here from their descriptions; the histogram controller's
-arithmetic comes from ``horovod_sparse.common`` (unit tested there), fed with block maxima and
-candidates computed here by brute force.
+ranks at the union, the residuals zeroed at the union on every rank. Everything that decides the
+selection is written out here from its description (ALGORITHMS.md and the docstrings of
+``horovod_sparse.common.controllers``), nothing is imported from the package: the published
+controller, both balancers, and the histogram controller, whose global counts are taken by brute
+force over every rank's candidates (no histogram is binned or summed).
 """
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from horovod_sparse.common.controllers import (HistogramController, ThresholdState, histogram_threshold,
-                                               scan_block_size)
 from tests.streams import raw_gradient
 
 SMALLEST = float(np.nextafter(np.float32(0), np.float32(1)))
+#: Float32 bit patterns per octave, and the pattern of +inf (the first non-finite one).
+OCTAVE_BITS = 1 << 23
+INF_BITS = 0x7F800000
 
 
 def stream_gradient(config: dict, step: int, rank: int, shape: Sequence[int], index: int) -> np.ndarray:
@@ -46,6 +48,11 @@ class Record:
     threshold: float
     bounds: List[int]
     counts: List[int]
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32, at least the smallest positive float32."""
+    return max(float(np.float32(value)), SMALLEST)
 
 
 def _equal_bounds(numel: int, parts: int) -> List[int]:
@@ -118,8 +125,9 @@ class _Blocks:
                 self.blocks[j] -= 1
 
 
-def _paper_threshold(previous: float, step: int, k: int, k_prev: int, intended: bool) -> float:
-    if step == 0:
+def _paper_threshold(previous: float, sparse_steps: int, k: int, k_prev: int, intended: bool) -> float:
+    """ALGORITHMS.md, MiCRO step 3, in double precision (the caller rounds to float32)."""
+    if sparse_steps == 0:
         return 1.0 / (2.0 * math.sqrt(k))
     ratio = k_prev / k
     if ratio > 1.1:
@@ -129,87 +137,147 @@ def _paper_threshold(previous: float, step: int, k: int, k_prev: int, intended: 
     return previous * 0.995
 
 
-def _block_maxima(values: np.ndarray, block: int) -> np.ndarray:
-    return np.array([np.abs(values[i:i + block]).max() for i in range(0, values.size, block)], dtype=np.float32)
+def _scan_block(density: float) -> int:
+    """The selection scan's block length: the power of two nearest (in log2) to 1/(16 density),
+    within [32, 512]."""
+    return int(min(512, max(32, 2 ** round(math.log2(1.0 / (16.0 * density))))))
+
+
+def _from_bits(bits: np.ndarray) -> np.ndarray:
+    """Float32 values of bit patterns, as float64."""
+    return np.asarray(bits, dtype=np.int64).astype(np.int32).view(np.float32).astype(np.float64)
+
+
+def _everything_edges() -> np.ndarray:
+    """The first step's window: every positive finite float32 whose bit pattern is a multiple of
+    2**21 (4 edges per octave)."""
+    return _from_bits(np.arange(1 << 21, INF_BITS, 1 << 21))
+
+
+def _fine_edges(centre: float) -> np.ndarray:
+    """The window around the last threshold: edges 1/2048 octave apart next to it, each gap then
+    1/16 of its distance from the centre, out to 4 octaves either side (in bit patterns)."""
+    offsets = [0]
+    while offsets[-1] < 4 * OCTAVE_BITS:
+        offsets.append(offsets[-1] + max(OCTAVE_BITS // 2048, offsets[-1] // 16))
+    middle = int(np.array([centre], dtype=np.float32).view(np.int32)[0])
+    bits = sorted({min(max(middle + sign * o, 1), INF_BITS - 1) for o in offsets for sign in (-1, 1)})
+    return _from_bits(np.array(bits))
 
 
 @dataclass
-class _Candidates:
-    """A rank's candidates, by brute force: every ``|x|`` of its partition at or above ``bar``,
-    the ``budget``-th largest block maximum."""
+class _Controller:
+    """What the threshold controller carries between sparse steps."""
+
+    threshold: float = 0.0
+    steps: int = 0
+    last_counts: List[int] = field(default_factory=list)
+    clamped: bool = False
+
+
+@dataclass
+class _Rank:
+    """One rank's candidates: every ``|x|`` of its partition at or above its ``bar``."""
 
     bar: float
     magnitudes: np.ndarray
 
-    @classmethod
-    def collect(cls, part: np.ndarray, block: int, budget: int) -> "_Candidates":
-        maxima = _block_maxima(part, block)
-        bar = max(float(np.sort(maxima)[::-1][budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
-        return cls(bar, part[part >= np.float32(bar)])
 
-    def magnitudes_numpy(self) -> np.ndarray:
-        return self.magnitudes
+def _candidates(part: np.ndarray, block: int, budget: int) -> _Rank:
+    """The ``budget``-th largest block maximum is the rank's bar (the smallest float32 when there
+    are no more blocks than ``budget``); its candidates are every magnitude at or above it."""
+    magnitudes = np.abs(part)
+    maxima = np.array([magnitudes[i:i + block].max() for i in range(0, part.size, block)], dtype=np.float32)
+    bar = max(float(sorted(maxima, reverse=True)[budget - 1]), SMALLEST) if maxima.size > budget else SMALLEST
+    return _Rank(bar, magnitudes[magnitudes >= np.float32(bar)])
 
 
-def _histogram_threshold(xs: List[np.ndarray], owned: List[Tuple[int, int, int]], state: ThresholdState, k: int,
+def _budget(k: int, parts: int, last_counts: List[int], partition: int, wide: bool) -> int:
+    """Blocks a rank reads: 1.5 times its partition's count at the last step, at least k/parts
+    (2k/parts before any step); ``wide``: 1.5 k."""
+    if wide:
+        share = float(k)
+    elif last_counts:
+        share = max(k / parts, last_counts[partition])
+    else:
+        share = 2.0 * k / parts
+    return max(1, math.ceil(1.5 * share))
+
+
+def _read(edges: np.ndarray, ranks: List[_Rank], k: int) -> Tuple[float, bool, bool, bool]:
+    """(threshold, outside, short, coarse) read off the global counts ``T(e)`` of candidates
+    ``>= e`` at every edge (exact at the edges at or above every rank's bar)."""
+    tails = np.array([sum(int(np.count_nonzero(r.magnitudes >= np.float32(e))) for r in ranks) for e in edges])
+    lowest = max(int(np.count_nonzero(edges < r.bar)) for r in ranks)  # first edge above every bar
+    if tails[-1] >= k or lowest >= edges.size:
+        return _f32(edges[-1]), True, False, False
+    if tails[lowest] < k:
+        return _f32(edges[lowest]), lowest == 0, lowest > 0, False
+    j = int(np.flatnonzero(tails >= k)[-1])
+    above, beyond = float(tails[j]), float(tails[j + 1])
+    fraction = math.log(above / k) / math.log(above / beyond) if beyond > 0 else (above - k) / above
+    value = edges[j] * (edges[j + 1] / edges[j]) ** fraction
+    return min(max(_f32(value), edges[j]), edges[j + 1]), False, False, above - beyond > 0.1 * k
+
+
+def _histogram_threshold(parts: List[np.ndarray], partitions: List[int], state: _Controller, k: int,
                          block: int) -> float:
-    """Every rank's candidates counted into the controller's windows and summed, round by round
-    (``histogram_threshold`` of each rank driven in lockstep, each on a copy of the state)."""
-    controller = HistogramController()
-    states = [ThresholdState(**vars(state)) for _ in xs]
-    plans = [histogram_threshold(controller, rank_state, k, len(xs), partition, rank,
-                                 lambda budget, part=np.abs(x[start:end]): _Candidates.collect(part, block, budget))
-             for rank, (x, (partition, start, end), rank_state) in enumerate(zip(xs, owned, states))]
-    rounds = [next(plan) for plan in plans]
+    """The histogram controller's threshold: read in the window (everything at the first step and
+    after a reading outside its window, else fine around the last threshold); if that stopped
+    short at a bar, every rank reads its wide budget and it is read again; if it was interpolated
+    in a bin holding more than 10% of k, it is read again in a fine window around it."""
+    n = len(parts)
+    edges = _everything_edges() if state.steps == 0 or state.clamped else _fine_edges(state.threshold)
+    ranks = [_candidates(part, block, _budget(k, n, state.last_counts, p, False)) for part, p in zip(parts, partitions)]
+    widened = refined = False
     while True:
-        assert len({r.tag for r in rounds}) == 1, "ranks disagree on the histogram round"
-        total = sum(r.local.astype(np.int64) for r in rounds)
-        try:
-            rounds = [plan.send(total) for plan in plans]
-        except StopIteration as finished:
-            threshold = finished.value[0]
-            break
-    for plan in plans[1:]:  # the other ranks end on the same (global) histogram
-        try:
-            plan.send(total)
-        except StopIteration as finished:
-            assert finished.value[0] == threshold
-    vars(state).update(vars(states[0]))
-    return threshold
+        threshold, state.clamped, short, coarse = _read(edges, ranks, k)
+        if short and not widened:
+            widened = True
+            ranks = [_candidates(part, block, _budget(k, n, state.last_counts, p, True))
+                     for part, p in zip(parts, partitions)]
+        elif coarse and not refined:
+            refined = True
+            edges = _fine_edges(threshold)
+        else:
+            state.threshold = threshold
+            return threshold
 
 
-def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict
-                          ) -> Tuple[List[np.ndarray], List[np.ndarray], List[Record]]:
-    """MiCRO (``method="micro"``) or ExDyna for one group, all ranks, in float32.
+class PartitionedGroup:
+    """One group's MiCRO (``method="micro"``) or ExDyna exchange, all ranks, step by step.
 
     Args:
-        grads: ``grads[t][r]`` is rank r's flat gradient at step t.
         options: the method's options (density, controller, balancer, num_blocks).
-
-    Returns:
-        (aggregated update per step, final residual per rank, per-step records).
     """
-    n, numel = len(grads[0]), grads[0][0].size
-    density = options.get("density", 0.01)
-    k = max(1, int(density * numel))
-    controller = options.get("controller", "histogram")
-    balancer = options.get("balancer", "prefix")
-    table = _Blocks(numel, n, options.get("num_blocks", 1024)) if method == "exdyna" else None
-    block = scan_block_size(density)
-    residuals = [np.zeros(numel, dtype=np.float32) for _ in range(n)]
-    state = ThresholdState()
-    updates, records = [], []
-    for step, per_rank in enumerate(grads):
-        xs = [residuals[r] + per_rank[r].astype(np.float32) for r in range(n)]
-        bounds = table.bounds() if table is not None else _equal_bounds(numel, n)
-        owned = [((step + r) % n, bounds[(step + r) % n], bounds[(step + r) % n + 1]) for r in range(n)]
-        if controller == "histogram":
-            threshold = _histogram_threshold(xs, owned, state, k, block)
+
+    def __init__(self, method: str, options: Dict, numel: int, ranks: int) -> None:
+        if options.get("density_schedule") is not None:
+            raise NotImplementedError("the partitioned reference takes a constant density")
+        self.numel, self.ranks = numel, ranks
+        self.density = options.get("density", 0.01)
+        self.k = max(1, int(self.density * numel))
+        self.controller = options.get("controller", "histogram")
+        self.balancer = options.get("balancer", "prefix")
+        self.table = _Blocks(numel, ranks, options.get("num_blocks", 1024)) if method == "exdyna" else None
+        self.state = _Controller()
+
+    def exchange(self, xs: List[np.ndarray], step: int) -> Tuple[np.ndarray, Record]:
+        """Step ``step`` (the optimizer's step: it rotates the partitions) on the ranks' float32
+        buffers ``xs = e + g``, zeroed in place where delivered; returns the update (float32)
+        and the step's decisions."""
+        n, numel, state = self.ranks, self.numel, self.state
+        bounds = self.table.bounds() if self.table is not None else _equal_bounds(numel, n)
+        partitions = [(step + r) % n for r in range(n)]
+        parts = [x[bounds[p]:bounds[p + 1]] for x, p in zip(xs, partitions)]
+        if self.controller == "histogram":
+            threshold = _histogram_threshold(parts, partitions, state, self.k, _scan_block(self.density))
         else:
-            state.threshold = _paper_threshold(state.threshold, step, k, state.last_union, controller == "paper_intent")
-            threshold = max(float(np.float32(state.threshold)), SMALLEST)
-        selected = [start + np.flatnonzero(np.abs(x[start:end]) >= np.float32(threshold))
-                    for x, (_, start, end) in zip(xs, owned)]
+            state.threshold = _paper_threshold(state.threshold, state.steps, self.k, sum(state.last_counts),
+                                               self.controller == "paper_intent")
+            threshold = _f32(state.threshold)
+        selected = [bounds[p] + np.flatnonzero(np.abs(part) >= np.float32(threshold))
+                    for part, p in zip(parts, partitions)]
         union = np.concatenate(selected).astype(np.int64)
         out = np.zeros(numel, dtype=np.float32)
         total = np.zeros(union.size, dtype=np.float32)
@@ -218,17 +286,41 @@ def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, op
         out[union] = total * np.float32(1.0 / n)
         for x in xs:
             x[union] = 0.0
-        residuals = xs
         counts = [int(s.size) for s in selected]
         by_partition = [0] * n
         for r in range(n):
-            by_partition[(step + r) % n] = counts[r]
-        state.record(by_partition)
-        if table is not None:
-            if balancer == "paper":
-                table.pairwise(by_partition, sum(counts))
+            by_partition[partitions[r]] = counts[r]
+        state.steps += 1
+        state.last_counts = by_partition
+        if self.table is not None:
+            if self.balancer == "paper":
+                self.table.pairwise(by_partition, sum(counts))
             else:
-                table.prefix(by_partition)
+                self.table.prefix(by_partition)
+        return out, Record(threshold, bounds, counts)
+
+
+def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict,
+                          first_step: int = 0) -> Tuple[List[np.ndarray], List[np.ndarray], List[Record]]:
+    """MiCRO (``method="micro"``) or ExDyna for one group, all ranks, in float32, every step sparse.
+
+    Args:
+        grads: ``grads[t][r]`` is rank r's flat gradient at step t.
+        options: the method's options (density, controller, balancer, num_blocks).
+        first_step: the optimizer step of ``grads[0]``.
+
+    Returns:
+        (aggregated update per step, final residual per rank, per-step records).
+    """
+    n, numel = len(grads[0]), grads[0][0].size
+    group = PartitionedGroup(method, options, numel, n)
+    residuals = [np.zeros(numel, dtype=np.float32) for _ in range(n)]
+    updates: List[np.ndarray] = []
+    records: List[Record] = []
+    for t, per_rank in enumerate(grads):
+        residuals = [residuals[r] + per_rank[r].astype(np.float32) for r in range(n)]
+        out, record = group.exchange(residuals, first_step + t)
         updates.append(out.astype(np.float64))
-        records.append(Record(threshold, bounds, counts))
+        records.append(record)
     return updates, [r.astype(np.float64) for r in residuals], records
+
