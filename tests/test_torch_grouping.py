@@ -2,6 +2,11 @@
 
 One launch runs the whole matrix (every name ``hs.Compression.names()`` lists, so methods join
 as they land) plus the Horovod-semantics configs; the assertions read what the workers wrote.
+Each config is checked against the slow reference of ``tests.reference_grouping`` fed the same
+gradients and the same groups (which coordinates each step delivers, their values, the final
+residuals), for conservation and for identical replicas. The matrix runs at ``min_numel=0``
+(every group sparse); the ``defaults-*`` configs at the default ``min_numel`` (groups below it go
+dense) with warm-up steps, which the reference models the same way.
 """
 from __future__ import annotations
 
@@ -10,8 +15,11 @@ import pytest
 
 import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
+from horovod_sparse.common.options import SparsifierOptions
 from tests.checks import Observed, assert_conservation, assert_identical_replicas
 from tests.launch import run_configs
+from tests.reference_grouping import group_exchange, model_reference
+from tests.streams import raw_gradient
 
 #: Sizes 2000, 40, 210, 3, 400, 64: "size:256" merges [0], [1, 2, 3, 4], [5].
 SHAPES = [[50, 40], [40], [30, 7], [3], [20, 20], [64]]
@@ -35,13 +43,27 @@ EXPECTED_GROUPS = {
 METHODS = ["none", *registry.method_names()]
 
 
-def matrix_config(method, grouping):
-    options = {} if method == "none" else {"density": 0.1, "min_numel": 0}
+#: The density the threshold baselines' reference selections are written for; LAGS at the
+#: uniform density (its adaptive densities follow measured backward times, tested with given
+#: times in ``test_torch_lags.py``).
+DENSITY = 0.05
+
+
+def matrix_config(method, grouping, **options):
+    """``options`` besides these: ``min_numel=None`` leaves the default."""
+    if method != "none":
+        options = {"density": DENSITY, "min_numel": 0, **({"adaptive": False} if method == "lags" else {}),
+                   **options}
+        options = {key: value for key, value in options.items() if value is not None}
     return {"name": f"{method}-{grouping}", "method": method, "options": options, "steps": STEPS,
             "seed": 11, "shapes": SHAPES, "groups": GROUPINGS[grouping]}
 
 
 MATRIX = [matrix_config(m, g) for m in METHODS for g in GROUPINGS]
+#: The defaults users get: ``min_numel`` left at 1024 (of the size:256 groups of 2000, 717 and 64
+#: elements only the first is sparse) and dense warm-up steps first.
+DEFAULTS = [{**matrix_config(m, "size256", min_numel=None, warmup_steps=3), "name": f"defaults-{m}"}
+            for m in METHODS[1:]]
 SEMANTICS = [
     # Horovod's own optimizer side by side: groups as lists and accumulation keep its semantics.
     {"name": "stock-lists-passes", "method": "none", "steps": 6, "seed": 5, "shapes": SHAPES,
@@ -57,16 +79,65 @@ SEMANTICS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grouping")
-    run_configs("torch_exchange.py", 2, out, MATRIX + SEMANTICS)
+    run_configs("torch_exchange.py", 2, out, MATRIX + DEFAULTS + SEMANTICS)
     return out
 
 
-@pytest.mark.parametrize("config", MATRIX + SEMANTICS[2:], ids=lambda c: c["name"])
+CHECKED = MATRIX + DEFAULTS + SEMANTICS[2:]
+
+
+@pytest.mark.parametrize("config", CHECKED, ids=lambda c: c["name"])
 def test_replicas_identical_and_nothing_lost(run, config):
     obs = Observed(run, config["name"], 2)
     assert_identical_replicas(obs)
     assert_conservation(obs, config)
     assert obs.meta[1]["groups"] == obs.groups
+
+
+def is_dense(config, step, numel):
+    """Which groups go through Horovod's dense allreduce, by the documented rule: every group of
+    the dense method, every group during ``warmup_steps`` and in MergeComp's first (recording)
+    step, and groups of fewer than ``min_numel`` elements."""
+    options = config["options"]
+    return (config["method"] == "none" or step < options.get("warmup_steps", 0)
+            or numel < options.get("min_numel", SparsifierOptions.min_numel)
+            or (isinstance(config["groups"], dict) and step == 0))
+
+
+def assert_matches_model_reference(obs, config, groups_at):
+    """Per step and group, the coordinates every rank's aggregated gradient is non-zero at are
+    exactly those the reference delivers, the values agree with it, and so do the final
+    residuals; ``groups_at[t]``: the groups of step t."""
+    stream = [[[raw_gradient(config["seed"], t, r, shape, i).reshape(-1) for i, shape in enumerate(config["shapes"])]
+               for r in range(obs.size)] for t in range(config["steps"])]
+    updates, residuals = model_reference(
+        stream, groups_at, lambda step, numel: is_dense(config, step, numel),
+        lambda numel: group_exchange(config["method"], config["options"], numel, obs.size))
+    name = config["name"]
+    for step, expected_step in enumerate(updates):
+        for g, members in enumerate(groups_at[step]):
+            expected = np.concatenate([expected_step[i] for i in members])
+            for rank in range(obs.size):
+                got = obs.aggregated(rank, step, members)
+                where = f"{name}: group {g} {members}, step {step}, rank {rank}"
+                np.testing.assert_array_equal(np.flatnonzero(got), np.flatnonzero(expected),
+                                              err_msg=f"{where}: coordinates delivered")
+                np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5 * float(np.abs(expected).max()),
+                                           err_msg=where)
+    for g, members in enumerate(obs.groups):
+        for rank in range(obs.size):
+            expected = np.concatenate([residuals[rank][i] for i in members])
+            np.testing.assert_allclose(obs.residual(rank, g), expected, rtol=1e-5,
+                                       atol=1e-5 * float(np.abs(expected).max() + 1e-12),
+                                       err_msg=f"{name}: residual of group {g} {members} on rank {rank}")
+
+
+@pytest.mark.parametrize("config", CHECKED, ids=lambda c: c["name"])
+def test_every_step_matches_the_reference(run, config):
+    """The same gradients and groups (as each step launched them) through the slow reference."""
+    obs = Observed(run, config["name"], 2)
+    assert obs.meta[1]["step_groups"] == obs.meta[0]["step_groups"]
+    assert_matches_model_reference(obs, config, obs.meta[0]["step_groups"])
 
 
 @pytest.mark.parametrize("grouping", sorted(EXPECTED_GROUPS))

@@ -88,6 +88,11 @@ def grouping(spec, params):
     return spec
 
 
+def indices(groups: List[List[str]]) -> List[List[int]]:
+    """The optimizer's groups (parameter names ``p<i>``) as lists of parameter indices."""
+    return [[int(name[1:]) for name in names] for names in groups]
+
+
 def run(config, out: Path):
     rank, dtype = hvd.rank(), getattr(torch, config.get("dtype", "float32"))
     seed, steps = config["seed"], config["steps"]
@@ -114,10 +119,11 @@ def run(config, out: Path):
             torch.optim.SGD(stock_params, lr=0.01, momentum=0.9),
             named_parameters=[(f"p{i}", p) for i, p in enumerate(stock_params)], compression=compression,
             groups=grouping(config.get("groups"), stock_params), backward_passes_per_step=passes))
-    aggregated, stats, launch_order = [], [], []
+    aggregated, stats, launch_order, step_groups = [], [], [], []
     for step in range(steps):
         opt.zero_grad()
         backward(params, seed, step, rank, config.get("stream", "normal"), passes)
+        step_groups.append(indices(opt.groups))  # launched: synchronize() may regroup for the next step
         if "step_seconds" in config:
             clock.advance(step_seconds(config["step_seconds"], [sum(sizes[n] for n in g) for g in opt.groups],
                                        step, rank))
@@ -137,10 +143,11 @@ def run(config, out: Path):
     if stock is not None:
         arrays.update({f"stock_{i}": p.detach().double().numpy() for i, p in enumerate(stock[0])})
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
-    groups = [[int(n[1:]) for n in names] for names in opt.groups]
+    groups = indices(opt.groups)
     mergecomp = None if opt.mergecomp is None or opt.mergecomp.result is None else opt.mergecomp.result.as_dict()
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
-        {"groups": groups, "stats": stats, "launch_order": launch_order, "mergecomp": mergecomp}))
+        {"groups": groups, "step_groups": step_groups, "stats": stats, "launch_order": launch_order,
+         "mergecomp": mergecomp}))
 
 
 def main(run_config: Callable[[dict, Path], None] = run) -> None:
