@@ -71,8 +71,9 @@ class VirtualClock:
 
 def step_seconds(spec: dict, group_sizes: Sequence[int], step: int, rank: int) -> float:
     """The given duration of ``step`` on ``rank`` with groups of ``group_sizes`` elements (in the
-    optimizer's group order, which MergeComp's groups are launched in): ``(1 + rank) * (per_group * groups + per_element * elements of the last
-    group)`` (a fixed cost per group; the last group's exchange overlaps nothing), plus
+    optimizer's group order, which MergeComp's groups are launched in):
+    ``(1 + rank) * (per_group * groups + per_element * elements of the last group)`` (a fixed
+    cost per group; the last group's exchange overlaps nothing), plus
     ``extra[(step - 1) % len(extra)]`` (e.g. a slow first step after each regrouping)."""
     extra: List[float] = spec.get("extra", [0.0])
     base = spec["per_group"] * len(group_sizes) + spec["per_element"] * group_sizes[-1]
