@@ -300,14 +300,13 @@ class PartitionedGroup:
         return out, Record(threshold, bounds, counts)
 
 
-def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict,
-                          first_step: int = 0) -> Tuple[List[np.ndarray], List[np.ndarray], List[Record]]:
+def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict
+                          ) -> Tuple[List[np.ndarray], List[np.ndarray], List[Record]]:
     """MiCRO (``method="micro"``) or ExDyna for one group, all ranks, in float32, every step sparse.
 
     Args:
         grads: ``grads[t][r]`` is rank r's flat gradient at step t.
         options: the method's options (density, controller, balancer, num_blocks).
-        first_step: the optimizer step of ``grads[0]``.
 
     Returns:
         (aggregated update per step, final residual per rank, per-step records).
@@ -319,7 +318,7 @@ def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, op
     records: List[Record] = []
     for t, per_rank in enumerate(grads):
         residuals = [residuals[r] + per_rank[r].astype(np.float32) for r in range(n)]
-        out, record = group.exchange(residuals, first_step + t)
+        out, record = group.exchange(residuals, t)
         updates.append(out.astype(np.float64))
         records.append(record)
     return updates, [r.astype(np.float64) for r in residuals], records

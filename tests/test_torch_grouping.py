@@ -60,7 +60,7 @@ def matrix_config(method, grouping, **options):
 
 
 MATRIX = [matrix_config(m, g) for m in METHODS for g in GROUPINGS]
-#: The defaults users get: ``min_numel`` left at 1024 (of the size:256 groups of 2000, 717 and 64
+#: The defaults users get: ``min_numel`` left at 1024 (of the size:256 groups of 2000, 653 and 64
 #: elements only the first is sparse) and dense warm-up steps first.
 DEFAULTS = [{**matrix_config(m, "size256", min_numel=None, warmup_steps=3), "name": f"defaults-{m}"}
             for m in METHODS[1:]]
