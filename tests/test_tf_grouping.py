@@ -4,11 +4,13 @@ per step and group the delivered coordinates, their values and the final residua
 slow reference of ``tests.reference_grouping`` fed the same gradients and groups, conservation,
 identical replicas; plus the ``defaults-*`` configs (default ``min_numel``, warm-up steps).
 
-Not here: MergeComp (``groups=MergeCompOptions(...)``), which only the PyTorch optimizer takes
-(the TensorFlow wrappers refuse it); and ``"size:N"`` for Horovod's dense path (``none``), which
-the TensorFlow wrappers refuse with a ValueError since Horovod's own ``groups=`` has no such form.
+Not in the matrix: MergeComp (``groups=MergeCompOptions(...)``), which only the PyTorch optimizer
+takes, and ``"size:N"`` for Horovod's dense path (``none``), since Horovod's own ``groups=`` has
+no such form: the tape refuses both, naming what it takes (tested here).
 """
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -29,8 +31,10 @@ MATRIX = [tf_config(m, g) for m in METHODS for g in TF_GROUPINGS if (m, g) != ("
 DEFAULTS = [{**tf_config(m, "size256", min_numel=None, warmup_steps=2), "name": f"defaults-{m}"}
             for m in METHODS[1:]]
 CONFIGS = MATRIX + DEFAULTS
+MERGECOMP = {**tf_config("topk", "mergecomp"), "expect_error": True}
+DENSE_BY_SIZE = {**tf_config("none", "size256"), "expect_error": True}
 
-run = job_fixture("tf_exchange.py", 2, CONFIGS)
+run = job_fixture("tf_exchange.py", 2, CONFIGS + [MERGECOMP, DENSE_BY_SIZE])
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c["name"])
@@ -52,3 +56,21 @@ def test_groups_formed_as_asked(run, grouping):
     for config in MATRIX:
         if config["name"].endswith(f"-{grouping}"):
             assert Observed(run, config["name"], 2).groups == EXPECTED_GROUPS[grouping], config["name"]
+
+
+def errors(run, config):
+    """The error each rank recorded for an ``expect_error`` config."""
+    return [json.loads((run / f"{config['name']}.rank{rank}.json").read_text())["error"] for rank in range(2)]
+
+
+def test_mergecomp_is_refused_with_the_forms_groups_takes(run):
+    for error in errors(run, MERGECOMP):
+        assert error["type"] == "TypeError"
+        assert "groups must be None, an int, a strategy name or lists of parameters" in error["message"]
+        assert "MergeCompOptions" in error["message"]
+
+
+def test_size_groups_are_refused_for_horovods_dense_path(run):
+    for error in errors(run, DENSE_BY_SIZE):
+        assert error["type"] == "ValueError"
+        assert "groups='size:256' sets the flat buffers of a sparsifier" in error["message"]

@@ -70,7 +70,7 @@ SEMANTICS = [
      "groups": [[3, 1], [4, 0]], "backward_passes": 3, "compare_stock": True},
     {"name": "stock-int-passes", "method": "none", "steps": 6, "seed": 5, "shapes": SHAPES,
      "groups": 2, "backward_passes": 2, "compare_stock": True},
-    # Sparse exchanges with accumulation over passes: nothing lost, replicas identical.
+    # Sparse exchanges with accumulation over passes: the reference's selection, nothing lost, replicas identical.
     *[{**matrix_config(m, g), "name": f"passes-{m}-{g}", "backward_passes": 2}
       for m in ("topk", "lags") for g in ("tensor", "size256", "mergecomp")],
 ]

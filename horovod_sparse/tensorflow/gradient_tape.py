@@ -108,7 +108,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
         groups = num_groups if groups is None else groups
-    if groups is not None and not isinstance(groups, (list, tuple, str)) and not groups > 0:
+    if isinstance(groups, (int, float)) and not groups > 0:  # other types: form_groups names the forms taken
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set, device_dense, device_sparse,

@@ -4,8 +4,9 @@ file format as ``torch_exchange.py``, so the same checks (``tests/checks.py``) a
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype", "stream",
 "zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock"}.
-``groups`` is what ``groups=`` takes, with lists of variable indices for lists of variables; for
-the gradients see ``gradient_stream``. ``api`` is how the exchange is driven:
+``groups`` is what ``groups=`` takes, with lists of variable indices for lists of variables and
+``{"mergecomp": {options}}`` for ``MergeCompOptions``; for the gradients see ``gradient_stream``.
+``api`` is how the exchange is driven:
 
 * ``"tape"``: ``DistributedGradientTape`` in eager mode (the default);
 * ``"tape_function"``: the same step inside a ``tf.function``;
@@ -27,6 +28,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
+from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
@@ -63,6 +65,8 @@ class Trainer:
         groups = config.get("groups")
         if isinstance(groups, list):
             groups = [[self.variables[i] for i in members] for members in groups]
+        elif isinstance(groups, dict):
+            groups = MergeCompOptions(**groups["mergecomp"])
         self.wrapper_args = {"compression": compression}
         if groups is not None:
             self.wrapper_args["groups"] = groups
