@@ -19,11 +19,17 @@ HANG_TIMEOUT = 900.0
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 
 
+def worker_env() -> Dict[str, str]:
+    """The environment of a launch: one thread per worker, unbuffered output, the repository
+    importable."""
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=str(WORKERS.parent.parent))
+
+
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
                timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes; raise with the output on failure."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
-               TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(WORKERS.parent.parent))
+    env = worker_env()
     command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
                sys.executable, str(WORKERS / script), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -35,6 +41,29 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- worker stderr ---\n"
                              + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}")
     return result
+
+
+def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, max_np: int,
+                       args: Sequence[str] = ()) -> None:
+    """Run ``tests/workers/<script>`` as a Horovod elastic job on local hosts, starting with the
+    workers ``hosts`` lists (lines ``host:slots``): the driver's host discovery prints
+    ``hosts_file``, written with ``hosts`` here (a worker may rewrite it to change the
+    membership). Raises with the output on failure; the only time limit is :data:`HANG_TIMEOUT`."""
+    hosts_file.write_text(hosts)
+    discover = hosts_file.with_name(hosts_file.name + ".discover.sh")
+    discover.write_text(f"#!/bin/sh\ncat {hosts_file}\n")
+    discover.chmod(0o755)
+    # Gloo's rendezvous gives a joining worker 30 s to start by default, a timing dependency (a
+    # worker starting on a busy machine takes longer): the hang guard is the only limit here.
+    env = dict(worker_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(HANG_TIMEOUT)))
+    start = sum(int(line.split(":")[1]) for line in hosts.split())
+    # --network-interface lo: without it the elastic driver's interface discovery stalls here.
+    command = [HOROVODRUN, "--network-interface", "lo", "-np", str(start), "--min-np", str(min_np),
+               "--max-np", str(max_np), "--host-discovery-script", str(discover), "--gloo", sys.executable,
+               str(WORKERS / script), *args]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}\n" + (
+        result.stdout[-4000:] + result.stderr[-4000:])
 
 
 def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",

@@ -68,6 +68,7 @@ from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.tensorflow import recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgather_bytes, nbytes, phase_timer
+from horovod_sparse.tensorflow.elastic import refuse_elastic
 from horovod_sparse.tensorflow.sparsifier import Exchange, Result, Sparsifier, Step
 
 OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
@@ -213,6 +214,7 @@ class GradientExchanger:
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
                  device_sparse: str = "", stats_log: Optional[IO[str]] = None,
                  nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1) -> None:
+        refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
                                 gradient_predivide_factor)
