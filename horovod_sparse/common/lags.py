@@ -16,7 +16,7 @@ it is on by default (``adaptive=False`` gives the reference's uniform density).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 from horovod_sparse.common.cost_model import INDEX_BYTES, VALUE_BYTES, AlphaBeta
 from horovod_sparse.common.grouping import StepTimeline
@@ -118,6 +118,25 @@ class BackwardTimeMeter:
             for name, seconds in left.items():
                 self._sums[name] += seconds
         return self.complete
+
+    def state(self, per_rank: bool) -> Dict[str, Any]:
+        """The measurement's progress as plain containers (for a checkpoint): the groups being
+        measured and the steps seen, the same on every rank; with ``per_rank`` also this rank's
+        sums of backward time, which differ between ranks until the means are agreed."""
+        state: Dict[str, Any] = {"groups": None if self._groups is None else sorted(self._groups),
+                                 "seen": self._seen}
+        if per_rank:
+            state["sums"] = dict(self._sums)
+        return state
+
+    def load_state(self, state: Dict[str, Any]) -> None:
+        """Take a :meth:`state` saved here or on another rank. The progress is replaced; the sums
+        too when ``state`` has them, else this rank keeps its own sums for the groups it
+        measures and starts the others at zero (a rank-0 checkpoint holds no other rank's)."""
+        self._groups = None if state["groups"] is None else frozenset(state["groups"])
+        self._seen = state["seen"]
+        sums = state.get("sums", self._sums)
+        self._sums = {name: sums.get(name, 0.0) for name in sorted(self._groups or ())}
 
     def means(self) -> Dict[str, float]:
         """Group name -> mean remaining backward time in seconds (complete measurements only)."""

@@ -261,9 +261,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if sparse:
             built_for, state = self._states.get(group.index, (None, None))
             if built_for != size:
-                # First step, or the world changed size (elastic): rebuild partition tables,
-                # schedules and thresholds for the new size; the residual is kept.
-                state = self._compression.new_state(group.numel, size)
+                # First step, or the world changed size (elastic, or a checkpoint from another
+                # worker count): rebuild partition tables, schedules and thresholds for the new
+                # size; the residual is kept.
+                state = (self._compression.new_state(group.numel, size) if built_for is None
+                         else self._compression.resized_state(state, group.numel, size))
                 self._states[group.index] = (size, state)
             with comm.timer("flatten"):
                 x = group.load_gradients(usable)
@@ -427,7 +429,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`; groups must match by name and size."""
+        """Restore a :meth:`state_dict`.
+
+        The groups must match the checkpoint's by name and size, else ``ValueError`` naming
+        both (build the optimizer with the model and ``groups=`` it was saved with; a MergeComp
+        grouping is restored when the checkpoint was taken after the search decided). Any
+        worker count may load it: each rank keeps the residual it loads, and state built for
+        another world size is rebuilt at the next exchange, as after an elastic change (only
+        the same worker count resumes exactly)."""
         state_dict = dict(state_dict)
         ours = state_dict.pop("horovod_sparse", None)
         self._inflight.clear()
@@ -435,14 +444,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
-        super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
         if ours is not None:
             self._load_sparse_state(ours)
+        super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
 
     def _sparse_state(self, per_rank: bool) -> Dict[str, Any]:
-        """The step counter, MergeComp's grouping and each group's method state; with
-        ``per_rank`` also what differs between ranks (residuals, and the state of methods whose
-        state is per rank), else only what every rank must hold alike."""
+        """The step counter, MergeComp's grouping, the method's own state (LAGS's measurements)
+        and each group's method state; with ``per_rank`` also what differs between ranks
+        (residuals, and the state of methods whose state is per rank), else only what every
+        rank must hold alike."""
         groups = {}
         for g in self._groups:
             record: Dict[str, Any] = {"numel": g.numel}
@@ -453,6 +463,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 record["state"] = None if built is None else {"world_size": built[0], "state": to_plain(built[1])}
             groups[g.name] = record
         return {"steps": self.steps, "groups": groups,
+                "method": self._compression.method_state(per_rank) if self._sparse else None,
                 "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
                 else self.mergecomp.result.as_dict()}
 
@@ -462,13 +473,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.mergecomp is not None and ours.get("mergecomp") is not None:
             self._use_groups(self.mergecomp.restore(ours["mergecomp"]))
         saved = ours["groups"]
+        self._check_groups({name: record["numel"] for name, record in saved.items()},
+                           decided=ours.get("mergecomp") is not None)
+        if self._sparse and ours.get("method") is not None:
+            self._compression.load_method_state(ours["method"])
         for group in self._groups:
-            record = saved.get(group.name)
-            if record is None or record["numel"] != group.numel:
-                raise ValueError(f"checkpoint does not match the optimizer's groups: group {group.name!r} "
-                                 f"({group.numel} elements) is {'missing' if record is None else 'of '}"
-                                 f"{'' if record is None else str(record['numel']) + ' elements'} in it; "
-                                 "load it with the same model and groups= it was saved with")
+            record = saved[group.name]
             if record.get("residual") is not None:
                 group.load_residual(record["residual"])
             if "state" in record:
@@ -481,6 +491,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                     self._states[group.index] = (size, from_plain(template, built["state"]))
         self.steps = ours["steps"]
         self._step_stats = StepStats(step=self.steps)
+
+    def _check_groups(self, saved: Dict[str, int], decided: bool) -> None:
+        """Refuse a saved state whose groups (name -> elements) are not this optimizer's,
+        naming the difference and the fix, before any residual or state is loaded."""
+        mine = {g.name: g.numel for g in self._groups}
+        if saved == mine:
+            return
+        only_saved = {name: numel for name, numel in saved.items() if mine.get(name) != numel}
+        only_mine = {name: numel for name, numel in mine.items() if saved.get(name) != numel}
+        hint = ("; a MergeComp optimizer must be saved after its search decided "
+                "(optimizer.mergecomp.result set)" if self.mergecomp is not None and not decided else "")
+        raise ValueError(f"checkpoint does not match this optimizer's groups (name: elements): the "
+                         f"checkpoint has {only_saved}, the optimizer {only_mine} instead; build the "
+                         f"optimizer with the model and groups= the checkpoint was saved with{hint}")
 
     def _agree_if_due(self) -> None:
         """Before this optimizer's first exchange, and again after the world changed size

@@ -15,7 +15,7 @@ gives the compressor no stable name for a residual, and would silently lose what
 """
 from __future__ import annotations
 
-from typing import Any, ClassVar, Generator, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple
 
 import torch
 from horovod.torch.compression import Compressor
@@ -76,6 +76,22 @@ class Sparsifier(Compressor):
     def new_state(self, numel: int, world_size: int) -> Any:
         """Per-group state kept across steps (thresholds, partitions); None when stateless."""
         return None
+
+    def resized_state(self, state: Any, numel: int, world_size: int) -> Any:
+        """A group's state, built for another world size, for ``world_size`` ranks (an elastic
+        change, or a checkpoint loaded on another number of workers). Default: a new state,
+        since partition tables, schedules and thresholds depend on the world size; a method
+        whose state is per rank and independent of it (DGC's velocity) keeps it."""
+        return self.new_state(numel, world_size)
+
+    def method_state(self, per_rank: bool) -> Dict[str, Any]:
+        """What the method keeps across groups and steps (LAGS's measurements), as plain
+        containers for a checkpoint; with ``per_rank`` everything, else only what every rank
+        holds alike (agreed from one rank like the groups' shared state). Default: nothing."""
+        return {}
+
+    def load_method_state(self, state: Dict[str, Any]) -> None:
+        """Take a :meth:`method_state` saved here or on another rank; what it leaves out stays."""
 
     def on_step_end(self, process_set: Any, record: StepTimeline) -> None:
         """Called by the optimizer on every rank of ``process_set`` at the end of each

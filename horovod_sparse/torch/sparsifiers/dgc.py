@@ -44,6 +44,13 @@ class DGC(Sparsifier):
     def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:
         return MomentumState() if self.options.momentum else None
 
+    def resized_state(self, state: Optional[MomentumState], numel: int,
+                      world_size: int) -> Optional[MomentumState]:
+        """The velocity is this rank's own and does not depend on the world size: kept (a new
+        state would restart the momentum correction, taking the whole residual as this step's
+        velocity)."""
+        return state
+
     def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Optional[MomentumState],
                  step: int) -> Exchange:
         options: DGCOptions = self.options

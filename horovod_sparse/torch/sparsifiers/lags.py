@@ -2,6 +2,7 @@
 allgather fits under the backward computation still left when it becomes ready."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
 import horovod.torch as hvd
@@ -68,17 +69,34 @@ class Lags(Sparsifier):
             agreed = agree_seconds([means[n] for n in names], process_set, "hs.lags.t_comp")
             self.t_comp = dict(zip(names, agreed))
 
-    def density(self, group: str, numel: int, step: int) -> float:
-        """The density group ``group`` of ``numel`` elements sends at ``step``."""
+    def method_state(self, per_rank: bool) -> Dict[str, Any]:
+        """The cost model, its calibration, the agreed ``t_comp`` and the measurement's progress
+        (every rank holds them alike), with ``per_rank`` also this rank's partial sums of
+        backward time (see :meth:`BackwardTimeMeter.state`)."""
+        return {"cost_model": None if self.cost_model is None else dataclasses.asdict(self.cost_model),
+                "calibration": [list(sample) for sample in self.calibration], "t_comp": dict(self.t_comp),
+                "meter": self._meter.state(per_rank)}
+
+    def load_method_state(self, state: Dict[str, Any]) -> None:
+        model = state["cost_model"]
+        self.cost_model = None if model is None else AlphaBeta(**model)
+        self.calibration = [(int(nbytes), float(seconds)) for nbytes, seconds in state["calibration"]]
+        self.t_comp = dict(state["t_comp"])
+        self._meter.load_state(state["meter"])
+
+    def density(self, group: str, numel: int, step: int, workers: int) -> float:
+        """The density group ``group`` of ``numel`` elements sends at ``step`` among ``workers``
+        ranks (the cost model's network, alpha and beta, applies to any worker count: a model
+        measured or loaded for another count is used with ``workers``)."""
         floor = self.options.density_at(step)
         t_comp = self.t_comp.get(group)
         if self.cost_model is None or t_comp is None:
             return floor
-        return lags_density(t_comp, self.cost_model, numel, floor, self.options.max_density)
+        return lags_density(t_comp, self.cost_model.with_workers(workers), numel, floor, self.options.max_density)
 
     def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
                  step: int) -> Exchange:
-        rho = self.density(comm.name, x.numel(), step)
+        rho = self.density(comm.name, x.numel(), step, comm.size)
         k = target_count(rho, x.numel())
         comm.stats.target = k
         model = self.cost_model
