@@ -1,6 +1,6 @@
 """Reliability of the PyTorch wrapper under horovodrun: configuration mismatches, non-finite
-gradients, dtypes, odd parameters, exact resume, state broadcast. Every launch has a timeout, so
-a hang fails the test instead of stalling the suite."""
+gradients, dtypes, odd parameters, state broadcast (exact resume: ``tests/test_torch_resume.py``).
+Every launch has a timeout, so a hang fails the test instead of stalling the suite."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import torch
 
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.checks import assert_conserved
-from tests.launch import job_fixture, run_configs
+from tests.launch import job_fixture
 from tests.mismatch import assert_every_rank_refused, wrapper_cases
 from tests.streams import raw_gradient
 
@@ -129,20 +129,6 @@ def test_broadcast_optimizer_state_works_with_the_wrapper(run):
     same_on_all_ranks(recs)
     # Neither broadcast runs an exchange (hvd's initialises the state with the base step).
     assert recs[0]["steps"] == 3
-
-
-def test_exact_resume_from_per_rank_checkpoints(tmp_path):
-    half = 4
-    run_configs("torch_reliability.py", NP, tmp_path, [
-        {"name": "continuous", "scenario": "resume", "phase": "continuous", "half": half},
-        {"name": "first", "scenario": "resume", "phase": "first", "half": half}])
-    run_configs("torch_reliability.py", NP, tmp_path, [
-        {"name": "second", "scenario": "resume", "phase": "second", "half": half}])
-    continuous, resumed = records(tmp_path, "continuous"), records(tmp_path, "second")
-    for a, b in zip(continuous, resumed):
-        assert b["steps"] == 2 * half
-        for x, y in zip(a["params"], b["params"]):
-            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
