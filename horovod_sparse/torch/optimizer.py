@@ -11,7 +11,9 @@ Horovod's optimizer.
 """
 from __future__ import annotations
 
+import abc
 import functools
+import os
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -152,14 +154,24 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._sparse_rows: Dict[torch.Tensor, Callable[[], torch.Tensor]] = {}
         #: Parameters whose sparse gradient travels dense this step (``sparse_as_dense``).
         self._densified: Set[torch.Tensor] = set()
+        #: In a Horovod elastic job a worker that joins builds its optimizer while the others sync
+        #: their state, so the configuration check waits for the agreement, which all ranks reach
+        #: together (:meth:`agree_shared_state`); elsewhere it runs here, at construction.
+        self._elastic = bool(int(os.environ.get("HOROVOD_ELASTIC", "0")))
         if self.process_set.included():
-            require_same_configuration(self._configuration(),
-                                       functools.partial(allgather_bytes, process_set=self.process_set))
+            if not self._elastic:
+                self._require_same_configuration()
             # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
             # a bound method there would keep the optimizer and its flat buffers alive for good.
             hook = _weak_hook(self._hook)
             for _, p in ordered:
                 p.register_post_accumulate_grad_hook(hook)
+
+    def _require_same_configuration(self) -> None:
+        """Every rank of the process set raises the same ``ValueError`` unless they all have the
+        same :meth:`_configuration`. Collective."""
+        require_same_configuration(self._configuration(),
+                                   functools.partial(allgather_bytes, process_set=self.process_set))
 
     def _configuration(self) -> Dict[str, Any]:
         """Everything that must agree across ranks for the collectives to match."""
@@ -508,8 +520,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _agree_if_due(self) -> None:
         """Before this optimizer's first exchange, and again after the world changed size
-        (elastic), every rank adopts the shared state of the agreed rank (see
-        :meth:`agree_shared_state`)."""
+        (elastic: a worker removed, after which Horovod syncs nothing), every rank adopts the
+        shared state of the agreed rank (see :meth:`agree_shared_state`). A membership change
+        that adds a worker, the size changed or not (a worker replaced), is agreed on earlier,
+        in ``hvd.elastic.TorchState``'s sync (:mod:`horovod_sparse.torch.elastic`), which every
+        rank, the new one included, runs after the change."""
         if self._agree_with is None and self._world_size != self.process_set.size():
             self._agree_with = 0
         if self._agree_with is not None:
@@ -524,18 +539,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         Horovod's checkpoint idiom (rank 0 alone loads a checkpoint, then broadcasts) resumes in
         step on every rank: rank 0 with its saved residual, the others with empty residuals (a
         rank-0 checkpoint holds no other rank's residual). :func:`broadcast_optimizer_state`
-        calls it with its root.
+        calls it with its root. In a Horovod elastic job it first compares the configuration
+        across ranks, a joining worker's included (``ValueError`` on every rank if it differs).
         """
         self._agree_with = None
         if not self.process_set.included():
             return
         self._world_size = self.process_set.size()
+        if self._elastic:
+            self._require_same_configuration()
         if not self._groups:
             return  # nothing is exchanged, so there is nothing to agree on
         mine = self._sparse_state(per_rank=False) if self.process_set.rank() == root_rank else None
         shared = state_of_rank(root_rank, mine, functools.partial(allgather_bytes, process_set=self.process_set))
         if self.process_set.rank() != root_rank:
             self._load_sparse_state(shared)
+
+
+class SparseDistributedOptimizer(abc.ABC):
+    """Every optimizer :func:`DistributedOptimizer` returns is an instance of this class (a
+    virtual subclass: its class derives from the wrapped optimizer's, as in Horovod), so that
+    ``isinstance`` recognises them (``hvd.elastic.TorchState`` does, to sync them)."""
 
 
 def _initialising_step(base: type) -> Callable[..., Any]:
@@ -674,8 +698,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     attributes = dict(_DistributedOptimizer.__dict__, __module__=hvd.DistributedOptimizer.__module__,
                       _base_step=base.step)
     cls = type(base.__name__, (initialising,), attributes)
+    SparseDistributedOptimizer.register(cls)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite)
 
 
-__all__ = ["DistributedOptimizer"]
+__all__ = ["DistributedOptimizer", "SparseDistributedOptimizer"]
