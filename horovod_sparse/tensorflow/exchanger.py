@@ -42,7 +42,9 @@ Reliability, as on the PyTorch side:
   ``tf.errors`` error wrapping the ``FloatingPointError`` message, and the Keras update is
   applied with the zero gradients.
 * **Exact resume**: :meth:`GradientExchanger.state_dict` / :meth:`~GradientExchanger.load_state_dict`
-  carry residuals, step counters and per-group sparsifier state as NumPy/Python objects.
+  carry residuals, step counters and per-group sparsifier state as NumPy/Python objects; loaded
+  by another number of workers the method state is rebuilt for it and the residuals kept, and a
+  checkpoint of other groups raises ``ValueError`` on every rank.
 * **Dtypes and odd variables**: groups are formed per dtype; float16, float32 and float64
   values travel in their own dtype, bfloat16 ones as float32 (Horovod 0.28.1's TensorFlow
   collectives do not take bfloat16; residuals and results stay bfloat16); variables of other dtypes (integer, bool) and
@@ -277,12 +279,14 @@ class GradientExchanger:
         """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,
         unaffected by later steps): per variable list exchanged so far, its step counter and,
         per group, the residual and the sparsifier's state (thresholds and controller state,
-        partition tables, momentum buffers). Residuals are per rank: save every rank's state to
-        resume exactly. The wrapped optimizer's own state is saved the usual TensorFlow way."""
+        partition tables, momentum buffers), and the number of workers that state was built for.
+        Residuals are per rank: save every rank's state to resume exactly. The wrapped
+        optimizer's own state is saved the usual TensorFlow way."""
         return {"layouts": [self._layout_state(layout) for layout in self._layouts.values()]}
 
     def _layout_state(self, layout: Layout) -> Dict[str, Any]:
         return {"steps": 0 if layout.step is None else int(layout.step.numpy()),
+                "world_size": self.process_set.size(),
                 "groups": {g.name: {"numel": g.numel,
                                     "residual": None if g.residual is None else g.residual.numpy(),
                                     "state": (self.compression.export_state(layout.states[g.index])
@@ -292,34 +296,54 @@ class GradientExchanger:
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`. Each saved variable list is restored into the variable
         list exchanged now, or at its first exchange, whose groups have the same names and sizes
-        (so load it in a fresh process before the first step, or after); a variable list whose
-        groups match no saved one, while some are still waiting, raises ``ValueError``."""
+        (so load it in a fresh process before the first step, or after). Saved by a different
+        number of workers, the residuals and the step counter are restored and the method state
+        built for that number (partition tables, thresholds, gTop-k's schedule, DGC's velocity)
+        is rebuilt for this one, as the PyTorch optimizer does. A variable list whose groups match
+        no saved one, while some are still waiting, raises ``ValueError``: at its first
+        exchange, on every rank, even when only some ranks loaded a checkpoint."""
         self._pending_layouts = list(state_dict["layouts"])
         for layout in self._layouts.values():
-            self._restore(layout)
+            problem = self._restore(layout)
+            if problem is not None:
+                raise ValueError(problem)
 
-    def _restore(self, layout: Layout) -> None:
-        """Load the waiting checkpointed layout that matches ``layout``, if any."""
+    def _restore(self, layout: Layout) -> Optional[str]:
+        """Load the waiting checkpointed layout that matches ``layout``, if any; what is wrong
+        when none matches while some are waiting (None when all is well)."""
         if not self._pending_layouts:
-            return
+            return None
         signature = layout.signature()
-        for position, saved in enumerate(self._pending_layouts):
-            if [(name, record["numel"]) for name, record in saved["groups"].items()] == signature:
-                break
-        else:
-            raise ValueError(f"checkpoint does not match the exchanger's groups: groups {signature} "
-                             f"(name, elements) are not among the saved ones "
-                             f"{[[(n, r['numel']) for n, r in s['groups'].items()] for s in self._pending_layouts]}; "
-                             "load it with the same model and groups= it was saved with")
+        position = next((i for i, saved in enumerate(self._pending_layouts)
+                         if [(name, record["numel"]) for name, record in saved["groups"].items()] == signature),
+                        None)
+        if position is None:
+            return (f"checkpoint does not match the exchanger's groups: groups {signature} "
+                    f"(name, elements) are not among the saved ones "
+                    f"{[[(n, r['numel']) for n, r in s['groups'].items()] for s in self._pending_layouts]}; "
+                    "load it with the same model and groups= it was saved with")
         saved = self._pending_layouts.pop(position)
+        same_world = saved["world_size"] == self.process_set.size()
         with tf.init_scope():
             for group in layout.groups:
                 record = saved["groups"][group.name]
                 if record["residual"] is not None:
                     group.store_residual(tf.constant(record["residual"], dtype=group.dtype))
-                if record["state"] is not None:
+                if record["state"] is not None and same_world:
                     layout.states[group.index] = self.compression.import_state(record["state"])
             layout.step_counter().assign(saved["steps"])
+        return None
+
+    def _restore_everywhere(self, layout: Layout) -> None:
+        """:meth:`_restore` on every rank, then a ``ValueError`` on every rank if it failed on
+        any (with Horovod's idiom only rank 0 loads a checkpoint: the others must not wait for
+        it in the next collective). Collective, run eagerly."""
+        problem = self._restore(layout)
+        problems = allgather_bytes(b"" if problem is None else problem.encode(), "hs.restore",
+                                   process_set=self.process_set)
+        failed = [f"rank {rank}: {text.decode()}" for rank, text in enumerate(problems) if text]
+        if failed:
+            raise ValueError(" | ".join(failed))
 
     # -- layout -----------------------------------------------------------------------------------
     def _layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
@@ -332,7 +356,7 @@ class GradientExchanger:
             layout = Layout(self._form_groups(grads, sources))
             require_same_configuration(self._configuration(layout),
                                        functools.partial(allgather_bytes, process_set=self.process_set))
-            self._restore(layout)
+            self._restore_everywhere(layout)
             self._agree(layout)
             self._layouts[key] = layout
         self._last_layout = layout
@@ -359,7 +383,8 @@ class GradientExchanger:
                 return
             layout.step_counter().assign(shared["steps"])
             if shares:
-                layout.states = {index: self.compression.import_state(state) for index, state in shared["states"].items()}
+                layout.states = {index: self.compression.import_state(state)
+                                 for index, state in shared["states"].items()}
 
     def _configuration(self, layout: Layout) -> Dict[str, Any]:
         """Everything that must agree across ranks for the collectives to match. Sparse
