@@ -1,13 +1,12 @@
 """Reliability of the TensorFlow front end under horovodrun, as ``test_torch_reliability.py``
-checks the PyTorch one: configuration mismatches, dtypes, variables without gradients, exact
-resume (non-finite gradients: ``tests/test_nonfinite.py``). Every launch has a timeout, so a
-hang fails the test instead of stalling the suite."""
+checks the PyTorch one: configuration mismatches, dtypes, variables without gradients (exact
+resume: ``tests/test_tf_resume.py``; non-finite gradients: ``tests/test_nonfinite.py``). Every
+launch has a timeout, so a hang fails the test instead of stalling the suite."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
-from tests.launch import job_fixture, run_configs
+from tests.launch import job_fixture
 from tests.mismatch import assert_every_rank_refused, wrapper_cases
 from tests.test_torch_reliability import conserved, records, same_on_all_ranks
 from tests.workers.tf_reliability import SHAPES
@@ -52,25 +51,3 @@ def test_odd_variables_are_passed_through_and_missing_gradients_do_not_hang(run)
         # update; an empty variable list: nothing
         assert rec["unused_grads"] == [0.0] * 6 and rec["nothing"] == []
     conserved(recs, SHAPES, 6, "float32", skipped=lambda step, rank, i: rank == 0 and i == 1 and step % 2 == 0)
-
-
-RESUMED = [{"method": "topk"}, {"method": "topk", "api": "tape_function"},
-           {"method": "micro", "groups": "model"}, {"method": "dgc", "options": {"momentum": 0.9}}]
-
-
-def test_exact_resume_from_per_rank_checkpoints(tmp_path):
-    half = 4
-    first = []
-    for i, extra in enumerate(RESUMED):
-        first.append(dict(extra, name=f"continuous{i}", prefix=f"continuous{i}", scenario="resume",
-                          phase="continuous", half=half))
-        first.append(dict(extra, name=f"first{i}", prefix=f"resume{i}", scenario="resume", phase="first", half=half))
-    run_configs("tf_reliability.py", NP, tmp_path, first)
-    run_configs("tf_reliability.py", NP, tmp_path, [
-        dict(extra, name=f"second{i}", prefix=f"resume{i}", scenario="resume", phase="second", half=half)
-        for i, extra in enumerate(RESUMED)])
-    for i in range(len(RESUMED)):
-        for a, b in zip(records(tmp_path, f"continuous{i}"), records(tmp_path, f"second{i}")):
-            assert b["steps"] == 2 * half
-            for x, y in zip(a["params"], b["params"]):
-                np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=str(RESUMED[i]))

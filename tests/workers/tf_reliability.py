@@ -1,5 +1,5 @@
 """Worker: reliability scenarios of the TensorFlow front end (configuration mismatch across ranks,
-dtypes, variables without gradients, checkpoints), the counterpart of ``torch_reliability.py``.
+dtypes, variables without gradients), the counterpart of ``torch_reliability.py``.
 Each scenario writes a JSON record per rank; the test asserts on them. Scenarios run one after
 another in the same launch, so a scenario that hung or left Horovod in a bad state would also
 fail every later one.
@@ -8,8 +8,6 @@ Each scenario trains its own variables (named after the config, or its ``prefix`
 scenario has its own layout, residuals and step counter in the shared exchangers.
 """
 import json
-import pickle
-from pathlib import Path
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -165,36 +163,10 @@ def scenario_odd_variables(config):
             "odd": odd, "unused_grads": unused_grads, "nothing": nothing}
 
 
-def scenario_resume(config):
-    """Continuous 2N steps vs N steps + save; the test runs a second launch that loads the
-    per-rank checkpoint into fresh variables, optimizer and exchanger and continues."""
-    out, n = Path(config["out"]), config["half"]
-    trainer = Trainer(config, groups=config.get("groups"))
-    checkpoint = out / f"{config['prefix']}.rank{hvd.rank()}.pkl"
-    start = 0
-    if config["phase"] == "second":
-        saved = pickle.loads(checkpoint.read_bytes())
-        for v, value in zip(trainer.variables + trainer.optimizer.variables, saved["params"] + saved["optimizer"]):
-            v.assign(value)
-        with tf.GradientTape() as tape:  # any tape wrapped with the same arguments finds the exchanger
-            pass
-        hs.DistributedGradientTape(tape, **trainer.wrapper_args).load_state_dict(saved["sparse"])
-        start = n
-    stop = n if config["phase"] == "first" else 2 * n
-    for step in range(start, stop):
-        trainer.step(raw_gradients(trainer.variables, step))
-    if config["phase"] == "first":
-        checkpoint.write_bytes(pickle.dumps({"params": [v.numpy() for v in trainer.variables],
-                                             "optimizer": [v.numpy() for v in trainer.optimizer.variables],
-                                             "sparse": trainer.tape.state_dict()}))
-    return {"params": [p.tolist() for p in trainer.params()], "steps": trainer.exchanger.steps}
-
-
 def main():
     configs, out = configs_and_out()
     init_tensorflow_worker()
     for config in configs:
-        config["out"] = str(out)
         record = globals()[f"scenario_{config['scenario']}"](config)
         (out / f"{config['name']}.rank{hvd.rank()}.json").write_text(json.dumps(record))
 
