@@ -46,7 +46,7 @@ def test_keras_wrapper_is_the_optimizers_class_with_the_exchanger_installed():
     assert optimizer.get_config()["momentum"] == 0.9
 
 
-@pytest.mark.parametrize("nonfinite", ["bogus", "", 1])
+@pytest.mark.parametrize("nonfinite", ["bogus", "", 1, True])
 def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
     compression = hs.Compression.topk(density=0.1)
     with pytest.raises(ValueError, match=r"nonfinite must be one of 'raise', 'skip', got"):
@@ -55,7 +55,7 @@ def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
         hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=compression, nonfinite=nonfinite)
 
 
-@pytest.mark.parametrize("passes", [0, -1, 1.5])
+@pytest.mark.parametrize("passes", [0, -1, 1.5, True])
 def test_keras_backward_passes_per_step_below_one_is_refused(passes):
     with pytest.raises((ValueError, TypeError), match="backward_passes_per_step"):
         hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), compression=hs.Compression.topk(density=0.1),

@@ -3,6 +3,7 @@ before any collective runs, and with which message."""
 from __future__ import annotations
 
 import pytest
+import horovod.torch as hvd
 import torch
 
 import horovod_sparse.torch as hs
@@ -42,3 +43,12 @@ def test_a_bool_parameter_cannot_ask_for_a_gradient():
 def test_an_empty_parameter_list_is_refused_by_the_wrapped_optimizer():
     with pytest.raises(ValueError, match="empty parameter list"):
         hs.DistributedOptimizer(torch.optim.SGD([], lr=0.1), compression=hs.Compression.topk(density=0.5))
+
+
+@pytest.mark.parametrize("op", [hvd.Min, hvd.Max, hvd.Product])
+def test_a_sparsifier_sums_so_other_reductions_are_refused(op):
+    """As in TensorFlow: the selected values are summed, so Min/Max/Product would silently
+    become a sum."""
+    with pytest.raises(ValueError, match="op must be hvd.Average or hvd.Sum"):
+        wrap(op=op)
+

@@ -395,6 +395,10 @@ class GradientExchanger:
         return {"compression": compression, "op": OP_NAMES.get(self.op, str(self.op)), "nonfinite": self.nonfinite,
                 "sparse_as_dense": self.sparse_as_dense, "backward_passes_per_step": self.backward_passes_per_step,
                 "groups": {(g.name if self.sparse else str(g.index)): f"{g.numel} x {g.dtype.name}"
+                           for g in layout.groups},
+                # Same sizes are not enough: a sparse group is flat, so a variable of another
+                # shape but as many elements would mix up coordinates without an error.
+                "shapes": {(g.name if self.sparse else str(g.index)): [s.as_list() for s in g.shapes]
                            for g in layout.groups}}
 
     def _form_groups(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[FlatGroup]:

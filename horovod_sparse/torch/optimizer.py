@@ -23,7 +23,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_sparse.common.arguments import check_backward_passes
+from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments
 from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
@@ -36,6 +36,9 @@ from horovod_sparse.torch.mergecomp import MergeCompScheduler, carry_residuals
 from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
+#: Horovod's reduction ops by the names :func:`check_wrapper_arguments` takes.
+_OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min", hvd.Max: "max",
+             hvd.Product: "product"}
 
 
 class _Inflight:
@@ -182,6 +185,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
                 "sparse_as_dense": self.sparse_as_dense,
                 "groups": {g.name: f"{g.numel} x {g.dtype}" for g in self._groups},
+                # Same sizes are not enough: a sparse group is flat, so a parameter of another
+                # shape but as many elements would mix up coordinates without an error.
+                "shapes": {g.name: [list(p.shape) for p in g.params] for g in self._groups},
                 "mergecomp": None if self.mergecomp is None else repr(self.mergecomp.options)}
 
     # -- grouping ---------------------------------------------------------------------------------
@@ -297,11 +303,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         averaged for ``op=Average``), whatever the compression: the rows present are already a
         sparse payload, sent exactly, with no residual. ``p.grad`` stays None until
         :meth:`synchronize` puts the aggregate there, so ``p`` contributes zeros to its group."""
-        grad = p.grad.coalesce()
+        # Sent as it is, duplicate rows and all (as Horovod sends it): coalescing first would sum
+        # each rank's duplicates before the ranks' rows, another order, other float rounding.
+        grad = p.grad
         p.grad = None
-        if self.nonfinite is not None and not _all_finite(grad.values()):
+        if self.nonfinite is not None and not _all_finite(grad._values()):
             self._nonfinite_groups.append(self._parameter_names[p])
-            grad = torch.sparse_coo_tensor(grad.indices()[:, :0], grad.values()[:0], grad.shape)
+            grad = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.shape)
         self._sparse_rows[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._parameter_names[p]}",
                                                           op=self.op, process_set=self.process_set)
 
@@ -639,8 +647,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         compression: a horovod_sparse sparsifier (``horovod_sparse.torch.Compression.topk(...)``
             and friends) or Horovod's ``Compression.none`` / ``Compression.fp16``.
         backward_passes_per_step: backward passes accumulated locally before an exchange.
-        op: ``hvd.Average`` or ``hvd.Sum``. ``hvd.Adasum`` is only available with a dense
-            compression (it is delegated to Horovod's own Adasum optimizer).
+        op: ``hvd.Average`` or ``hvd.Sum`` with a sparsifier (it sums the selected values; other
+            ops raise ``ValueError``); any Horovod op with a dense compression, ``hvd.Adasum``
+            being delegated to Horovod's own Adasum optimizer.
         gradient_predivide_factor: splits the averaging before and after the sum (dense path).
         num_groups: deprecated alias of ``groups`` (as in Horovod).
         groups: an int or lists of parameters (Horovod's meaning); ``"tensor"`` (one group per
@@ -667,25 +676,17 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
         does), with ``synchronize()``, ``skip_synchronize()``, ``last_stats`` and ``groups``.
     """
-    if gradient_predivide_factor != 1.0 and op != hvd.Average:
-        raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
         warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
         groups = num_groups if groups is None else groups
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)
     sparse = isinstance(compression, Sparsifier)
-    if isinstance(compression, type) and issubclass(compression, Sparsifier):
-        raise TypeError(f"compression={compression.__name__} is a class; create an instance with "
-                        f"Compression.{compression.method_name}(density=...)")
+    # The same checks and messages as the TensorFlow front end: a sparsifier sums, so it takes
+    # Average or Sum only (Min, Max or Product would silently become a sum).
+    check_wrapper_arguments(compression, sparse, Sparsifier, _OP_NAMES.get(op, str(op)), gradient_predivide_factor)
     if op == hvd.Adasum:
-        if sparse:
-            raise ValueError("op=hvd.Adasum combines dense gradients and cannot be used with a "
-                             "sparsifier; use op=hvd.Average")
         return hvd.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                         op, gradient_predivide_factor, 0, groups, sparse_as_dense, process_set)
-    if sparse and gradient_predivide_factor != 1.0:
-        raise ValueError("gradient_predivide_factor applies to dense allreduces only; sparse exchanges "
-                         "sum exactly the selected values. Leave it at 1.0 with a sparsifier.")
     nonfinite = resolve_nonfinite(nonfinite, sparse)
     base = optimizer.__class__
     # hvd.broadcast_optimizer_state initialises a stateless optimizer by calling, on the ranks

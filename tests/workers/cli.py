@@ -14,11 +14,12 @@ def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
     return json.loads(Path(args.configs).read_text()), Path(args.out)
 
 
-def init_tensorflow_worker() -> None:
-    """``hvd.init()`` for a TensorFlow worker, with few threads (several workers share the cores)."""
+def init_tensorflow_worker(process_sets: Any = None) -> None:
+    """``hvd.init(process_sets)`` for a TensorFlow worker, with few threads (several workers share
+    the cores)."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    hvd.init()
+    hvd.init(process_sets=process_sets)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tf.config.threading.set_intra_op_parallelism_threads(1)
