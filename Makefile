@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo test
+.PHONY: install demo lint test
 
 install:
 	bash scripts/install.sh
@@ -19,5 +19,9 @@ install:
 demo: install
 	$(PY) -m benchmarks.digits --np $(NP) $(ARGS)
 
-test: install
+# The linter (ruff.toml) over the package, the tests and the benchmarks; `make test` runs it first.
+lint: install
+	$(VENV)/bin/ruff check horovod_sparse tests benchmarks
+
+test: lint
 	$(PY) -m pytest -q tests $(ARGS)

@@ -57,7 +57,8 @@ def wrapper_cases(param: Callable[[str, int], str], dtype: Callable[[str], str],
     ``total`` the ops ``Average`` and ``Sum``."""
     float32, float64 = dtype("float32"), dtype("float64")
     return option_cases() + [
-        {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}}, "expect": f"op={total!r} (rank 0: {average!r})"},
+        {"name": "op", "rank0": {}, "rank1": {"wrapper": {"op": "Sum"}},
+         "expect": f"op={total!r} (rank 0: {average!r})"},
         {"name": "nonfinite", "rank0": {}, "rank1": {"wrapper": {"nonfinite": "skip"}},
          "expect": "nonfinite='skip' (rank 0: 'raise')"},
         {"name": "sparse_as_dense", "rank0": {}, "rank1": {"wrapper": {"sparse_as_dense": True}},

@@ -31,7 +31,8 @@ TWO = TAPES_TWO + KERAS_TWO + [
     {"scenario": "indexed_slices", "method": "topk", "options": SPARSE},
     {"scenario": "graph_mode", "method": "none"},
     {"scenario": "keras_behaviours", "method": "none"},
-    {"scenario": "keras_behaviours", "method": "topk", "options": {"density": 1.0, "min_numel": 0}, "nonfinite": "skip"},
+    {"scenario": "keras_behaviours", "method": "topk", "options": {"density": 1.0, "min_numel": 0},
+     "nonfinite": "skip"},
 ]
 TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", traced=True), tape("dgc", momentum=0.9)]
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]

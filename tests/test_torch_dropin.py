@@ -50,7 +50,8 @@ job3 = job_fixture("torch_dropin.py", 3, THREE)
 
 
 def label(config):
-    return f"{config['method']}-{config.get('groups', '')}-{config['broadcast']}-{config['options'] if 'options' in config else ''}"
+    options = config.get("options", "")
+    return f"{config['method']}-{config.get('groups', '')}-{config['broadcast']}-{options}"
 
 
 @pytest.mark.parametrize("np_, job_name", [(2, "job2"), (3, "job3")])

@@ -179,8 +179,10 @@ def test_conservation_over_the_run_up_to_the_removed_workers_residuals(events):
             raw[e.step, processes.index(e.process)] = flat_gradients(SEED + m, e.step, e.rank, SHAPES, [0, 1])
         delivered = sum(size_at(t) * next(e for e in steps if e.step == t).arrays[f"delivered.{method}"]
                         for t in range(total)) / len(processes)
-        last = {process: [e for e in events[process] if e.kind == "commit"][-1].residual(method) for process in processes}
+        last = {process: [e for e in events[process] if e.kind == "commit"][-1].residual(method)
+                for process in processes}
         for process in removed:
-            assert np.abs(last[process]).max() > 1e-3, f"{method}: the removed worker's residual is part of the identity"
+            assert np.abs(last[process]).max() > 1e-3, \
+                f"{method}: the removed worker's residual is part of the identity"
         assert_conserved(delivered, [last[process] for process in processes], raw, "float32",
                          f"{method}: elastic run, removed workers' residuals counted")

@@ -34,8 +34,9 @@ def conserved(recs, shapes, steps, dtype, skipped=lambda step, rank, i: False):
     none where ``skipped``) lose and invent nothing beyond ``dtype``'s rounding
     (:func:`tests.checks.conservation_bound`)."""
     for i, shape in enumerate(shapes):
-        raw = np.array([[np.zeros(int(np.prod(shape))) if skipped(t, r, i) else raw_gradient(5, t, r, shape, i).reshape(-1)
-                         for r in range(NP)] for t in range(steps)])
+        raw = np.array([[np.zeros(int(np.prod(shape))) if skipped(t, r, i)
+                          else raw_gradient(5, t, r, shape, i).reshape(-1)
+                          for r in range(NP)] for t in range(steps)])
         assert_conserved(np.asarray(recs[0]["delivered"][i]), [np.asarray(rec["residuals"][i]) for rec in recs],
                          raw, dtype, f"parameter {i}")
 

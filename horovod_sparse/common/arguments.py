@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from typing import Any
 
 
@@ -44,3 +45,11 @@ def check_backward_passes(passes: Any) -> int:
     if passes <= 0:
         raise ValueError("backward_passes_per_step must be > 0")
     return int(passes)
+
+
+def merge_num_groups(num_groups: int, groups: Any) -> Any:
+    """Horovod's deprecated ``num_groups``: warn, and use it where ``groups`` is not given."""
+    if num_groups == 0:
+        return groups
+    warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning, stacklevel=3)
+    return num_groups if groups is None else groups

@@ -38,4 +38,4 @@ def apply_nonfinite_policy(policy: str, bad_ranks: Sequence[int], step: int, gro
     if policy == "raise":
         raise FloatingPointError(message + " Lower the learning rate or loss scale, or pass "
                                  "nonfinite='skip' to skip such steps with a warning.")
-    warnings.warn(message, RuntimeWarning)
+    warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -14,12 +14,12 @@ shared by every tape built with the same arguments, so wrapping a new tape each 
 """
 from __future__ import annotations
 
-import warnings
 from typing import IO, Any, Dict, Iterable, Optional
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from horovod_sparse.common.arguments import merge_num_groups
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.exchanger import GradientExchanger, shared_exchanger
 
@@ -105,9 +105,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             configurations (compression, options, op, groups, dtypes) differ, naming the rank
             and setting.
     """
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
-        groups = num_groups if groups is None else groups
+    groups = merge_num_groups(num_groups, groups)
     if isinstance(groups, (int, float)) and not groups > 0:  # other types: form_groups names the forms taken
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,

@@ -27,7 +27,6 @@ are never broadcast.
 """
 from __future__ import annotations
 
-import warnings
 from typing import IO, Any, Dict, List, Optional
 
 import horovod._keras as _impl
@@ -36,7 +35,7 @@ import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.keras import callbacks  # noqa: F401  (re-exported: Horovod's callbacks work as they are)
 
-from horovod_sparse.common.arguments import check_backward_passes
+from horovod_sparse.common.arguments import check_backward_passes, merge_num_groups
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
@@ -72,9 +71,7 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     if op != hvd.Average and op != hvd.Sum:
         raise ValueError("op currently only supports Average and Sum")
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
-        groups = num_groups if groups is None else groups
+    groups = merge_num_groups(num_groups, groups)
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
                                   groups, process_set, device_dense, device_sparse, stats_log, nonfinite,

@@ -23,7 +23,7 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments
+from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups
 from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
@@ -417,7 +417,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
-                              "after optimizer.synchronize(). This can cause training slowdown.")
+                              "after optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
         if self._skip_step:
@@ -564,7 +564,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._load_sparse_state(shared)
 
 
-class SparseDistributedOptimizer(abc.ABC):
+class SparseDistributedOptimizer(abc.ABC):  # noqa: B024 (a marker: classes register, nothing is abstract)
     """Every optimizer :func:`DistributedOptimizer` returns is an instance of this class (a
     virtual subclass: its class derives from the wrapped optimizer's, as in Horovod), so that
     ``isinstance`` recognises them (``hvd.elastic.TorchState`` does, to sync them)."""
@@ -676,9 +676,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
         does), with ``synchronize()``, ``skip_synchronize()``, ``last_stats`` and ``groups``.
     """
-    if num_groups != 0:
-        warnings.warn("Parameter `num_groups` has been replaced by `groups`.", DeprecationWarning)
-        groups = num_groups if groups is None else groups
+    groups = merge_num_groups(num_groups, groups)
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)
     sparse = isinstance(compression, Sparsifier)
     # The same checks and messages as the TensorFlow front end: a sparsifier sums, so it takes

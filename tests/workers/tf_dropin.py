@@ -151,7 +151,8 @@ def scenario_keras_checkpoint(config):
     keras_fit(fresh, config, fresh_optimizer, more, steps)
     return {"weights": np.concatenate([w.reshape(-1) for w in fresh.get_weights()]).astype(np.float64).tolist(),
             "steps": fresh_optimizer.exchanger.steps, "iterations": int(fresh_optimizer.iterations.numpy()),
-            "residual_norms": [float(tf.norm(tf.cast(r, tf.float64))) for r in fresh_optimizer.exchanger.residuals().values()]}
+            "residual_norms": [float(tf.norm(tf.cast(r, tf.float64)))
+                               for r in fresh_optimizer.exchanger.residuals().values()]}
 
 
 def keras_behaviours(kind, config):

@@ -33,6 +33,11 @@ def compression(config):
     return hs.Compression.create(config["method"], **config.get("options", {}))
 
 
+def flat_values(*params):
+    """The values of ``params``, flattened into one list."""
+    return torch.cat([p.detach().reshape(-1) for p in params]).tolist()
+
+
 def make_model(seed):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(12, 64), torch.nn.Tanh(), torch.nn.Linear(64, 6))
@@ -136,7 +141,8 @@ def scenario_embedding(config):
                              named_parameters=[(f"dense.{n}", p) for n, p in dense.named_parameters()], **options)
             record = {"local": [], "aggregated": [], "layout_sparse": []}
             for step in range(3):
-                rows = torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]]) if hvd.rank() == 0 else torch.tensor([[1, 3, 4], [4, 7, 9]])
+                rows = (torch.tensor([[1, 2, 4, 5], [4, 3, 2, 9]]) if hvd.rank() == 0
+                        else torch.tensor([[1, 3, 4], [4, 7, 9]]))
                 sparse_opt.zero_grad()
                 dense_opt.zero_grad()
                 loss = dense(embedding(rows + step % 2)).sum()
@@ -149,7 +155,7 @@ def scenario_embedding(config):
                 with sparse_opt.skip_synchronize():
                     sparse_opt.step()
                 dense_opt.step()
-            record["params"] = torch.cat([p.detach().reshape(-1) for p in (*embedding.parameters(), *dense.parameters())]).tolist()
+            record["params"] = flat_values(*embedding.parameters(), *dense.parameters())
             runs[kind] = record
         results[str(sparse_as_dense)] = runs
     return results
@@ -187,7 +193,7 @@ def scenario_dynamic_requires_grad(config):
                             violations.append([it, train_gen])
                 opts[0 if train_gen else 1].step()
         runs[kind] = {"violations": violations,
-                      "params": torch.cat([p.detach().reshape(-1) for p in (*gen.parameters(), *disc.parameters())]).tolist()}
+                      "params": flat_values(*gen.parameters(), *disc.parameters())}
     return runs
 
 
@@ -278,7 +284,7 @@ def scenario_hooks(config):
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1)
                 with opt.skip_synchronize():
                     opt.step()
-                history.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist())
+                history.append(flat_values(*model.parameters()))
             record[name] = history
             record[f"{name}_names"] = sorted(opt._parameter_names.values())
         model = make_model(0)

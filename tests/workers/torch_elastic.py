@@ -103,8 +103,8 @@ def main() -> None:
             for opt in optimizers.values():
                 opt.zero_grad()
             for m, opt in enumerate(optimizers.values()):
-                sum((p * torch.from_numpy(raw_gradient(args.seed + m, state.step, hvd.rank(), p.shape, i)).float()).sum()
-                    for i, p in enumerate(params_of(opt))).backward()
+                sum((p * torch.from_numpy(raw_gradient(args.seed + m, state.step, hvd.rank(), p.shape, i)).float())
+                    .sum() for i, p in enumerate(params_of(opt))).backward()
             delivered = {}
             for m, opt in optimizers.items():
                 opt.synchronize()
