@@ -299,7 +299,7 @@ class GradientExchanger:
         (so load it in a fresh process before the first step, or after). Saved by a different
         number of workers, the residuals and the step counter are restored and the method state
         built for that number (partition tables, thresholds, gTop-k's schedule, DGC's velocity)
-        is rebuilt for this one, as the PyTorch optimizer does. A variable list whose groups match
+        is rebuilt for this one (the PyTorch optimizer keeps DGC's velocity). A variable list whose groups match
         no saved one, while some are still waiting, raises ``ValueError``: at its first
         exchange, on every rank, even when only some ranks loaded a checkpoint."""
         self._pending_layouts = list(state_dict["layouts"])
