@@ -23,3 +23,11 @@ def init_tensorflow_worker(process_sets: Any = None) -> None:
     hvd.init(process_sets=process_sets)
     tf.config.threading.set_inter_op_parallelism_threads(2)
     tf.config.threading.set_intra_op_parallelism_threads(1)
+
+
+def compression(hvd: Any, hs: Any, name: str) -> Any:
+    """Horovod's own ``none`` / ``fp16`` compression from ``hvd``, else the method ``name`` of
+    horovod_sparse's front end ``hs`` at density 0.3 (the stock-comparison workers' setting)."""
+    if name in ("none", "fp16"):
+        return getattr(hvd.Compression, name)
+    return hs.Compression.create(name, density=0.3, min_numel=0)

@@ -25,6 +25,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
+from tests.workers.cli import compression as shared_compression
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 STEPS = 3
@@ -33,9 +34,7 @@ PROCESS_SETS = {}
 
 
 def compression(name):
-    if name in ("none", "fp16"):
-        return getattr(hvd.Compression, name)
-    return hs.Compression.create(name, density=0.3, min_numel=0)
+    return shared_compression(hvd, hs, name)
 
 
 def wrapper_arguments(config, kind, variables):

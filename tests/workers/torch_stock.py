@@ -22,6 +22,7 @@ import horovod.torch as hvd
 import torch
 
 import horovod_sparse.torch as hs
+from tests.workers.cli import compression as shared_compression
 from tests.workers.cli import configs_and_out
 
 STEPS = 3
@@ -30,9 +31,7 @@ PROCESS_SETS = {}
 
 
 def compression(name):
-    if name in ("none", "fp16"):
-        return getattr(hvd.Compression, name)
-    return hs.Compression.create(name, density=0.3, min_numel=0)
+    return shared_compression(hvd, hs, name)
 
 
 def make_model(sparse_embedding=False, shape=(16, 8), dtype=torch.float32):
