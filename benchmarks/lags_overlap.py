@@ -12,8 +12,10 @@ communication-bound setting; without it the job runs where it is launched.
 Copies of the model (same seed and synthetic batch) are trained without exchange (``local``),
 with Horovod's dense allreduce per tensor (``dense``), whole-model Top-k (``topk``), LAGS with
 its adaptive rule (``lags``, groups of 8192 elements) and LAGS with the rule off
-(``lags-uniform``, the reference's default), all at ``--density``; ``--rounds`` rounds run every
-copy ``--steps`` steps in a rotating order. Per copy, medians over the timed steps:
+(``lags-uniform``, the reference's default), all at ``--density``, and LAGS with the rule off at
+each fixed density of ``--sweep`` (multiples of ``--density``: ``lags-fixed-D``), the densities
+the rule may choose between; ``--rounds`` rounds run every copy ``--steps`` steps in a rotating
+order. Per copy, medians over the timed steps:
 
 * *step*: wall time of a training step;
 * *exposed*: from the last gradient of backward to the end of the exchange (``synchronize()``),
@@ -25,11 +27,13 @@ copy ``--steps`` steps in a rotating order. Per copy, medians over the timed ste
   a 1 Gbit/s link, 50 us latency), with LAGS's densities chosen again for that network from
   the same measured ``t_comp``.
 
-Then the model (alpha, beta), and LAGS's measured ``t_comp`` and chosen ``rho`` per group.
+Then the model (alpha, beta), LAGS's measured local costs, and its measured ``t_comp`` and chosen
+``rho`` per group.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -40,8 +44,7 @@ from benchmarks.grouping_overhead import Trainer, build_trainer
 from benchmarks.models import MODELS
 from benchmarks.results import command_line, write_results
 from horovod_sparse.common.cost_model import AlphaBeta, exposed_time
-from horovod_sparse.common.lags import lags_density
-from horovod_sparse.common.options import target_count
+from horovod_sparse.common.lags import LagsGroup, lags_counts
 
 #: name -> (compressor spec with {density}, groups)
 COPIES = {
@@ -66,13 +69,15 @@ def step_figures(trainer: Trainer, model: AlphaBeta, project: AlphaBeta) -> Dict
     groups = {g.name: g for g in trainer.optimizer.last_stats.groups}
     lags = trainer.compression if getattr(trainer.compression, "method_name", "") == "lags" else None
 
-    def projected_count(name: str) -> int:
-        g = groups[name]
-        t_comp = lags.t_comp.get(name) if lags is not None else None
-        if t_comp is None or g.dense:
-            return g.target
+    chosen: Dict[str, int] = {}
+    if lags is not None and lags.local_cost is not None and lags.launch_order:
+        plan = [LagsGroup(name, numel, lags.t_comp[name]) for name, numel in lags.launch_order]
         options = lags.options
-        return target_count(lags_density(t_comp, project, g.numel, options.density, options.max_density), g.numel)
+        counts = lags_counts(plan, project, lags.local_cost, options.density, options.max_density, options.slack)
+        chosen = {g.name: count for g, count in zip(plan, counts)}
+
+    def projected_count(name: str) -> int:
+        return chosen.get(name, groups[name].target)
 
     def predicted(on: AlphaBeta, count: Any) -> float:
         jobs = [(record.group_ready[n], *exchange_seconds(on, groups[n].numel, count(n), groups[n].dense))
@@ -116,6 +121,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet20", choices=sorted(MODELS))
     parser.add_argument("--density", type=float, default=0.01)
+    parser.add_argument("--sweep", type=float, nargs="*", default=[2.0, 5.0, 10.0],
+                        help="fixed LAGS densities to compare, as multiples of --density")
     parser.add_argument("--batch-size", type=int, default=8, help="per worker")
     parser.add_argument("--size", type=int, help="image side / sequence length (default: the model's)")
     parser.add_argument("--warmup", type=int, default=6, help="untimed steps per copy (LAGS measures then)")
@@ -145,8 +152,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     model, samples = measure_cost_model(hvd.global_process_set)
     project = AlphaBeta(args.project_alpha, args.project_beta, hvd.size())
     local = build_trainer("local", args, None, None)
+    specs = dict(COPIES)
+    for factor in args.sweep:
+        specs[f"lags-fixed-{factor * args.density:g}"] = (f"lags:density={factor * args.density:g},adaptive=false",
+                                                         None)
     copies = {name: build_trainer(name, args, spec.format(density=args.density), groups)
-              for name, (spec, groups) in COPIES.items()}
+              for name, (spec, groups) in specs.items()}
     every = [local, *copies.values()]
     for trainer in every:
         for _ in range(args.warmup):
@@ -181,9 +192,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         print(f"{row['copy']:13s} {row['groups']:6d} {1e3 * row['step_seconds']:8.1f} {1e3 * row['exposed']:10.2f} "
               f"{1e3 * row['predicted']:12.2f} {1e3 * row['projected']:12.2f} {row['bytes_sent']:10d}")
     report = lags_report(copies["lags"])
-    own = copies["lags"].compression.cost_model
+    own, local_cost = copies["lags"].compression.cost_model, copies["lags"].compression.local_cost
     print(f"LAGS's own start-up model: alpha {1e6 * own.alpha:.1f} us, beta {1e9 * own.beta:.3f} ns/byte; "
-          f"groups in launch order (t_comp measured, rho chosen):")
+          f"local costs: selection {1e9 * local_cost.select_element:.3f} ns per element + "
+          f"{1e9 * local_cost.select_pair:.1f} ns per pair, scatter-add {1e9 * local_cost.apply_pair:.1f} ns per "
+          f"received pair; groups in launch order (t_comp measured, rho chosen):")
     for g in report:
         t_comp = "-" if g["t_comp"] is None else f"{1e3 * g['t_comp']:.2f} ms"
         print(f"  {g['group']:40s} {g['numel']:8d} elements  t_comp {t_comp:>10s}  rho {g['rho']}")
@@ -191,7 +204,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         write_results(args.results, "lags_overlap",
                       {"model": args.model, "density": args.density, "workers": hvd.size(),
                        "alpha_beta": model.as_dict(), "calibration": samples, "projection": project.as_dict(),
-                       "lags_alpha_beta": own.as_dict(),
+                       "lags_alpha_beta": own.as_dict(), "lags_local_cost": dataclasses.asdict(local_cost),
                        "local_step_seconds": float(np.median(steps["local"])), "rows": rows, "lags_groups": report},
                       command_line(argv, "benchmarks.lags_overlap"))
 

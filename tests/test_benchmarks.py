@@ -244,6 +244,11 @@ def test_selection_cost_prints_ratios(tmp_path):
     for name in ("torch.topk", "top_k", "threshold", "gaussiank"):
         assert whole[f"{name}_over_sum"] == pytest.approx(whole[f"{name}_ms"] / whole["sum_ms"])
         assert f"{whole[name + '_over_sum']:8.2f}" in result.stdout
+    tensorflow = whole["tensorflow"]  # TensorFlow's rows, against its own read pass
+    assert "whole buffer, TensorFlow: read pass (tf.reduce_sum)" in result.stdout
+    for name in ("tf.math.top_k", "top_k", "top_k traced"):
+        assert tensorflow[f"{name}_over_sum"] == pytest.approx(tensorflow[f"{name}_ms"] / tensorflow["sum_ms"])
+        assert f"{tensorflow[name + '_ms']:13.1f} {tensorflow[name + '_over_sum']:8.2f}" in result.stdout
 
 
 # -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
@@ -262,11 +267,12 @@ def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
 def test_lags_overlap_reports_the_model_and_the_chosen_densities(tmp_path):
     result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "lags_overlap", "--batch-size", "2", "--size", "8", "--warmup", "3", "--rounds", "1", "--steps", "1",
-                  "--results", str(tmp_path / "lags.json")])
+                  "--sweep", "5", "--results", str(tmp_path / "lags.json")])
     text = "\n".join(rank0_lines(result.stdout))
-    assert "Measured alpha-beta model" in text and "LAGS's own start-up model" in text
+    assert "Measured alpha-beta model" in text and "LAGS's own start-up model" in text and "local costs" in text
     figures = json.loads((tmp_path / "lags.json").read_text())["results"]
-    assert [r["copy"] for r in figures["rows"]] == ["dense", "topk", "lags", "lags-uniform"]
+    assert [r["copy"] for r in figures["rows"]] == ["dense", "topk", "lags", "lags-uniform", "lags-fixed-0.05"]
+    assert min(figures["lags_local_cost"].values()) >= 0
     assert figures["lags_groups"] and all(g["rho"] is None or 0 < g["rho"] <= 1 for g in figures["lags_groups"])
 
 

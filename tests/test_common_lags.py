@@ -2,44 +2,107 @@
 model, fixed-size merging and the backward timeline. One process, no Horovod."""
 import functools
 
+import numpy as np
 import pytest
 
 import horovod_sparse.common.methods  # noqa: F401
 from horovod_sparse.common import registry
 from horovod_sparse.common.cost_model import AlphaBeta, calibrate, calibration_sizes, exposed_time, fit_allgather
 from horovod_sparse.common.grouping import MergeBySize, ParamInfo, ReadyTimeline, form_groups, merge_by_size
-from horovod_sparse.common.lags import BackwardTimeMeter, lags_density
+from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LocalCost, lags_counts
+from tests import reference_lags
 
 
 # -- the density rule ---------------------------------------------------------------------------
+FREE = {"select_element": 0.0, "select_pair": 0.0, "apply_pair": 0.0}
+
+
+def rule(groups, model, local, floor=0.001, cap=0.1, slack=0.0):
+    return lags_counts([LagsGroup(f"g{i}", m, t) for i, (m, t) in enumerate(groups)], model, LocalCost(**local),
+                       floor, cap, slack)
+
+
 @pytest.mark.parametrize("t_comp,numel,expected", [
-    # budget = t_comp - alpha*log2(4) = t_comp - 2 ms; denominator 2(n-1) beta' m = 2*3*4e-9*m
-    (3e-3, 1_000_000, 1e-3 / 2.4e-2),      # 0.041666...: inside [floor, cap]
-    (2.5e-3, 1_000_000, 0.5e-3 / 2.4e-2),  # 0.020833...
-    (4e-3, 2_000_000, 2e-3 / 4.8e-2),      # 0.041666...
-    (2e-3, 1_000_000, 0.001),              # no time left after the latency: the floor
-    (1e-3, 1_000_000, 0.001),              # less than the latency: the floor
-    (2.0001e-3, 1_000_000, 0.001),         # 0.0000041...: below the floor
-    (1.0, 1_000_000, 0.1),                 # plenty of time: the cap
+    # no local cost, one group: the paper's rho m = (t - alpha log2 4) / (2 (n-1) 4 beta) = (t - 2 ms) / 24 ns
+    (3e-3, 1_000_000, 41_666),             # rho 0.041666...: inside [floor, cap]
+    (2.5e-3, 1_000_000, 20_833),           # 0.020833...
+    (4e-3, 2_000_000, 83_333),             # same rho, twice the elements
+    (2e-3, 1_000_000, 1_000),              # no time left after the latency: the floor
+    (1e-3, 1_000_000, 1_000),              # less than the latency: the floor
+    (2.0001e-3, 1_000_000, 1_000),         # 0.0000041...: below the floor
+    (1.0, 1_000_000, 100_000),             # plenty of time: the cap
 ])
-def test_lags_density_against_hand_computed_values(t_comp, numel, expected):
-    model = AlphaBeta(alpha=1e-3, beta=1e-9, workers=4)
-    assert lags_density(t_comp, model, numel, floor=0.001, cap=0.1) == pytest.approx(expected, rel=1e-12)
+def test_a_lone_group_without_local_cost_gets_the_papers_density(t_comp, numel, expected):
+    assert rule([(numel, t_comp)], AlphaBeta(alpha=1e-3, beta=1e-9, workers=4), FREE) == [expected]
 
 
-def test_lags_density_matches_the_paper_form():
+def test_the_paper_form():
     """rho = (t - alpha log2 n) / (2 (n-1) beta' m) with beta' = 4 beta per float32 element."""
-    model = AlphaBeta(alpha=20e-6, beta=0.8e-9, workers=8)
     t_comp, m = 1.5e-3, 300_000
     paper = (t_comp - 20e-6 * 3) / (2 * 7 * (4 * 0.8e-9) * m)
-    assert lags_density(t_comp, model, m, floor=1e-4, cap=1.0) == pytest.approx(paper, rel=1e-12)
+    assert rule([(m, t_comp)], AlphaBeta(alpha=20e-6, beta=0.8e-9, workers=8), FREE, floor=1e-4,
+                cap=1.0) == [int(paper * m)]
 
 
-def test_lags_density_edge_cases():
-    assert lags_density(1e-3, AlphaBeta(1e-3, 1e-9, 1), 1000, floor=0.01, cap=0.2) == 0.2  # one worker
-    assert lags_density(1e-3, AlphaBeta(0.0, 0.0, 4), 1000, floor=0.01, cap=0.2) == 0.2   # free network
-    assert lags_density(0.0, AlphaBeta(0.0, 0.0, 4), 1000, floor=0.01, cap=0.2) == 0.01   # no time at all
-    assert lags_density(1.0, AlphaBeta(1e-6, 1e-9, 4), 1000, floor=0.3, cap=0.2) == 0.3   # cap below floor
+def test_groups_queue_on_one_link():
+    """Two groups that would each fill the time left after them on their own: the first one's
+    allgather delays the second's, so the second gets only what is left after the first."""
+    model = AlphaBeta(alpha=0.0, beta=1e-9, workers=2)   # 8 ns per pair
+    t_first, t_second = 4.00004e-4, 2.00004e-4          # 50,000.5 and 25,000.5 pairs' time
+    alone = [rule([(10**6, t)], model, FREE) for t in (t_first, t_second)]
+    assert alone == [[50_000], [25_000]]                 # each its own budget: the old rule's answer
+    # together: the first's allgather delays the second's, whose 1,000 floor pairs (8 us) must
+    # still end with backward: the first yields their time and the second stays at the floor
+    assert rule([(10**6, t_first), (10**6, t_second)], model, FREE) == [49_000, 1_000]
+
+
+def test_local_cost_is_paid_for_within_the_slack():
+    """With the wire free, what limits the density is the selection and scatter-add time: the
+    extra pairs' cost, 0.2 us each (selection 0.1 us, two received pairs applied 0.05 us each),
+    fits within slack times the span from launch to the end of the step at the floor: t_comp
+    0.2000001 s plus the floor pairs' scatter-add, 2,000 * 0.05 us = 0.1 ms."""
+    model = AlphaBeta(alpha=0.0, beta=0.0, workers=2)
+    local = {"select_element": 1e-9, "select_pair": 1e-7, "apply_pair": 5e-8}
+    counts = [rule([(10**6, 0.2000001)], model, local, slack=slack)[0] for slack in (0.0, 0.01, 0.02, 1.0)]
+    assert counts == [1_000, 1_000 + 10_005, 1_000 + 20_010, 100_000]   # the last one: the cap
+
+
+def test_edge_cases():
+    assert rule([(1000, 1e-3)], AlphaBeta(1e-3, 1e-9, 1), FREE, floor=0.01, cap=0.2) == [200]  # one worker
+    assert rule([(1000, 1e-3)], AlphaBeta(0.0, 0.0, 4), FREE, floor=0.01, cap=0.2) == [200]    # free network
+    assert rule([(1000, 0.0)], AlphaBeta(1e-6, 1e-9, 4), FREE, floor=0.01, cap=0.2) == [10]    # no time at all
+    assert rule([(1000, 1.0)], AlphaBeta(1e-6, 1e-9, 4), FREE, floor=0.3, cap=0.2) == [300]    # cap below floor
+    assert rule([], AlphaBeta(1e-6, 1e-9, 4), FREE) == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_rule_against_the_reference(seed):
+    """Random groups, networks, local costs and slacks against tests/reference_lags.py."""
+    rng = np.random.default_rng(seed)
+    workers = int(rng.integers(2, 9))
+    groups = [(int(rng.integers(50, 3000)), float(rng.uniform(0, 0.02))) for _ in range(int(rng.integers(1, 6)))]
+    groups.sort(key=lambda g: -g[1])                     # launched earlier: more backward left
+    alpha, beta = float(rng.uniform(0, 2e-4)), float(rng.uniform(1e-9, 1e-6))
+    local = dict(zip(FREE, rng.uniform(0, [1e-8, 1e-6, 1e-6]) * rng.integers(0, 2)))
+    floor, cap, slack = 0.01, float(rng.uniform(0.01, 0.3)), float(rng.choice([0, 0.02, 0.2]))
+    model = AlphaBeta(alpha, beta, workers)
+    expected = reference_lags.counts(groups, alpha, beta, workers, local, floor, cap, slack)
+    assert rule(groups, model, local, floor, cap, slack) == expected
+    lowest = [max(1, int(floor * m)) for m, _ in groups]
+    at_floor = reference_lags.step_after_backward(groups, lowest, lowest, alpha, beta, workers, local)
+    chosen = reference_lags.step_after_backward(groups, expected, lowest, alpha, beta, workers, local)
+    assert chosen <= at_floor + slack * (groups[0][1] + at_floor)
+
+
+def test_local_cost_fit():
+    cost = LocalCost.fit(1000, (10, 1e-6 * 1000 + 1e-5 * 10), (200, 1e-6 * 1000 + 1e-5 * 200), (400, 2e-3))
+    assert cost.select_element == pytest.approx(1e-6) and cost.select_pair == pytest.approx(1e-5)
+    assert cost.apply_pair == pytest.approx(5e-6)
+    assert LocalCost.fit(1000, (10, 2e-3), (200, 1e-3), (400, 2e-3)).select_pair == 0.0     # noise: clamped
+    with pytest.raises(ValueError, match="two counts"):
+        LocalCost.fit(1000, (10, 1e-3), (10, 2e-3), (400, 2e-3))
+    with pytest.raises(ValueError, match="select_pair"):
+        LocalCost(0.0, -1.0, 0.0)
 
 
 def test_lags_options():
@@ -53,6 +116,9 @@ def test_lags_options():
         registry.make_options("lags", adaptive="on")
     with pytest.raises(ValueError, match="measure_steps"):
         registry.make_options("lags", measure_steps=0)
+    assert options.slack == 0.02 and registry.make_options("lags", slack=0).slack == 0.0
+    with pytest.raises(ValueError, match="slack"):
+        registry.make_options("lags", slack=-0.1)
 
 
 # -- the t_comp meter and the timeline ------------------------------------------------------------

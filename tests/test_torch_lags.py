@@ -1,11 +1,10 @@
 """LAGS-SGD through horovod_sparse.torch.DistributedOptimizer on a real 3-worker horovodrun job."""
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
+from tests import reference_lags
 from tests.checks import Observed, assert_conservation, assert_identical_replicas, raw_group_stream
 from tests.launch import run_configs
 from tests.reference import allgather_method, topk_indices
@@ -21,15 +20,23 @@ ADAPTIVE = {"density": DENSITY, "max_density": CAP, "measure_steps": MEASURE, "g
 #: A given alpha-beta model: a slow network, so that the groups launched early can send more than
 #: the floor in the backward time left after them, and not all of them up to the cap.
 MODEL = {"alpha": 2.0 ** -10, "beta": 2.0 ** -14}
+#: Given local costs (seconds per element scanned, per pair selected, per pair applied).
+LOCAL_COST = {"select_element": 2.0 ** -24, "select_pair": 2.0 ** -16, "apply_pair": 2.0 ** -18}
+FREE = dict.fromkeys(LOCAL_COST, 0.0)
 CONFIGS = [
     # The reference's setting: rule off, every group at the global density.
     {"name": "uniform", "method": "lags", "options": {"density": 0.01, "adaptive": False}},
-    # The rule on (default), fed given times: the backward time each gradient takes and the
-    # alpha-beta model, so the densities it chooses are known in advance.
+    # The rule on (default), fed given times: the backward time each gradient takes, the
+    # alpha-beta model and the local costs, so the densities it chooses are known in advance.
     {"name": "adaptive", "method": "lags", "backward_seconds": GRADIENT_SECONDS, "cost_model": MODEL,
-     "options": ADAPTIVE},
-    # The alpha-beta model calibrated on the job (allgathers timed at the end of step 0): the
-    # densities follow the rule from whatever was measured.
+     "local_cost": LOCAL_COST, "options": ADAPTIVE},
+    # The same with free local work and no slack: the wire alone decides, as in the paper, but
+    # on one link.
+    {"name": "wire_only", "method": "lags", "backward_seconds": GRADIENT_SECONDS, "cost_model": MODEL,
+     "local_cost": FREE, "options": {**ADAPTIVE, "slack": 0.0}},
+    # The alpha-beta model and the local costs calibrated on the job (allgathers, selections and
+    # scatter-adds timed at the end of step 0): the densities follow the rule from whatever was
+    # measured.
     {"name": "calibrated", "method": "lags", "backward_seconds": GRADIENT_SECONDS, "options": ADAPTIVE},
 ]
 for config in CONFIGS:
@@ -78,16 +85,16 @@ def test_uniform_density_when_the_rule_is_off(run):
             assert group["extra"]["rho"] == 0.01 and group["extra"]["alpha"] is None
 
 
-def lags_rho(t_comp, alpha, beta, numel):
-    """The paper's rule, rho = (t - alpha log2 n) / (2 (n-1) beta' m) with beta' = 4 beta per
-    element, clipped to [DENSITY, CAP]: the floor when no time is left after the latency, the
-    cap on a free network."""
-    budget = t_comp - alpha * math.log2(SIZE)
-    if budget <= 0:
-        return DENSITY
-    if beta == 0:
-        return CAP
-    return min(CAP, max(DENSITY, budget / (2 * (SIZE - 1) * 4 * beta * numel)))
+def expected_counts(obs, rank, step):
+    """The rule's counts (tests/reference_lags.py) from what the groups report at ``step``: the
+    model, local costs, step time and t_comp agreed over the ranks, in the measured launch order."""
+    stats = group_stats(obs, rank, step)
+    extra = next(iter(stats.values()))["extra"]
+    order = [name for name in obs.meta[0]["launch_order"][-1] if not stats[name]["dense"]]
+    groups = [(stats[name]["numel"], stats[name]["extra"]["t_comp"]) for name in order]
+    counts = reference_lags.counts(groups, extra["alpha"], extra["beta"], SIZE, extra["local_cost"], DENSITY, CAP,
+                                   0.0 if extra["local_cost"] == FREE else 0.02)
+    return dict(zip(order, counts))
 
 
 def given_t_comp(obs):
@@ -100,10 +107,10 @@ def given_t_comp(obs):
     return {name: count * GRADIENT_SECONDS * mean_factor for name, count in later.items()}
 
 
-@pytest.mark.parametrize("name", ["adaptive", "calibrated"])
+@pytest.mark.parametrize("name", ["adaptive", "wire_only", "calibrated"])
 def test_adaptive_densities_follow_the_rule(run, name):
-    """Every rank reports the same model, t_comp and density for every group at every step; the
-    density is the global one until the model and t_comp are known, then the rule's."""
+    """Every rank reports the same model, local costs, t_comp and density for every group at
+    every step; the density is the global one until they are known, then the rule's."""
     obs = Observed(run, name, SIZE)
     t_comp = given_t_comp(obs)
     for step in range(8):
@@ -112,34 +119,41 @@ def test_adaptive_densities_follow_the_rule(run, name):
             extra = stats["extra"]
             assert all(other[group]["extra"] == extra and other[group]["target"] == stats["target"]
                        for other in per_rank[1:]), f"ranks disagree on {group} at step {step}"
-            if name == "adaptive":  # the given model, from the start
+            if name != "calibrated":  # the given models, from the start
                 assert (extra["alpha"], extra["beta"]) == (MODEL["alpha"], MODEL["beta"])
+                assert extra["local_cost"] == (LOCAL_COST if name == "adaptive" else FREE)
             elif step == 0:  # calibrated at the end of step 0
-                assert extra["alpha"] is None and extra["rho"] == DENSITY
+                assert extra["alpha"] is None and extra["local_cost"] is None and extra["rho"] == DENSITY
                 continue
             else:
-                assert extra["alpha"] >= 0 and extra["beta"] >= 0
+                assert extra["alpha"] >= 0 and extra["beta"] >= 0 and min(extra["local_cost"].values()) >= 0
             if step < 1 + MEASURE:  # t_comp is measured over steps 1..MEASURE (step 0 skipped)
                 assert extra["t_comp"] is None and extra["rho"] == DENSITY
+                assert stats["target"] == int(DENSITY * stats["numel"])
                 continue
             assert extra["t_comp"] == pytest.approx(t_comp[group], rel=1e-12)
-            assert extra["rho"] == pytest.approx(lags_rho(t_comp[group], extra["alpha"], extra["beta"],
-                                                          stats["numel"]), rel=1e-9)
-            assert stats["target"] == max(1, int(extra["rho"] * stats["numel"]))
+            assert stats["target"] == expected_counts(obs, 0, step)[group], f"{group} at step {step}"
+            floor = int(DENSITY * stats["numel"])
+            assert extra["rho"] == (DENSITY if stats["target"] == floor else stats["target"] / stats["numel"])
 
 
 def test_given_times_give_the_hand_computed_densities(run):
     """With 1/32 s of backward per gradient (1/16 s and 3/32 s on ranks 1 and 2) and the given
-    model, the group launched first has 6 gradients' worth of time left on average, the second
-    2, the last none: each gets its own density, in (floor, cap) for the first two."""
-    obs = Observed(run, "adaptive", SIZE)
-    assert obs.groups == [[0], [1, 2], [3, 4, 5]]
-    assert obs.meta[0]["launch_order"][-1] == ["group2.p3", "group1.p1", "p0"]
-    final = group_stats(obs, 0, 7)
-    # rho = (t - 2^-10 log2 3) / (16 * 2^-14 * m) = 1024 (t - 2^-10 log2 3) / m
-    latency = 2.0 ** -10 * math.log2(3)
-    expected = {"group2.p3": 1024 * (6 / 32 - latency) / 3500, "group1.p1": 1024 * (2 / 32 - latency) / 4160,
-                "p0": DENSITY}
-    for group, rho in expected.items():
-        assert final[group]["extra"]["rho"] == pytest.approx(rho, rel=1e-9), group
-    assert DENSITY < expected["group1.p1"] < expected["group2.p3"] < CAP
+    model (0.98 ms per pair on the wire), the group launched first has 6 gradients' worth of
+    time left on average, the second 2, the last none. With free local work and no slack the
+    first group's allgather may run until the second's must start to end with backward: the
+    first gets 1024 (6/32 - 2 alpha log2 3) - 41 pairs, the others their floor (the paper's
+    rule, each group on its own, gave the second 1024 (2/32 - alpha log2 3) = 62 pairs too,
+    which the link cannot carry). With priced local work and the default 2% slack of the span
+    from the first launch to the step's end (6/32 s + 40 pairs' wire time: 4.6 ms, under 5 pairs'
+    wire time) the first gets a few more pairs, paid from the slack."""
+    wire_only = Observed(run, "wire_only", SIZE)
+    assert wire_only.groups == [[0], [1, 2], [3, 4, 5]]
+    assert wire_only.meta[0]["launch_order"][-1] == ["group2.p3", "group1.p1", "p0"]
+    latency = 2.0 ** -10 * np.log2(3)
+    first = int(1024 * (6 / 32 - 2 * latency) - 41)
+    assert first == 147
+    final = {name: g["target"] for name, g in group_stats(wire_only, 0, 7).items()}
+    assert final == {"group2.p3": first, "group1.p1": 41, "p0": 40}
+    priced = {name: g["target"] for name, g in group_stats(Observed(run, "adaptive", SIZE), 0, 7).items()}
+    assert first < priced["group2.p3"] <= first + 4 and priced["group1.p1"] == 41 and priced["p0"] == 40

@@ -21,10 +21,11 @@ import torch
 
 import horovod_sparse.torch  # noqa: F401  (registers the PyTorch methods)
 from horovod_sparse.common.registry import method_names
+from tests import reference_lags
 from tests.checks import assert_conserved
 from tests.launch import run_configs
 from tests.streams import raw_gradient
-from tests.test_torch_lags import CAP, DENSITY, GRADIENT_SECONDS, MODEL, lags_rho
+from tests.test_torch_lags import CAP, DENSITY, GRADIENT_SECONDS, LOCAL_COST, MODEL
 from tests.test_torch_lags import SIZE as LAGS_WORKERS
 
 NP, GROWN, HALF = 2, LAGS_WORKERS, 6
@@ -32,8 +33,8 @@ NP, GROWN, HALF = 2, LAGS_WORKERS, 6
 #: parameters are sparsified per tensor and the others allreduced dense.
 SHAPES = [[48, 40], [40], [30, 40], [7]]
 #: LAGS fed the given times of tests/test_torch_lags.py (backward time per gradient, alpha-beta
-#: model, floor and cap), with groups of at least 1000 elements: [p0], [p1, p2], [p3].
-LAGS = {"method": "lags", "backward_seconds": GRADIENT_SECONDS, "cost_model": MODEL}
+#: model, local costs, floor and cap), with groups of at least 1000 elements: [p0], [p1, p2], [p3].
+LAGS = {"method": "lags", "backward_seconds": GRADIENT_SECONDS, "cost_model": MODEL, "local_cost": LOCAL_COST}
 LAGS_OPTIONS = {"density": DENSITY, "max_density": CAP, "group_size": 1000}
 CONFIGS = [
     # the warm-up (8 dense steps) is still on at the save
@@ -187,12 +188,15 @@ def test_another_worker_count_loses_nothing_and_rebuilds_the_state(out, name):
     assert all(group["state"]["world_size"] == GROWN for group in state["groups"].values() if group["state"])
     if name == "exdyna":
         assert len(recs[0]["stats"][-1]["groups"][0]["extra"]["bounds"]) == GROWN + 1
-    if name == "lags":  # the loaded model and t_comp give the rule's densities for 3 workers
-        sparse = [g for g in recs[0]["stats"][-1]["groups"] if not g["dense"]]
-        for g in sparse:
-            extra = g["extra"]
-            assert extra["rho"] == pytest.approx(lags_rho(extra["t_comp"], extra["alpha"], extra["beta"],
-                                                          g["numel"]), rel=1e-9), g["name"]
+    if name == "lags":  # the loaded models, t_comp and launch order give the rule's counts for 3 workers
+        sparse = {g["name"]: g for g in recs[0]["stats"][-1]["groups"] if not g["dense"]}
+        order = [group for group, _ in state["method"]["launch_order"]]
+        extra = sparse[order[0]]["extra"]
+        expected = reference_lags.counts([(sparse[n]["numel"], sparse[n]["extra"]["t_comp"]) for n in order],
+                                         extra["alpha"], extra["beta"], GROWN, extra["local_cost"], DENSITY, CAP,
+                                         0.02)
+        assert {n: sparse[n]["target"] for n in order} == dict(zip(order, expected))
+        sparse = list(sparse.values())
         assert any(DENSITY < g["extra"]["rho"] < CAP for g in sparse)
     if name == "dgc":
         return  # momentum correction delivers velocities, not gradients (see the next test)

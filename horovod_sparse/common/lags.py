@@ -2,25 +2,30 @@
 the backward computation each group's communication can hide under.
 
 Layer groups are exchanged from the backward hooks as soon as they are complete, so the
-communication of group ``l`` overlaps the backward pass of the layers still to run. LAGS gives
-each group the density whose allgather just fits under that remaining computation ``t_comp``:
-
-    rho_l = (t_comp - alpha * log2 n) / (2 (n - 1) * beta' * m)
-
-for a group of ``m`` elements, with the alpha-beta model of
-:mod:`horovod_sparse.common.cost_model` measured on the running cluster (``beta'`` per 4-byte
-element; :func:`lags_density` writes it per byte with the pair size explicit) and ``rho_l``
-floored at the global density and capped. The published code ships this rule switched off; here
-it is on by default (``adaptive=False`` gives the reference's uniform density).
+communication of group ``l`` overlaps the backward pass of the layers still to run. The paper
+gives each group the density whose allgather just fits under that remaining computation
+``t_comp``, ``rho_l = (t_comp - alpha log2 n) / (2 (n - 1) beta' m)``, each group on its own.
+That over-admits on a real machine: the groups queue on one link (a group's budget is taken by
+the groups before it), and the local work grows with the density (the selection runs on the
+training thread and delays every later layer; the scatter-add of the ``n k`` received pairs runs
+after backward). :func:`lags_counts` prices all of it: it predicts the step
+(:func:`predicted_step`) from ``t_comp``, the alpha-beta model of
+:mod:`horovod_sparse.common.cost_model` and the local costs measured on the running job
+(:class:`LocalCost`), walks the groups in launch order with a link clock, and gives each the
+largest count that keeps the predicted time from the first group's launch to the end of the step
+within ``1 + slack`` times its value at the global density. With no local cost and ``slack = 0`` a lone group gets exactly the paper's density.
+The published code ships the rule switched off; here it is on by default (``adaptive=False``
+gives the reference's uniform density).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from horovod_sparse.common.cost_model import INDEX_BYTES, VALUE_BYTES, AlphaBeta
+from horovod_sparse.common.cost_model import AlphaBeta, exposed_time
 from horovod_sparse.common.grouping import StepTimeline
-from horovod_sparse.common.options import SparsifierOptions
+from horovod_sparse.common.options import SparsifierOptions, target_count
 from horovod_sparse.common.validation import check_bool, check_fraction, check_int
 
 #: The reference's group size threshold: adjacent layers merge until a group has 8192 elements.
@@ -38,6 +43,10 @@ class LagsOptions(SparsifierOptions):
             many elements (reference 8192); any other ``groups=`` overrides it.
         adaptive: choose each group's density with the LAGS rule (default True; the reference
             code ships with it off).
+        slack: how much longer than at the global density the rule lets the predicted time
+            from the first group's launch to the end of the step become in exchange for denser
+            groups (default 0.02: 2%). Extra density always costs local work, so with 0 the rule
+            keeps every group at the global density unless that work is free.
         max_density: cap of the adaptive densities (the cap is ``max(density, max_density)``):
             beyond about ``1/n`` an allgather of (value, index) pairs moves more than a dense
             allreduce would, whatever the overlap.
@@ -49,35 +58,114 @@ class LagsOptions(SparsifierOptions):
     density: float = 0.001
     group_size: int = REFERENCE_GROUP_SIZE
     adaptive: bool = True
+    slack: float = 0.02
     max_density: float = 0.1
     measure_steps: int = 3
 
     def _validate(self) -> None:
         object.__setattr__(self, "group_size", check_int("group_size", self.group_size, minimum=1))
         check_bool("adaptive", self.adaptive)
+        object.__setattr__(self, "slack", check_fraction("slack", self.slack, allow_zero=True))
         object.__setattr__(self, "max_density", check_fraction("max_density", self.max_density))
         object.__setattr__(self, "measure_steps", check_int("measure_steps", self.measure_steps, minimum=1))
 
 
-def lags_density(t_comp: float, model: AlphaBeta, numel: int, floor: float, cap: float,
-                 pair_bytes: int = VALUE_BYTES + INDEX_BYTES) -> float:
-    """The LAGS density of a group of ``numel`` elements whose communication may take ``t_comp``
-    seconds: ``(t_comp - alpha log2 n) / ((n - 1) beta pair_bytes numel)``, clipped to
-    ``[floor, max(floor, cap)]``.
+@dataclass(frozen=True)
+class LocalCost:
+    """Seconds of local work a LAGS group's exchange costs on the training thread.
 
-    With ``pair_bytes = 8`` (float32 value + int32 index) and ``beta`` per byte this is the
-    paper's ``(t_comp - alpha log2 n) / (2 (n - 1) beta' m)`` with ``beta' = 4 beta`` per element.
-    No time left after the latency gives the floor; a free network (``beta = 0``) or a single
-    worker gives the cap.
+    Attributes:
+        select_element: selection time per element of the group's buffer (the scan).
+        select_pair: selection time per selected coordinate, beyond the scan.
+        apply_pair: time to add one received (value, index) pair into the update.
     """
-    cap = max(floor, cap)
-    budget = t_comp - model.alpha * model.log2n
-    if model.workers == 1 or (budget > 0 and model.beta == 0.0):
-        return cap
-    if budget <= 0:
-        return floor
-    rho = budget / ((model.workers - 1) * model.beta * pair_bytes * numel)
-    return min(cap, max(floor, rho))
+
+    select_element: float
+    select_pair: float
+    apply_pair: float
+
+    def __post_init__(self) -> None:
+        for name in ("select_element", "select_pair", "apply_pair"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0.0):
+                raise ValueError(f"{name} must be a finite number >= 0 seconds, got {value}")
+
+    def select(self, numel: int, count: int) -> float:
+        """Seconds to select ``count`` of a group's ``numel`` elements."""
+        return self.select_element * numel + self.select_pair * count
+
+    @classmethod
+    def fit(cls, numel: int, low: Tuple[int, float], high: Tuple[int, float],
+            apply: Tuple[int, float]) -> "LocalCost":
+        """The costs from a selection over ``numel`` elements timed at two counts, ``low`` and
+        ``high`` = ``(count, seconds)`` with ``low[0] < high[0]``, and ``apply`` = ``(pairs,
+        seconds)`` of one scatter-add. Negative fitted terms (noise) are clamped to 0."""
+        (k_low, t_low), (k_high, t_high), (pairs, t_apply) = low, high, apply
+        if not 0 <= k_low < k_high:
+            raise ValueError(f"the selection must be timed at two counts low < high, got {k_low} and {k_high}")
+        per_pair = max(0.0, (t_high - t_low) / (k_high - k_low))
+        return cls(max(0.0, (t_low - per_pair * k_low) / numel), per_pair, max(0.0, t_apply) / max(1, pairs))
+
+
+@dataclass(frozen=True)
+class LagsGroup:
+    """One group as the rule sees it: its ``name``, ``numel`` elements and the backward time
+    ``t_comp`` left after it was launched (measured at the global density)."""
+
+    name: str
+    numel: int
+    t_comp: float
+
+
+def predicted_step(groups: Sequence[LagsGroup], counts: Sequence[int], floor: Sequence[int],
+                   model: AlphaBeta, local: LocalCost) -> float:
+    """The step's end, in seconds after the measured end of backward, when the groups (in launch
+    order) send ``counts`` instead of the ``floor`` counts they were measured at.
+
+    Group ``l`` is launched ``t_comp_l`` before the measured end of backward, later by the extra
+    selection time of the groups launched before it; its allgather of ``counts[l]`` pairs starts
+    once its own selection is done and the link is free, in launch order (:func:`exposed_time`
+    without fusion, so that the prediction never decreases as a count grows). Backward ends
+    later by every group's extra selection time; the step ends when both backward and the link
+    are done, plus the scatter-add of the ``n * counts`` received pairs.
+    """
+    shift, jobs = 0.0, []
+    latency = model.allgather(0)
+    for group, count, measured in zip(groups, counts, floor):
+        launch = shift - group.t_comp
+        jobs.append((launch + local.select(group.numel, count), latency, model.sparse_allgather(count) - latency))
+        shift += local.select_pair * (count - measured)
+    applied = local.apply_pair * model.workers * sum(counts)
+    return shift + exposed_time(jobs, shift, fuse=False) + applied
+
+
+def lags_counts(groups: Sequence[LagsGroup], model: AlphaBeta, local: LocalCost, floor: float, cap: float,
+                slack: float) -> List[int]:
+    """The count each group (in launch order) sends: at least ``target_count(floor, m)``, at most
+    ``target_count(max(floor, cap), m)``. The groups are walked in launch order, each given the
+    largest count for which :func:`predicted_step` (later groups still at the floor) exceeds the
+    prediction ``P`` at the floor counts by at most ``slack * (max t_comp + P)``, a fraction of
+    the time from the first group's launch to the end of the step at the floor (the prediction
+    grows with every count, so a binary search finds it).
+    Costs ``O(L^2 log m)`` for ``L`` groups; the result is a function of
+    its arguments, so ranks that agree on them agree on it.
+    """
+    lowest = [target_count(floor, g.numel) for g in groups]
+    highest = [target_count(max(floor, cap), g.numel) for g in groups]
+    base = predicted_step(groups, lowest, lowest, model, local)
+    budget = base + slack * (max((g.t_comp for g in groups), default=0.0) + base)
+    counts = list(lowest)
+    for i in range(len(groups)):
+        low, high = lowest[i], highest[i]
+        while low < high:
+            mid = (low + high + 1) // 2
+            counts[i] = mid
+            if predicted_step(groups, counts, lowest, model, local) <= budget:
+                low = mid
+            else:
+                high = mid - 1
+        counts[i] = low
+    return counts
 
 
 class BackwardTimeMeter:
@@ -127,6 +215,7 @@ class BackwardTimeMeter:
                                  "seen": self._seen}
         if per_rank:
             state["sums"] = dict(self._sums)
+
         return state
 
     def load_state(self, state: Dict[str, Any]) -> None:
@@ -137,6 +226,7 @@ class BackwardTimeMeter:
         self._seen = state["seen"]
         sums = state.get("sums", self._sums)
         self._sums = {name: sums.get(name, 0.0) for name in sorted(self._groups or ())}
+
 
     def means(self) -> Dict[str, float]:
         """Group name -> mean remaining backward time in seconds (complete measurements only)."""

@@ -2,7 +2,8 @@
 writes what it observed (aggregated gradients, residuals, parameters, statistics) for the test.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype",
-"compare_stock", "stream", "backward_passes", "backward_seconds", "step_seconds", "cost_model"}:
+"compare_stock", "stream", "backward_passes", "backward_seconds", "step_seconds", "cost_model",
+"local_cost"}:
 
 - ``stream``: see ``tests.streams.raw_gradient``;
 - ``groups``: what ``groups=`` takes, with lists of parameter indices for lists of parameters
@@ -14,7 +15,8 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
   config, not of the machine's speed: each gradient takes ``backward_seconds * (1 + rank)``
   seconds; each step ``step_seconds(spec, ...)`` seconds;
 - ``cost_model``: ``{"alpha", "beta"}``, the alpha-beta model LAGS uses instead of timing
-  allgathers at the end of step 0;
+  allgathers at the end of step 0; ``local_cost``: the ``LocalCost`` fields LAGS uses instead
+  of timing its selection and scatter-add there;
 - ``compare_stock``: a second copy of the parameters is trained by
   ``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
 """
@@ -28,6 +30,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.cost_model import AlphaBeta
+from horovod_sparse.common.lags import LocalCost
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.streams import raw_gradient
@@ -102,6 +105,8 @@ def run(config, out: Path):
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
     if "cost_model" in config:
         compression.cost_model = AlphaBeta(workers=hvd.size(), **config["cost_model"])
+    if "local_cost" in config:
+        compression.local_cost = LocalCost(**config["local_cost"])
     passes = config.get("backward_passes", 1)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9), named_parameters=named,
                                   compression=compression, groups=grouping(config.get("groups"), params),

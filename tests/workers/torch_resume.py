@@ -3,7 +3,7 @@ grouping (see ``tests/test_torch_resume.py``).
 
 Each config trains a parameter set on the known per-rank gradients of ``tests/streams.py`` with
 one method (keys as in ``tests/workers/torch_exchange.py``: ``method``, ``options``, ``groups``,
-``shapes``, ``seed``, given times ``backward_seconds`` / ``step_seconds`` / ``cost_model``) and
+``shapes``, ``seed``, given times ``backward_seconds`` / ``step_seconds`` / ``cost_model`` / ``local_cost``) and
 ``half`` = N, in one ``phase``:
 
 - ``continuous``: 2N steps in one process;
@@ -29,6 +29,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.cost_model import AlphaBeta
+from horovod_sparse.common.lags import LocalCost
 from horovod_sparse.common.grouping import ReadyTimeline
 from tests.workers.torch_exchange import VirtualClock, backward, grouping, main, make_params, step_seconds
 
@@ -39,6 +40,8 @@ def build(config):
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
     if "cost_model" in config:
         compression.cost_model = AlphaBeta(workers=hvd.size(), **config["cost_model"])
+    if "local_cost" in config:
+        compression.local_cost = LocalCost(**config["local_cost"])
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9),
                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                   compression=compression, groups=grouping(config.get("groups"), params))

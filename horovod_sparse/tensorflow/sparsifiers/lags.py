@@ -4,9 +4,9 @@ The PyTorch side (:mod:`horovod_sparse.torch.sparsifiers.lags`) exchanges each l
 the backward hooks as soon as it is complete and gives it the density whose allgather fits under
 the backward computation still left (``t_comp``). ``tf.GradientTape.gradient`` (and so Keras)
 returns every gradient at once, after the whole backward pass: no group's communication can hide
-under backward, so ``t_comp`` is 0 for every group and the LAGS rule
-(:func:`horovod_sparse.common.lags.lags_density`) gives every group the floor, the global
-``density``; the alpha-beta model is therefore not measured. What remains is the method's
+under backward, so ``t_comp`` is 0 for every group: the LAGS rule
+(:func:`horovod_sparse.common.lags.lags_counts`) has no overlap to fill, the rule is not run and
+every group sends the global ``density``; the cost models are therefore not measured. What remains is the method's
 grouping (adjacent layers merged up to ``group_size`` elements) and error-feedback Top-k per group,
 exchanged like Top-k; statistics report ``rho``, ``t_comp`` (0.0 with ``adaptive=True``, None
 without), ``alpha`` and ``beta`` (None) as on the PyTorch side.

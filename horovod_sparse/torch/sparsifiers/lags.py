@@ -1,22 +1,55 @@
-"""LAGS-SGD: layer-wise Top-k per group of merged layers, each group with the density whose
-allgather fits under the backward computation still left when it becomes ready."""
+"""LAGS-SGD: layer-wise Top-k per group of merged layers, each group with the density the LAGS
+rule gives it from the backward time left after it, the network and the local costs measured on
+the running job (:func:`horovod_sparse.common.lags.lags_counts`)."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+import statistics
+import time
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import horovod.torch as hvd
 import torch
 
 from horovod_sparse.common.cost_model import AlphaBeta
 from horovod_sparse.common.grouping import MergeBySize, StepTimeline
-from horovod_sparse.common.lags import BackwardTimeMeter, LagsOptions, lags_density
+from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LagsOptions, LocalCost, lags_counts
 from horovod_sparse.common.options import target_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.torch.mergecomp import agree_seconds, measure_cost_model
 from horovod_sparse.torch.selection import top_k
-from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
+from horovod_sparse.torch.sparsifier import Exchange, Sparsifier, apply_chunks
+
+#: Elements of the buffer the local costs are timed on (at most; the largest group's otherwise).
+LOCAL_COST_NUMEL = 1 << 22
+
+
+def measure_local_cost(process_set: hvd.ProcessSet, numel: int, low: int, high: int,
+                       repeats: int = 3) -> LocalCost:
+    """Time, on this rank, the exact top-k of a normal buffer of ``numel`` elements at ``low``
+    and ``high`` coordinates and the scatter-add of ``n * high`` received pairs (what the
+    exchange runs), agree the medians over ``process_set`` (a collective call) and fit
+    :class:`LocalCost` to them: the same costs on every rank."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    workers = process_set.size()
+    chosen = top_k(x, high)
+    indices, values = chosen.repeat(workers), x[chosen].repeat(workers)
+    out = torch.zeros_like(x)
+
+    def seconds(work: Callable[[], Any]) -> float:
+        work()
+        timings = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            work()
+            timings.append(time.perf_counter() - start)
+        return statistics.median(timings)
+
+    measured = [seconds(lambda: top_k(x, low)), seconds(lambda: top_k(x, high)),
+                seconds(lambda: apply_chunks(out, indices, values, [high] * workers, 1.0 / workers))]
+    t_low, t_high, t_apply = agree_seconds(measured, process_set, "hs.lags.local_cost")
+    return LocalCost.fit(numel, (low, t_low), (high, t_high), (workers * high, t_apply))
 
 
 @implements("torch", "lags")
@@ -28,16 +61,22 @@ class Lags(Sparsifier):
     ``adaptive=True`` (the default):
 
     * at the end of the first step, alpha and beta are fitted to allgathers timed on the
-      optimizer's process set (:attr:`cost_model`, :attr:`calibration`);
+      optimizer's process set (:attr:`cost_model`, :attr:`calibration`), and the local costs of
+      selection and scatter-add are timed on each rank and agreed (:attr:`local_cost`,
+      :func:`measure_local_cost`);
     * over the next ``measure_steps`` steps each group's remaining backward time ``t_comp`` is
-      measured from the hooks and averaged over ranks (:attr:`t_comp`);
-    * from then on group ``l`` sends ``rho_l = lags_density(t_comp_l, ...)``, at least the
-      global ``density`` (:func:`horovod_sparse.common.lags.lags_density`).
+      measured from the hooks and averaged over ranks (:attr:`t_comp`), with every group at the
+      global density;
+    * from then on each group sends the count :func:`horovod_sparse.common.lags.lags_counts`
+      gives it, at least the global ``density``'s: the groups queue on one link in launch
+      order, and extra density is paid for in selection and scatter-add time, within
+      ``slack`` of the step.
 
     Until then, and with ``adaptive=False`` (the reference's default), every group uses
     ``density``. ``t_comp`` includes the compression work the hooks of later groups do on the
     same thread, which is what is really left to overlap on a CPU. Every step's
-    ``GroupStats.extra`` reports ``alpha``, ``beta``, ``t_comp`` and ``rho``.
+    ``GroupStats.extra`` reports ``alpha``, ``beta``, ``local_cost``, ``t_comp`` and ``rho``
+    (the global density, or the rule's count over the group's size).
     """
 
     options: LagsOptions
@@ -48,9 +87,15 @@ class Lags(Sparsifier):
         self.cost_model: Optional[AlphaBeta] = None
         #: The agreed ``(bytes_per_rank, seconds)`` allgather timings the model was fitted to.
         self.calibration: List[Tuple[int, float]] = []
+        #: The local costs of selection and scatter-add (None before the first step ends).
+        self.local_cost: Optional[LocalCost] = None
         #: Group name -> agreed remaining backward time in seconds (empty until measured).
         self.t_comp: Dict[str, float] = {}
+        #: The measured groups in launch order, with their sizes (empty until measured).
+        self.launch_order: List[Tuple[str, int]] = []
         self._meter = BackwardTimeMeter(options.measure_steps)
+        self._numel: Dict[str, int] = {}
+        self._counts: Dict[Tuple[float, int], Dict[str, int]] = {}
 
     @property  # type: ignore[override]
     def default_grouping(self) -> MergeBySize:
@@ -58,51 +103,72 @@ class Lags(Sparsifier):
         return MergeBySize(self.options.group_size)
 
     def on_step_end(self, process_set: hvd.ProcessSet, record: StepTimeline) -> None:
-        """Calibrate the cost model after the first step, then measure ``t_comp``."""
+        """Calibrate the cost models after the first step, then measure ``t_comp``."""
         if not self.options.adaptive:
             return
         if self.cost_model is None:
             self.cost_model, self.calibration = measure_cost_model(process_set)
+        if self.local_cost is None:
+            numel = min(LOCAL_COST_NUMEL, max(self._numel.values(), default=1))
+            floor, cap = self.options.density, max(self.options.density, self.options.max_density)
+            low, high = target_count(floor, numel), target_count(cap, numel)
+            self.local_cost = measure_local_cost(process_set, numel, low, max(high, low + 1))
         if self._meter.add(record) and record.group_ready:
             means = self._meter.means()
             names = sorted(means)
             agreed = agree_seconds([means[n] for n in names], process_set, "hs.lags.t_comp")
             self.t_comp = dict(zip(names, agreed))
+            self.launch_order = [(name, self._numel[name]) for name in record.launch_order if name in self._numel]
+            self._counts = {}
 
     def method_state(self, per_rank: bool) -> Dict[str, Any]:
         """The cost model, its calibration, the agreed ``t_comp`` and the measurement's progress
         (every rank holds them alike), with ``per_rank`` also this rank's partial sums of
         backward time (see :meth:`BackwardTimeMeter.state`)."""
+        local = self.local_cost
         return {"cost_model": None if self.cost_model is None else dataclasses.asdict(self.cost_model),
-                "calibration": [list(sample) for sample in self.calibration], "t_comp": dict(self.t_comp),
+                "calibration": [list(sample) for sample in self.calibration],
+                "local_cost": None if local is None else dataclasses.asdict(local), "t_comp": dict(self.t_comp),
+                "launch_order": [list(g) for g in self.launch_order],
                 "meter": self._meter.state(per_rank)}
 
     def load_method_state(self, state: Dict[str, Any]) -> None:
-        model = state["cost_model"]
+        model, local = state["cost_model"], state["local_cost"]
         self.cost_model = None if model is None else AlphaBeta(**model)
         self.calibration = [(int(nbytes), float(seconds)) for nbytes, seconds in state["calibration"]]
+        self.local_cost = None if local is None else LocalCost(**local)
         self.t_comp = dict(state["t_comp"])
+        self.launch_order = [(str(name), int(numel)) for name, numel in state["launch_order"]]
         self._meter.load_state(state["meter"])
+        self._counts = {}
 
-    def density(self, group: str, numel: int, step: int, workers: int) -> float:
-        """The density group ``group`` of ``numel`` elements sends at ``step`` among ``workers``
-        ranks (the cost model's network, alpha and beta, applies to any worker count: a model
-        measured or loaded for another count is used with ``workers``)."""
+    def count(self, group: str, numel: int, step: int, workers: int) -> int:
+        """The coordinates group ``group`` of ``numel`` elements sends at ``step`` among
+        ``workers`` ranks (the cost model's network, alpha and beta, applies to any worker count:
+        a model measured or loaded for another count is used with ``workers``)."""
         floor = self.options.density_at(step)
-        t_comp = self.t_comp.get(group)
-        if self.cost_model is None or t_comp is None:
-            return floor
-        return lags_density(t_comp, self.cost_model.with_workers(workers), numel, floor, self.options.max_density)
+        key = (floor, workers)
+        if key not in self._counts:
+            self._counts[key] = {}
+            if self.cost_model is not None and self.local_cost is not None:
+                groups = [LagsGroup(name, size, self.t_comp[name]) for name, size in self.launch_order]
+                counts = lags_counts(groups, self.cost_model.with_workers(workers), self.local_cost, floor,
+                                     self.options.max_density, self.options.slack)
+                self._counts[key] = {g.name: count for g, count in zip(groups, counts)}
+        return self._counts[key].get(group, target_count(floor, numel))
 
     def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
                  step: int) -> Exchange:
-        rho = self.density(comm.name, x.numel(), step, comm.size)
-        k = target_count(rho, x.numel())
+        self._numel[comm.name] = x.numel()
+        k = self.count(comm.name, x.numel(), step, comm.size)
         comm.stats.target = k
-        model = self.cost_model
+        model, floor = self.cost_model, self.options.density_at(step)
+        rho = floor if k == target_count(floor, x.numel()) else k / x.numel()
+        local = self.local_cost
         comm.stats.extra.update({"rho": rho, "t_comp": self.t_comp.get(comm.name),
                                  "alpha": None if model is None else model.alpha,
-                                 "beta": None if model is None else model.beta})
+                                 "beta": None if model is None else model.beta,
+                                 "local_cost": None if local is None else dataclasses.asdict(local)})
         with comm.timer("select"):
             idx = top_k(x, k)
         yield from self.allgather_exchange(x, idx, out, comm, fixed_count=k)
