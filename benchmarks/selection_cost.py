@@ -15,6 +15,15 @@ side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 * ``gaussiank``: Gaussian-k's selection, statistics and corrections included
   (:func:`horovod_sparse.torch.sparsifiers.gaussiank.gaussiank_select`).
 
+Then the same over the whole buffer in TensorFlow (one intra-op and one inter-op thread), side by
+side and interleaved, each as a ratio to TensorFlow's own read pass:
+
+* ``sum``: ``tf.reduce_sum(x)``, a read-only pass over the buffer;
+* ``tf.math.top_k``: ``tf.math.top_k(tf.abs(x), k)``, what TensorFlow's Top-k did before its exact
+  top-k primitive;
+* ``top_k``: :func:`horovod_sparse.tensorflow.selection.top_k` called eagerly, and ``top_k traced``:
+  the same inside a ``tf.function`` (checked once to pick the same set as the PyTorch ``top_k``).
+
 Then, for each worker count ``n``, on rank 0's partition ``[0, numel / n)``:
 
 * ``topk``: ``torch.topk(x.abs(), k)`` over the whole buffer (for the ratio ``histogram / topk``);
@@ -28,7 +37,9 @@ Then, for each worker count ``n``, on rank 0's partition ``[0, numel / n)``:
 and prints each time and the ratios ``histogram / topk`` and ``histogram / sum``. Times are the
 process's CPU time (``time.process_time``; everything runs on one thread), so that other load on a
 shared machine, which preempts this process, does not count; they are only meaningful as ratios
-measured in the same run. ``--results`` writes ``{"whole_buffer": {...}, "partitions": [...]}``.
+measured in the same run. ``--results`` writes
+``{"whole_buffer": {..., "tensorflow": {...}}, "partitions": [...]}`` (no ``"tensorflow"`` when
+TensorFlow is not installed).
 """
 from __future__ import annotations
 
@@ -131,6 +142,41 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
     return row
 
 
+def single_threaded_tensorflow():
+    """TensorFlow on one intra-op and one inter-op thread, or None when it is not installed."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def tensorflow_whole_buffer(tf, x: torch.Tensor, k: int, repeats: int) -> Dict[str, float]:
+    """Median milliseconds of TensorFlow's read pass, ``tf.math.top_k`` and the exact ``top_k``
+    (eager and traced) over all of ``x``, each selection's ratio to the read pass (``<name>_over_sum``)."""
+    from horovod_sparse.tensorflow.selection import top_k as tf_top_k
+    tensor = tf.constant(x.numpy())
+    traced = tf.function(tf_top_k)
+    exact = top_k(x, k).numpy()
+    for found in (tf_top_k(tensor, k), traced(tensor, tf.constant(k))):
+        if not np.array_equal(found.numpy(), exact):
+            raise AssertionError("the TensorFlow and PyTorch top_k picked different sets")
+    seconds = time_side_by_side({
+        "sum": lambda: tf.reduce_sum(tensor).numpy(),
+        "tf.math.top_k": lambda: tf.math.top_k(tf.abs(tensor), k, sorted=False).indices.numpy(),
+        "top_k": lambda: tf_top_k(tensor, k).numpy(),
+        "top_k traced": lambda: traced(tensor, tf.constant(k)).numpy(),
+    }, repeats)
+    row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
+    row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
+    return row
+
+
+TF_METHODS = ("tf.math.top_k", "top_k", "top_k traced")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--numel", type=int, default=25_600_000)
@@ -141,6 +187,7 @@ def main() -> None:
     parser.add_argument("--results", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    tf = single_threaded_tensorflow()
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
     k = max(1, int(args.density * args.numel))
     print(f"selection over a float32 gradient of {args.numel} elements, density {args.density} (k = {k}), "
@@ -150,6 +197,13 @@ def main() -> None:
     print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
     print("".join(f"{name:>22s}" for name in methods))
     print("".join(f"{whole[name + '_ms']:13.1f} {whole[name + '_over_sum']:8.2f}" for name in methods))
+    if tf is not None:
+        whole["tensorflow"] = tensorflow_whole_buffer(tf, x, k, args.repeats)
+        tf_whole = whole["tensorflow"]
+        print(f"\nwhole buffer, TensorFlow: read pass (tf.reduce_sum) {tf_whole['sum_ms']:.2f} ms; "
+              "each selection in ms and / TensorFlow read pass")
+        print("".join(f"{name:>22s}" for name in TF_METHODS))
+        print("".join(f"{tf_whole[name + '_ms']:13.1f} {tf_whole[name + '_over_sum']:8.2f}" for name in TF_METHODS))
     rows = []
     print(f"\nMiCRO/ExDyna on rank 0's partition\n{'n':>3s} {'topk ms':>9s} {'sum ms':>8s} {'hist ms':>8s} "
           f"{'paper ms':>9s} {'naive ms':>9s} {'hist/topk':>10s} {'hist/sum':>9s}  histogram phases (ms)")

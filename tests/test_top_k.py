@@ -143,3 +143,102 @@ def test_tensorflow_top_k_traced_with_a_tensor_k():
     x = make("ties", 600, 5, "float32")
     for k in (0, 1, 250, 600, 601):
         assert traced(tf.constant(x.reshape(20, 30), tf.float32), k).numpy().tolist() == expected(x, k)
+
+
+# -- TensorFlow's block path (2k <= numel): block maxima, a level, the blocks that reach it, the tail --
+def tf_top_k(x: np.ndarray, k, dtype: str = "float32", traced: bool = False) -> list:
+    """``horovod_sparse.tensorflow.selection.top_k`` of ``x`` cast to ``dtype``, eager or inside a
+    ``tf.function`` of any length with a tensor ``k``."""
+    tf = pytest.importorskip("tensorflow")
+    from horovod_sparse.tensorflow.selection import top_k as tf_top_k_
+    tensor = tf.cast(tf.constant(x), getattr(tf, dtype))
+    if traced:
+        run = tf.function(tf_top_k_, input_signature=[tf.TensorSpec([None], tensor.dtype), tf.TensorSpec([], tf.int32)])
+        found = run(tensor, tf.constant(k, tf.int32))
+    else:
+        found = tf_top_k_(tensor, k)
+    assert found.dtype == tf.int64
+    return found.numpy().tolist()
+
+
+def tf_block_length(numel: int, k: int) -> int:
+    tf = pytest.importorskip("tensorflow")
+    from horovod_sparse.tensorflow.selection import _block_length
+    return int(_block_length(tf.constant(numel, tf.int64), tf.constant(k, tf.int64)))
+
+
+def test_tensorflow_blocks_are_as_long_as_torchs():
+    from horovod_sparse.common.controllers import scan_block_size
+    for numel, k in [(2, 1), (1000, 1), (1000, 500), (300_001, 37), (300_001, 5_000), (25_600_000, 25_600),
+                     (25_600_000, 1), (1 << 20, 1 << 14), (1 << 20, 1 << 13), (999_999, 7_777)]:
+        assert tf_block_length(numel, k) == min(scan_block_size(k / numel), numel // k), (numel, k)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("numel,k", [(300_001, 1), (300_001, 37), (300_001, 5_000), (300_001, 30_000),
+                                     (300_001, 150_000), (262_144, 4_096)])
+def test_tensorflow_top_k_on_large_buffers(kind, numel, k):
+    """The block path with a partial tail (300,001 is odd) and without one, several scan chunks,
+    a sampled level (k >= 4096) and the exact one (small k)."""
+    x = make(kind, numel, numel + k, "float32")
+    assert tf_top_k(x, k) == expected(x, k)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("kind", ("normal", "ties", "heavy_tail", "blocky"))
+def test_tensorflow_top_k_on_large_buffers_in_every_dtype(kind, dtype):
+    x = make(kind, 200_003, 11, dtype)
+    for k in (1, 600, 9_000):
+        assert tf_top_k(x, k, dtype) == expected(x, k)
+
+
+def test_tensorflow_ties_at_the_level_spread_over_many_blocks():
+    """More blocks reach the level than k, every one of them at exactly the level, several tied
+    coordinates in some of them: the lowest indices among the tied ones win, across blocks."""
+    numel, k = (1 << 16) + 5, 100
+    block = tf_block_length(numel, k)
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1e-3, 1e-3, numel)
+    blocks = rng.choice(numel // block, 300, replace=False)
+    x[blocks * block + rng.integers(0, block, 300)] = rng.choice([-1.0, 1.0], 300)  # ties at the level
+    x[blocks[:30] * block] = 1.0  # a second tie in some blocks, at their first coordinate
+    x[rng.choice(numel, 40, replace=False)] = 2.0  # some above it
+    x[-2] = 1.0  # and one in the tail
+    for kk in (1, 39, 40, 41, 100, 330, 341, 342):
+        assert tf_top_k(x, kk) == expected(x, kk), kk
+
+
+def test_tensorflow_answer_in_the_partial_tail_block():
+    """The largest magnitudes, or ties with the level, sit in the tail that no full block covers."""
+    numel, k = (1 << 16) + 17, 5
+    block = tf_block_length(numel, k)
+    assert numel % block == 17
+    x = np.random.default_rng(1).uniform(-1e-3, 1e-3, numel)
+    x[-17:-10] = [-3.0, 4.0, 1.0, 1.0, 2.0, 4.0, 1.0]
+    x[[100, 5000]] = 1.0  # ties with the tail's 1.0, at lower indices
+    for kk in range(1, 12):
+        assert tf_top_k(x, kk) == expected(x, kk), kk
+        assert tf_top_k(x, kk, traced=True) == expected(x, kk), kk
+
+
+def test_tensorflow_top_k_traced_with_a_tensor_k_on_large_buffers():
+    for kind in ("normal", "ties", "zeros", "blocky"):
+        x = make(kind, 100_003, 4, "float32")
+        for k in (0, 1, 2_000, 50_001, 50_002, 100_003, 100_004):
+            assert tf_top_k(x, k, traced=True) == expected(x, k), (kind, k)
+
+
+def test_tensorflow_top_k_when_the_sampled_level_is_too_high_or_too_low():
+    """The estimate from a strided sample of the block maxima is reached by fewer than k maxima
+    (too high) or by more than 2k (too low): the level is then the exact k-th largest maximum."""
+    numel, k = 1 << 21, 8192
+    block, stride = 32, 4
+    assert tf_block_length(numel, k) == block
+    too_high = np.zeros(numel).reshape(-1, block)
+    too_high[:, 0] = 1.0
+    too_high[:4 * 2400:stride, 0] = 2.0
+    too_low = np.full(numel, 1.0).reshape(-1, block)
+    too_low[::stride] = 0.5
+    too_low[1::stride, 3] = 0.75
+    for x in (too_high.reshape(-1), too_low.reshape(-1)):
+        assert tf_top_k(x, k) == expected(x, k)

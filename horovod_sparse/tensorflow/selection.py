@@ -5,9 +5,10 @@ The counterpart of :mod:`horovod_sparse.torch.selection`, with the same results:
 :func:`scan` gives the largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``
 (the last block partial), :func:`pick` exactly ``{i in [start, end) : |x[i]| >= threshold}`` in
 ascending order (int64). Here :func:`pick` compares the slice directly: the PyTorch side's
-block-skipping is a CPU memory-traffic optimisation that does not change the result. So is its
-:func:`horovod_sparse.torch.selection.top_k`: :func:`top_k` here finds the same set, under the
-same tie rule, from the ``k``-th largest ``|x|`` over the whole buffer.
+block-skipping is a CPU memory-traffic optimisation that does not change the result.
+:func:`top_k` finds the same set as :func:`horovod_sparse.torch.selection.top_k`, under the same
+tie rule and by the same method (block maxima, a candidate level, the top-k of the blocks that
+reach it), at a few read passes of the buffer instead of ``tf.math.top_k``'s dozens.
 """
 from __future__ import annotations
 
@@ -91,22 +92,155 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
 
     Tie rule, as :func:`horovod_sparse.torch.selection.top_k`: among equal magnitudes the lower
     index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.
-    ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. When exactly
-    ``k`` coordinates reach the ``k``-th largest ``|x|``, ``tf.math.top_k``'s set is the answer;
-    otherwise (ties at the ``k``-th value) it is every coordinate above that value, then the
-    first of those equal to it, whatever order ``tf.math.top_k`` gives ties. Traceable, with
-    ``k`` a Python int or a scalar tensor.
-    """
-    magnitude = tf.abs(tf.reshape(x, [-1]))
-    k = tf.clip_by_value(tf.cast(k, tf.int32), 0, tf.size(magnitude))
-    values, indices = tf.math.top_k(magnitude, k, sorted=False)
-    kth = tf.reduce_min(values)  # +inf when k = 0
+    ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. Traceable
+    (``tf.cond``, no Python branch on values), with ``k`` a Python int or a scalar tensor.
 
-    def ties_to_the_lower_index() -> tf.Tensor:
-        above = magnitude > kth
-        tied = tf.cast(magnitude == kth, tf.int32)
+    How (exact for any input), when ``2k <= numel``, as the PyTorch side: the buffer is cut into
+    ``numel // B`` full blocks of ``B = min(scan_block_size(k / numel), numel // k)`` elements
+    (:func:`_block_length`; a view, no copy) and a partial tail of ``numel % B``. One read pass
+    gives each full block's largest ``|x|`` (:func:`_block_maxima`, a chunk at a time). The
+    ``level`` is a value that at least ``k`` block maxima reach and at most ``2k`` exceed
+    (:func:`_candidate_level`: an estimate from a strided sample of the maxima, else the exact
+    ``k``-th largest maximum). At least ``k`` coordinates reach the level (one in each of ``k``
+    blocks) and every coordinate of a block whose maximum is below it is below it, so the answer
+    lies among the coordinates ``>= level`` of the blocks whose maximum reaches it and of the
+    tail, which is always searched. Those blocks are gathered in ascending order, their
+    coordinates ``>= level`` kept with their positions (global index ``block * B + offset``,
+    then ``numel // B * B + offset`` in the tail, so ascending), and the answer is their top-``k``
+    under the tie rule (:func:`_top_k_positions`: ``tf.math.top_k`` for the ``k``-th value, then
+    ``tf.where``). Besides the result it allocates the block maxima (``numel / B`` values),
+    ``|x|`` of one chunk of :data:`SCAN_CHUNK` elements at a time, a copy of the gathered blocks
+    and of their magnitudes (about ``k B`` to ``2k B`` elements each, more when many maxima tie
+    at the level, up to the buffer's size when all do), ``|tail|``, and the values and int64
+    positions of the coordinates ``>= level`` (about ``k`` for continuous data). ``k <= 0``
+    gives an empty tensor and ``k >= numel`` ``tf.range(numel)``; for ``numel / 2 < k < numel``
+    :func:`_top_k_positions` runs over ``|x|`` of the whole buffer (a buffer-sized copy).
+    The work runs in a ``tf.function`` per dtype over a flat buffer of any length, so an eager
+    call runs as one graph and costs what a traced one does.
+    """
+    flat = tf.reshape(x, [-1])
+    return _top_k_function(flat.dtype)(flat, tf.cast(k, tf.int64))
+
+
+_TOP_K_FUNCTIONS: dict = {}
+
+
+def _top_k_function(dtype: tf.DType):
+    """:func:`_top_k_flat` as a ``tf.function`` over a flat buffer of ``dtype`` of any length
+    (one trace per dtype): eager calls run it as one graph, traced calls nest it."""
+    if dtype not in _TOP_K_FUNCTIONS:
+        _TOP_K_FUNCTIONS[dtype] = tf.function(_top_k_flat, input_signature=[tf.TensorSpec([None], dtype),
+                                                                            tf.TensorSpec([], tf.int64)])
+    return _TOP_K_FUNCTIONS[dtype]
+
+
+def _top_k_flat(flat: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """:func:`top_k` of the 1-D ``flat``: the block path when ``1 <= k`` and ``2k <= numel``,
+    else :func:`_top_k_positions` over ``|flat|``."""
+    numel = tf.size(flat, out_type=tf.int64)
+    k = tf.clip_by_value(k, 0, numel)
+
+    def whole_buffer() -> tf.Tensor:
+        return tf.cond(k == numel, lambda: tf.range(numel),
+                       lambda: tf.cast(_top_k_positions(tf.abs(flat), tf.cast(k, tf.int32)), tf.int64))
+
+    return tf.cond(k == 0, lambda: tf.zeros([0], tf.int64),
+                   lambda: tf.cond(2 * k <= numel, lambda: _top_k_of_blocks(flat, numel, k), whole_buffer))
+
+
+#: :func:`_candidate_level` samples about this many of the block maxima it looks for...
+LEVEL_SAMPLE = 2048
+#: ... and aims this much above ``k`` of them, so that at least ``k`` usually reach the estimate.
+LEVEL_MARGIN = 1.125
+
+
+def _block_length(numel: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """``min(scan_block_size(k / numel), numel // k)`` as an int64 tensor (``1 <= k <= numel``):
+    a power of two near ``numel / (16 k)`` in [32, 512], at most ``numel // k``."""
+    ratio = tf.cast(numel, tf.float64) / (16.0 * tf.cast(k, tf.float64))
+    exponent = tf.clip_by_value(tf.round(tf.math.log(ratio) / np.log(2.0)), 5.0, 9.0)
+    return tf.minimum(tf.cast(tf.pow(tf.constant(2.0, tf.float64), exponent), tf.int64), numel // k)
+
+
+def _top_k_of_blocks(flat: tf.Tensor, numel: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """:func:`top_k` of the 1-D ``flat`` through its block maxima (``1 <= k``, ``2k <= numel``),
+    as described there."""
+    block = _block_length(numel, k)
+    full = numel // block
+    blocks = tf.reshape(tf.slice(flat, tf.zeros([1], tf.int64), tf.reshape(full * block, [1])),
+                        tf.stack([full, block]))  # a view: no copy
+    tail = tf.abs(flat[full * block:])
+    maxima = _block_maxima(blocks)
+    level = _candidate_level(maxima, k)
+    chosen = tf.where(maxima >= level)[:, 0]  # ascending, at least k blocks
+    magnitudes = tf.reshape(tf.abs(tf.gather(blocks, chosen)), [-1])
+    in_blocks = tf.where(magnitudes >= level)[:, 0]  # positions in the gathered blocks
+    in_tail = tf.where(tail >= level)[:, 0]
+    gathered = tf.size(magnitudes, out_type=tf.int64)
+    reach = tf.concat([in_blocks, gathered + in_tail], 0)  # at least k, ascending
+    values = tf.concat([tf.gather(magnitudes, in_blocks), tf.gather(tail, in_tail)], 0)
+    picked = tf.gather(reach, _top_k_positions(values, tf.cast(k, tf.int32)))
+    row = tf.minimum(picked // block, tf.size(chosen, out_type=tf.int64) - 1)
+    in_a_block = tf.gather(chosen, row) * block + picked % block
+    return tf.where(picked < gathered, in_a_block, full * block + (picked - gathered))
+
+
+#: :func:`_block_maxima` reads the blocks in chunks of about this many elements (1 MiB of float32).
+SCAN_CHUNK = 1 << 18
+
+
+def _block_maxima(blocks: tf.Tensor) -> tf.Tensor:
+    """``reduce_max(|blocks|, axis=1)`` of the 2-D ``blocks`` (at least one row), a chunk of
+    about :data:`SCAN_CHUNK` elements at a time, so that ``|x|`` of a chunk is read back from
+    the cache and nothing of the buffer's size is allocated."""
+    rows = tf.maximum(tf.constant(SCAN_CHUNK, tf.int64) // tf.shape(blocks, out_type=tf.int64)[1], 1)
+    chunks = tf.cast((tf.shape(blocks, out_type=tf.int64)[0] + rows - 1) // rows, tf.int32)
+
+    def body(chunk, found):
+        first = tf.cast(chunk, tf.int64) * rows
+        return chunk + 1, found.write(chunk, tf.reduce_max(tf.abs(blocks[first:first + rows]), axis=1))
+
+    found = tf.TensorArray(blocks.dtype, size=chunks, infer_shape=False, element_shape=[None])
+    _, found = tf.while_loop(lambda chunk, _: chunk < chunks, body, [tf.constant(0), found])
+    return found.concat()
+
+
+def _kth_largest(values: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """The ``k``-th largest of the 1-D ``values`` (``1 <= k <= size``), exactly."""
+    return tf.reduce_min(tf.math.top_k(values, tf.cast(k, tf.int32), sorted=False).values)
+
+
+def _candidate_level(maxima: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """A value that at least ``k`` of the block ``maxima`` reach and at most ``2k`` exceed
+    (``k <= size``), as :func:`horovod_sparse.torch.selection.candidate_level`: the estimate
+    from every ``max(1, k // LEVEL_SAMPLE)``-th maximum, aiming :data:`LEVEL_MARGIN` above
+    ``k``, when ``k`` to ``2k`` maxima reach it; the ``k``-th largest maximum otherwise (of
+    those that reach the estimate when more than ``2k`` do, of all when fewer than ``k``)."""
+    stride = tf.maximum(tf.constant(1, tf.int64), k // LEVEL_SAMPLE)
+    sample = maxima[::stride]
+    wanted = tf.cast(tf.math.ceil(LEVEL_MARGIN * tf.cast(k, tf.float64) / tf.cast(stride, tf.float64)), tf.int64)
+    estimate = _kth_largest(sample, tf.minimum(tf.size(sample, out_type=tf.int64), wanted))
+    reach = maxima >= estimate
+    count = tf.reduce_sum(tf.cast(reach, tf.int64))
+    return tf.cond(count < k, lambda: _kth_largest(maxima, k),
+                   lambda: tf.cond(count > 2 * k, lambda: _kth_largest(tf.boolean_mask(maxima, reach), k),
+                                   lambda: estimate))
+
+
+def _top_k_positions(magnitudes: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
+    """Positions (int64, ascending) of the ``k`` largest of the 1-D ``magnitudes``
+    (``0 <= k <= size``, int32), ties to the lower position. When exactly ``k`` values reach
+    the ``k``-th largest, ``tf.math.top_k``'s set is the answer; otherwise (ties at the ``k``-th
+    value) it is every position above that value, then the first of those equal to it, whatever
+    order ``tf.math.top_k`` gives ties."""
+    kth = tf.reduce_min(tf.math.top_k(magnitudes, k, sorted=False).values)
+
+    def ties_to_the_lower_position() -> tf.Tensor:
+        above = magnitudes > kth
+        tied = tf.cast(magnitudes == kth, tf.int32)
         room = k - tf.reduce_sum(tf.cast(above, tf.int32))
         return tf.where(above | ((tied > 0) & (tf.cumsum(tied) <= room)))[:, 0]
 
-    unambiguous = tf.equal(tf.reduce_sum(tf.cast(magnitude >= kth, tf.int32)), k)
-    return tf.cond(unambiguous, lambda: tf.sort(tf.cast(indices, tf.int64)), ties_to_the_lower_index)
+    reach = magnitudes >= kth
+    unambiguous = tf.equal(tf.reduce_sum(tf.cast(reach, tf.int32)), k)
+    return tf.cond(unambiguous, lambda: tf.where(reach)[:, 0], ties_to_the_lower_position)
