@@ -13,9 +13,9 @@ after backward). :func:`lags_counts` prices all of it: it predicts the step
 :mod:`horovod_sparse.common.cost_model` and the local costs measured on the running job
 (:class:`LocalCost`), walks the groups in launch order with a link clock, and gives each the
 largest count that keeps the predicted time from the first group's launch to the end of the step
-within ``1 + slack`` times its value at the global density. With no local cost and ``slack = 0`` a lone group gets exactly the paper's density.
-The published code ships the rule switched off; here it is on by default (``adaptive=False``
-gives the reference's uniform density).
+within ``1 + slack`` times its value at the global density. With no local cost and
+``slack = 0`` a lone group gets exactly the paper's density. The published code ships the rule
+switched off; here it is on by default (``adaptive=False`` gives the reference's uniform density).
 """
 from __future__ import annotations
 
