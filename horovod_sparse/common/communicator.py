@@ -2,7 +2,7 @@
 accounting of the collectives it launches."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 from horovod_sparse.common.stats import GroupStats
 
@@ -15,15 +15,18 @@ class CommunicatorBase:
         name: the group's name; collective names are ``hs.<name>.<tag>``.
         stats: the group's statistics record for this step.
         scale: factor applied to the summed update (``1/size`` for Average, 1 for Sum).
+        size, rank: the process set's size and this process's rank in it, when the caller
+            already knows them (each is a call into Horovod otherwise).
     """
 
-    def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float) -> None:
+    def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float,
+                 size: Optional[int] = None, rank: Optional[int] = None) -> None:
         self.process_set = process_set
         self.name = name
         self.stats = stats
         self.scale = scale
-        self.size: int = process_set.size()
-        self.rank: int = process_set.rank()
+        self.size: int = process_set.size() if size is None else size
+        self.rank: int = process_set.rank() if rank is None else rank
 
     def _name(self, tag: str) -> str:
         """The Horovod name of this group's collective ``tag``."""

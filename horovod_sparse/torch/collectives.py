@@ -13,7 +13,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import horovod.torch as hvd
 import torch
@@ -61,8 +61,9 @@ class Communicator(CommunicatorBase):
     """Launches Horovod collectives for one group in one step and accounts for them (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`)."""
 
-    def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float) -> None:
-        super().__init__(process_set, name, stats, scale)
+    def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float,
+                 size: Optional[int] = None, rank: Optional[int] = None) -> None:
+        super().__init__(process_set, name, stats, scale, size, rank)
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
 
     def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:

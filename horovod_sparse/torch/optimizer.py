@@ -151,8 +151,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._should_synchronize = True
         #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
         self._agree_with: Optional[int] = 0
-        #: The world size at the last agreement.
+        #: The world size and this rank at the last agreement.
         self._world_size = process_set.size() if process_set.included() else 0
+        self._rank = process_set.rank() if process_set.included() else -1
+        #: Whether this step already compared the world size with the agreed one.
+        self._size_checked = False
         #: Aggregation of sparse (``torch.sparse``) gradients in flight, by parameter.
         self._sparse_rows: Dict[torch.Tensor, Callable[[], torch.Tensor]] = {}
         #: Parameters whose sparse gradient travels dense this step (``sparse_as_dense``).
@@ -269,13 +272,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         target = self._compression.options.count(group.numel, self.steps) if sparse else group.numel
         stats = GroupStats(group.name, group.numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
-        size = self.process_set.size()
+        size = self._world_size
         if self.op == hvd.Average:
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
             scale = 1.0 / size
         else:
             prescale = postscale = scale = 1.0
-        comm = Communicator(self.process_set, group.name, stats, scale)
+        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
         if sparse:
             built_for, state = self._states.get(group.index, (None, None))
             if built_for != size:
@@ -339,6 +342,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._delay[p] = self.backward_passes_per_step
         for index in self._ready_count:
             self._ready_count[index] = 0
+        self._size_checked = False
         bad_ranks = self._ranks_with_nonfinite_gradients()
         if bad_ranks:
             self._abandon_step(finished)
@@ -532,9 +536,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         shared state of the agreed rank (see :meth:`agree_shared_state`). A membership change
         that adds a worker, the size changed or not (a worker replaced), is agreed on earlier,
         in ``hvd.elastic.TorchState``'s sync (:mod:`horovod_sparse.torch.elastic`), which every
-        rank, the new one included, runs after the change."""
-        if self._agree_with is None and self._world_size != self.process_set.size():
+        rank, the new one included, runs after the change. The size is read once a step (Horovod
+        changes it only between steps)."""
+        if self._agree_with is None and not self._size_checked and self._world_size != self.process_set.size():
             self._agree_with = 0
+        self._size_checked = True
         if self._agree_with is not None:
             self.agree_shared_state(self._agree_with)
 
@@ -553,7 +559,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._agree_with = None
         if not self.process_set.included():
             return
-        self._world_size = self.process_set.size()
+        self._world_size, self._rank = self.process_set.size(), self.process_set.rank()
         if self._elastic:
             self._require_same_configuration()
         if not self._groups:
