@@ -38,6 +38,10 @@ CONFIGS = [
     # scatter-adds timed at the end of step 0): the densities follow the rule from whatever was
     # measured.
     {"name": "calibrated", "method": "lags", "backward_seconds": GRADIENT_SECONDS, "options": ADAPTIVE},
+    # Calibrated after two dense warm-up steps: the local costs are timed at the end of the first
+    # step that has a sparse group (step 2); t_comp is measured over steps 1 and 2 as without.
+    {"name": "warmup", "method": "lags", "backward_seconds": GRADIENT_SECONDS,
+     "options": {**ADAPTIVE, "warmup_steps": 2}},
 ]
 for config in CONFIGS:
     config.update(steps=8, seed=4, shapes=SHAPES)
@@ -157,3 +161,16 @@ def test_given_times_give_the_hand_computed_densities(run):
     assert final == {"group2.p3": first, "group1.p1": 41, "p0": 40}
     priced = {name: g["target"] for name, g in group_stats(Observed(run, "adaptive", SIZE), 0, 7).items()}
     assert first < priced["group2.p3"] <= first + 4 and priced["group1.p1"] == 41 and priced["p0"] == 40
+
+
+def test_the_rule_applies_after_a_dense_warm_up(run):
+    """Dense warm-up steps give LAGS no sparse group to time its local costs on: it times them at
+    the end of the first sparse step, and the rule's counts apply once t_comp is measured."""
+    obs = Observed(run, "warmup", SIZE)
+    assert all(g["dense"] for step in (0, 1) for g in group_stats(obs, 0, step).values())
+    assert next(iter(group_stats(obs, 0, 2).values()))["extra"]["local_cost"] is None
+    assert min(next(iter(group_stats(obs, 0, 3).values()))["extra"]["local_cost"].values()) >= 0
+    for step in range(3, 8):
+        expected = expected_counts(obs, 0, step)
+        for rank in range(SIZE):
+            assert {n: g["target"] for n, g in group_stats(obs, rank, step).items()} == expected

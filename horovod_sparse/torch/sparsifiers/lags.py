@@ -108,11 +108,13 @@ class Lags(Sparsifier):
             return
         if self.cost_model is None:
             self.cost_model, self.calibration = measure_cost_model(process_set)
-        if self.local_cost is None:
-            numel = min(LOCAL_COST_NUMEL, max(self._numel.values(), default=1))
+        if self.local_cost is None and self._numel:  # after the first step with a sparse group
+            numel = max(2, min(LOCAL_COST_NUMEL, max(self._numel.values())))
             floor, cap = self.options.density, max(self.options.density, self.options.max_density)
             low, high = target_count(floor, numel), target_count(cap, numel)
-            self.local_cost = measure_local_cost(process_set, numel, low, max(high, low + 1))
+            # With no room above the floor (density 1) the rule has nothing to choose: no cost.
+            self.local_cost = (measure_local_cost(process_set, numel, low, high) if high > low
+                               else LocalCost(0.0, 0.0, 0.0))
         if self._meter.add(record) and record.group_ready:
             means = self._meter.means()
             names = sorted(means)
@@ -122,9 +124,10 @@ class Lags(Sparsifier):
             self._counts = {}
 
     def method_state(self, per_rank: bool) -> Dict[str, Any]:
-        """The cost model, its calibration, the agreed ``t_comp`` and the measurement's progress
-        (every rank holds them alike), with ``per_rank`` also this rank's partial sums of
-        backward time (see :meth:`BackwardTimeMeter.state`)."""
+        """The cost model, its calibration, the local costs, the agreed ``t_comp``, the measured
+        launch order and the measurement's progress (every rank holds them alike), with
+        ``per_rank`` also this rank's partial sums of backward time (see
+        :meth:`BackwardTimeMeter.state`)."""
         local = self.local_cost
         return {"cost_model": None if self.cost_model is None else dataclasses.asdict(self.cost_model),
                 "calibration": [list(sample) for sample in self.calibration],
