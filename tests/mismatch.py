@@ -18,7 +18,7 @@ BASE_OPTIONS = {"density": 0.05, "min_numel": 0}
 #: Rank 1's value of each option: valid, and different from the default and from BASE_OPTIONS.
 ALTERNATIVE = {"density": 0.02, "min_numel": 7, "warmup_steps": 1, "fp16_values": True,
                "density_schedule": "exp_warmup:5", "residual": "paper", "recall_every": 3, "group_size": 100,
-               "adaptive": False, "max_density": 0.3, "measure_steps": 2, "controller": "paper",
+               "adaptive": False, "slack": 0.1, "max_density": 0.3, "measure_steps": 2, "controller": "paper",
                "balancer": "paper", "num_blocks": 64, "sample_ratio": 0.05, "max_adaptations": 3, "momentum": 0.9}
 #: (method, option) pairs whose alternative the method refuses outright: nothing to mismatch.
 REFUSED = {("gtopk", "fp16_values")}
