@@ -204,7 +204,8 @@ def test_lags_merges_layers_and_sends_the_floor_density(gloo_run, cfg):
     for record in obs.stats(0):
         for group in record["groups"]:
             assert group["target"] == int(0.01 * group["numel"])
-            assert group["extra"] == {"rho": 0.01, "t_comp": 0.0 if adaptive else None, "alpha": None, "beta": None}
+            assert group["extra"] == {"rho": 0.01, "t_comp": 0.0 if adaptive else None, "alpha": None, "beta": None,
+                                      "local_cost": None}
 
 
 @pytest.mark.parametrize("cfg", PARTITIONED, ids=[c["name"] for c in PARTITIONED])

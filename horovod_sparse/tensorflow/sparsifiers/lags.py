@@ -9,7 +9,7 @@ under backward, so ``t_comp`` is 0 for every group: the LAGS rule
 every group sends the global ``density``; the cost models are therefore not measured. What remains is the method's
 grouping (adjacent layers merged up to ``group_size`` elements) and error-feedback Top-k per group,
 exchanged like Top-k; statistics report ``rho``, ``t_comp`` (0.0 with ``adaptive=True``, None
-without), ``alpha`` and ``beta`` (None) as on the PyTorch side.
+without), ``alpha``, ``beta`` and ``local_cost`` (None) as on the PyTorch side.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class Lags(Sparsifier):
     def exchange(self, x: tf.Tensor, comm: Communicator, state: Any, step: Step) -> Exchange:
         k = self.count(int(x.shape[0]), step)
         comm.stats.extra.update({"rho": self.density(step), "t_comp": 0.0 if self.options.adaptive else None,
-                                 "alpha": None, "beta": None})
+                                 "alpha": None, "beta": None, "local_cost": None})
         with comm.timer("select"):
             idx = top_k(x, k)
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))
