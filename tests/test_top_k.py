@@ -12,7 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_sparse.torch.selection import SCAN_CHUNK, top_k
+from horovod_sparse.common.controllers import SCAN_CHUNK
+from horovod_sparse.torch.selection import top_k
 from tests.reference import topk_indices
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}

@@ -102,6 +102,15 @@ def float32_bits(value: float) -> int:
     return int(np.array([value], dtype=np.float32).view(np.int32)[0])
 
 
+#: Elements per chunk of the CPU scan in both frameworks: the chunk's ``|x|`` stays in cache,
+#: and the per-chunk calls are few (1 MiB of float32: 10% faster over 25.6M elements than 512 KiB).
+SCAN_CHUNK = 1 << 18
+#: The exact top-k's candidate level samples about this many of the block maxima it looks for...
+LEVEL_SAMPLE = 2048
+#: ... and aims this much above ``k`` of them, so that at least ``k`` usually reach the level.
+LEVEL_MARGIN = 1.125
+
+
 def scan_block_size(density: float) -> int:
     """Block length of the selection scan: a power of two near ``1 / (16 density)`` in [32, 512].
 

@@ -12,13 +12,14 @@ reach it), at a few read passes of the buffer instead of ``tf.math.top_k``'s doz
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
-from typing import Union
+from typing import Callable, Union
 
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.common.controllers import candidate_bar
+from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,7 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
     then ``numel // B * B + offset`` in the tail, so ascending), and the answer is their top-``k``
     under the tie rule (:func:`_top_k_positions`: ``tf.math.top_k`` for the ``k``-th value, then
     ``tf.where``). Besides the result it allocates the block maxima (``numel / B`` values),
-    ``|x|`` of one chunk of :data:`SCAN_CHUNK` elements at a time, a copy of the gathered blocks
+    ``|x|`` of one chunk of ``SCAN_CHUNK`` elements at a time, a copy of the gathered blocks
     and of their magnitudes (about ``k B`` to ``2k B`` elements each, more when many maxima tie
     at the level, up to the buffer's size when all do), ``|tail|``, and the values and int64
     positions of the coordinates ``>= level`` (about ``k`` for continuous data). ``k <= 0``
@@ -122,16 +123,11 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
     return _top_k_function(flat.dtype)(flat, tf.cast(k, tf.int64))
 
 
-_TOP_K_FUNCTIONS: dict = {}
-
-
-def _top_k_function(dtype: tf.DType):
+@functools.lru_cache(maxsize=None)
+def _top_k_function(dtype: tf.DType) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """:func:`_top_k_flat` as a ``tf.function`` over a flat buffer of ``dtype`` of any length
-    (one trace per dtype): eager calls run it as one graph, traced calls nest it."""
-    if dtype not in _TOP_K_FUNCTIONS:
-        _TOP_K_FUNCTIONS[dtype] = tf.function(_top_k_flat, input_signature=[tf.TensorSpec([None], dtype),
-                                                                            tf.TensorSpec([], tf.int64)])
-    return _TOP_K_FUNCTIONS[dtype]
+    (one per dtype): eager calls run it as one graph, traced calls nest it."""
+    return tf.function(_top_k_flat, input_signature=[tf.TensorSpec([None], dtype), tf.TensorSpec([], tf.int64)])
 
 
 def _top_k_flat(flat: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
@@ -146,12 +142,6 @@ def _top_k_flat(flat: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
 
     return tf.cond(k == 0, lambda: tf.zeros([0], tf.int64),
                    lambda: tf.cond(2 * k <= numel, lambda: _top_k_of_blocks(flat, numel, k), whole_buffer))
-
-
-#: :func:`_candidate_level` samples about this many of the block maxima it looks for...
-LEVEL_SAMPLE = 2048
-#: ... and aims this much above ``k`` of them, so that at least ``k`` usually reach the estimate.
-LEVEL_MARGIN = 1.125
 
 
 def _block_length(numel: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
@@ -185,13 +175,9 @@ def _top_k_of_blocks(flat: tf.Tensor, numel: tf.Tensor, k: tf.Tensor) -> tf.Tens
     return tf.where(picked < gathered, in_a_block, full * block + (picked - gathered))
 
 
-#: :func:`_block_maxima` reads the blocks in chunks of about this many elements (1 MiB of float32).
-SCAN_CHUNK = 1 << 18
-
-
 def _block_maxima(blocks: tf.Tensor) -> tf.Tensor:
     """``reduce_max(|blocks|, axis=1)`` of the 2-D ``blocks`` (at least one row), a chunk of
-    about :data:`SCAN_CHUNK` elements at a time, so that ``|x|`` of a chunk is read back from
+    about ``SCAN_CHUNK`` elements at a time, so that ``|x|`` of a chunk is read back from
     the cache and nothing of the buffer's size is allocated."""
     rows = tf.maximum(tf.constant(SCAN_CHUNK, tf.int64) // tf.shape(blocks, out_type=tf.int64)[1], 1)
     chunks = tf.cast((tf.shape(blocks, out_type=tf.int64)[0] + rows - 1) // rows, tf.int32)

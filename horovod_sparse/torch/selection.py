@@ -29,7 +29,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
-from horovod_sparse.common.controllers import candidate_bar, scan_block_size
+from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar, scan_block_size
 
 
 @dataclass(frozen=True)
@@ -70,11 +70,6 @@ class BlockScan:
         numel = self.end - self.start
         mean = total / numel
         return mean, math.sqrt(max(0.0, squares - total * mean) / (numel - 1)) if numel > 1 else 0.0
-
-
-#: Elements per chunk of the CPU scan: the chunk's ``|x|`` stays in cache, and the per-chunk
-#: calls are few (1 MiB of float32: 10% faster over 25.6M elements than 512 KiB chunks).
-SCAN_CHUNK = 1 << 18
 
 
 def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = False) -> BlockScan:
@@ -179,12 +174,6 @@ class Candidates:
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
     """Indices (int64, ascending) of ``|x| >= threshold`` over the whole buffer ``x``."""
     return pick(scan(x, 0, x.numel(), block), threshold)
-
-
-#: :func:`candidate_level` samples about this many of the block maxima it looks for...
-LEVEL_SAMPLE = 2048
-#: ... and aims this much above ``k`` of them, so that at least ``k`` reach the level.
-LEVEL_MARGIN = 1.125
 
 
 def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
