@@ -94,7 +94,7 @@ def configurations(args: argparse.Namespace) -> List[str]:
     else:
         from benchmarks.synthetic import available_methods
 
-        chosen = [f"{m}:density={d}" for m in args.methods or available_methods(args.framework)
+        chosen = [f"{m}:density={d}" for m in args.methods or available_methods()
                   for d in args.densities]
         if args.framework == "torch":
             chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]

@@ -13,7 +13,7 @@ side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 * ``threshold``: the hard-threshold method's selection (block scan and pick at its fixed
   ``1 / (2 sqrt(k))``), on the gradient scaled so that this threshold selects ``k``;
 * ``gaussiank``: Gaussian-k's selection, statistics and corrections included
-  (:func:`horovod_sparse.torch.sparsifiers.gaussiank.gaussiank_select`).
+  (:func:`horovod_sparse.methods.gaussiank.gaussiank_select`).
 
 Then the same over the whole buffer in TensorFlow (one intra-op and one inter-op thread), side by
 side and interleaved, each as a ratio to TensorFlow's own read pass:
@@ -57,7 +57,8 @@ from horovod_sparse.common.controllers import (HistogramController, ThresholdSta
                                                local_histogram, scan_block_size)
 from horovod_sparse.common.threshold_baselines import hard_threshold
 from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k
-from horovod_sparse.torch.sparsifiers.gaussiank import gaussiank_select
+from horovod_sparse.methods.gaussiank import gaussiank_select
+from horovod_sparse.torch import backend
 
 
 PHASES = ("scan", "candidates", "histogram", "threshold", "filter")
@@ -135,7 +136,7 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
         "top_k": lambda: top_k(x, k),
         "threshold": lambda: select(scaled, threshold, block),
-        "gaussiank": lambda: gaussiank_select(x, k, density),
+        "gaussiank": lambda: gaussiank_select(backend, x, k, density),
     }, repeats)
     row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
     row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})

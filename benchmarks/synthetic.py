@@ -53,11 +53,10 @@ def parse_groups(text: Optional[str]) -> Any:
         raise argparse.ArgumentTypeError(f"--groups must be an int, 'tensor' or 'model', got {text!r}") from None
 
 
-def available_methods(framework: str = "torch") -> List[str]:
-    """Registered sparsification methods that have a ``framework`` (``torch`` or ``tensorflow``)
-    implementation now."""
-    importlib.import_module(f"horovod_sparse.{framework}")  # registers that framework's implementations
-    return [name for name in registry.method_names() if framework in registry.method(name).implementations]
+def available_methods() -> List[str]:
+    """Every registered sparsification method (each runs in both frameworks)."""
+    importlib.import_module("horovod_sparse.methods")  # registers them
+    return registry.method_names()
 
 
 def compressor_options(spec: str, density: Optional[float]) -> Tuple[str, Dict[str, Any]]:

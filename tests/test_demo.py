@@ -65,7 +65,7 @@ def torch_demo(tmp_path_factory):
 def test_every_method_and_mergecomp_is_in_the_table(torch_demo):
     result, _, _ = torch_demo
     rows = table_rows(result.stdout)
-    expected = ["none", *(f"{m}:density={DENSITY}" for m in available_methods("torch")),
+    expected = ["none", *(f"{m}:density={DENSITY}" for m in available_methods()),
                 f"topk:density={DENSITY}@mergecomp"]
     assert sorted(rows) == sorted(expected)
     assert "measured on this machine, 2 workers" in result.stdout

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import horovod_sparse.tensorflow  # noqa: F401  (registers the TensorFlow implementations)
+import horovod_sparse.methods  # noqa: F401  (registers the methods)
 from horovod_sparse.common.registry import method, method_names
 from tests import nonfinite_faults as faults
 from tests.checks import Observed, assert_conserved
@@ -43,7 +43,7 @@ TF = [*({"name": m, "method": m, "api": "tape", "runs": [["tape", POLICIES[i % 2
         for i, m in enumerate(method_names())),
       *({"name": f"{m}_traced", "method": m, "api": "tape_function",
          "runs": [["tape_function", policy] for policy in POLICIES]}
-        for m in method_names() if method(m).implementations["tensorflow"].traceable)]
+        for m in method_names() if method(m).implementation.traceable)]
 for config in TF:
     config["options"] = OPTIONS.get(config["method"], {})
 

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
-from horovod_sparse.tensorflow.sparsifiers.topk import TopK
+from horovod_sparse.methods.topk import TopK
 
 
 def test_a_tf1_optimizer_is_refused_with_a_sparsifier():

@@ -52,3 +52,15 @@ def test_a_sparsifier_sums_so_other_reductions_are_refused(op):
     with pytest.raises(ValueError, match="op must be hvd.Average or hvd.Sum"):
         wrap(op=op)
 
+
+
+def test_a_sparsifier_built_for_tensorflow_is_refused_naming_the_right_namespace():
+    """Methods are written once; each instance runs on its framework's tensors, so one built by
+    the TensorFlow namespace must not reach the PyTorch optimizer."""
+    import horovod_sparse.tensorflow as htf
+
+    p = torch.nn.Parameter(torch.randn(5))
+    with pytest.raises(TypeError, match=r"built by horovod_sparse\.tensorflow\.Compression .* "
+                                        r"horovod_sparse\.torch\.Compression\.gtopk\(\.\.\.\) instead"):
+        hs.DistributedOptimizer(torch.optim.SGD([p], lr=0.1), named_parameters=[("p", p)],
+                                compression=htf.Compression.gtopk(density=0.5))

@@ -8,7 +8,9 @@ import torch
 
 from horovod_sparse.common.butterfly import largest_power_of_two, round_count
 from horovod_sparse.torch.selection import top_k
-from horovod_sparse.torch.sparsifiers.gtopk import SparseSet, merge
+from horovod_sparse.common.butterfly import SparseSet
+from horovod_sparse.methods.gtopk import merge
+from horovod_sparse.torch import backend
 from tests.checks import (Observed, assert_conservation, assert_identical_replicas, assert_matches_reference,
                           raw_group_stream)
 from tests.launch import run_configs
@@ -169,8 +171,8 @@ def test_merge_is_symmetric_and_equals_the_reference_merge(seed):
     for _ in range(2):
         indices = np.sort(rng.choice(30, size=k, replace=False))
         sets.append((indices, rng.integers(-3, 4, size=k).astype(np.float32)))  # many ties, some zeros
-    ab = merge(_as_set(*sets[0]), _as_set(*sets[1]), k)
-    ba = merge(_as_set(*sets[1]), _as_set(*sets[0]), k)
+    ab = merge(backend, _as_set(*sets[0]), _as_set(*sets[1]), k)
+    ba = merge(backend, _as_set(*sets[1]), _as_set(*sets[0]), k)
     assert torch.equal(ab.idx, ba.idx) and torch.equal(ab.val, ba.val)
     expected = merge_sets(*[{int(i): (v, frozenset()) for i, v in zip(*s)} for s in sets], k)
     assert ab.idx.tolist() == sorted(expected)

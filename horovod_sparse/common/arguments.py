@@ -8,7 +8,7 @@ from typing import Any
 
 
 def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: type, op_name: str,
-                            gradient_predivide_factor: float) -> None:
+                            gradient_predivide_factor: float, framework: str) -> None:
     """Refuse combinations a sparse exchange cannot honour, naming what to use instead.
 
     Args:
@@ -18,6 +18,8 @@ def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: typ
             where an instance is expected).
         op_name: ``"average"``, ``"sum"``, ``"adasum"`` or another Horovod reduction's name.
         gradient_predivide_factor: as given.
+        framework: the front end's framework (``"torch"`` or ``"tensorflow"``); a sparsifier
+            built for the other one is refused.
     """
     if gradient_predivide_factor != 1.0 and op_name != "average":
         raise ValueError("gradient_predivide_factor not supported with op != Average")
@@ -26,6 +28,10 @@ def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: typ
                         f"Compression.{compression.method_name}(density=...)")
     if not sparse:
         return
+    if compression.B.name != framework:
+        raise TypeError(f"{compression!r} was built by horovod_sparse.{compression.B.name}.Compression and "
+                        f"runs on {compression.B.name} tensors; build it with "
+                        f"horovod_sparse.{framework}.Compression.{compression.method_name}(...) instead")
     if op_name == "adasum":
         raise ValueError("op=hvd.Adasum combines dense gradients and cannot be used with a "
                          "sparsifier; use op=hvd.Average")

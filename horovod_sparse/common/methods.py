@@ -1,7 +1,7 @@
 """Registration of every method's options, framework-free (one line per method).
 
-Importing this module fills the registry; the framework packages import it before registering
-their implementations.
+Importing this module fills the registry; :mod:`horovod_sparse.methods` imports it before
+registering the implementations.
 """
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import register_method

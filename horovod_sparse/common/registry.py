@@ -1,16 +1,16 @@
 """The one registry of sparsification methods, shared by both frameworks and the benchmarks.
 
-A method is registered once, framework-free, with its options class (:func:`register_method`);
-each framework then registers its implementation under the same name (:func:`implements`).
-``Compression.<name>(...)`` in either framework, the benchmarks' ``--compressor NAME`` and
-configuration files all resolve names here, so adding a method is one options registration plus
-one implementation file per framework.
+A method is registered once, framework-free, with its options class (:func:`register_method`)
+and its one implementation (:func:`implements`, in :mod:`horovod_sparse.methods`), which runs in
+either framework with that framework's backend. ``Compression.<name>(...)`` in either framework,
+the benchmarks' ``--compressor NAME`` and configuration files all resolve names here.
 """
 from __future__ import annotations
 
+import importlib
 import json
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Tuple, Type, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
 
 from horovod_sparse.common.options import SparsifierOptions
 
@@ -19,12 +19,12 @@ T = TypeVar("T")
 
 @dataclass
 class MethodSpec:
-    """A registered method: its name, options class, one-line summary and implementations."""
+    """A registered method: its name, options class, one-line summary and implementation."""
 
     name: str
     options: Type[SparsifierOptions]
     summary: str
-    implementations: Dict[str, type] = field(default_factory=dict)
+    implementation: Optional[type] = None
 
 
 _METHODS: Dict[str, MethodSpec] = {}
@@ -39,14 +39,14 @@ def register_method(name: str, options: Type[SparsifierOptions], summary: str) -
     _METHODS[name] = MethodSpec(name, options_for_method, summary)
 
 
-def implements(framework: str, name: str) -> Callable[[Type[T]], Type[T]]:
-    """Class decorator: register the ``framework`` implementation of method ``name``."""
+def implements(name: str) -> Callable[[Type[T]], Type[T]]:
+    """Class decorator: register the implementation of method ``name``."""
 
     def decorate(cls: Type[T]) -> Type[T]:
         spec = method(name)
-        if framework in spec.implementations:
-            raise ValueError(f"method {name!r} already has a {framework} implementation")
-        spec.implementations[framework] = cls
+        if spec.implementation is not None:
+            raise ValueError(f"method {name!r} already has an implementation")
+        spec.implementation = cls
         cls.method_name = name  # type: ignore[attr-defined]
         return cls
 
@@ -80,15 +80,12 @@ def make_options(name: str, **kwargs: Any) -> SparsifierOptions:
 
 
 def create(framework: str, name: str, **kwargs: Any) -> Any:
-    """Instantiate the ``framework`` implementation of ``name`` with validated options."""
+    """Instantiate method ``name`` with validated options for ``framework`` (``"torch"`` or
+    ``"tensorflow"``: its backend is ``horovod_sparse.<framework>.backend``)."""
     spec = method(name)
     options = make_options(name, **kwargs)
-    try:
-        impl = spec.implementations[framework]
-    except KeyError:
-        raise ValueError(f"method {name!r} has no {framework} implementation yet "
-                         f"(it has: {', '.join(sorted(spec.implementations)) or 'none'})") from None
-    return impl(options)
+    assert spec.implementation is not None, f"horovod_sparse.methods registers {name!r}"
+    return spec.implementation(options, importlib.import_module(f"horovod_sparse.{framework}.backend"))
 
 
 def parse_spec(text: str) -> Tuple[str, Dict[str, Any]]:

@@ -11,7 +11,7 @@ exchange design as ``horovod_sparse.torch``; the methods are registered in the s
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
 from horovod_sparse.tensorflow.optimizer import DistributedOptimizer
-from horovod_sparse.tensorflow.sparsifier import Sparsifier
+from horovod_sparse.methods.base import Sparsifier
 
 __all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer", "PartialDistributedGradientTape",
            "Sparsifier"]

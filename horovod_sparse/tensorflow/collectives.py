@@ -154,6 +154,21 @@ class Communicator(CommunicatorBase):
                 own = int(own)
         return self._launched(output, kind, sent=nbytes(tensor) - own, own=own)
 
+    @staticmethod
+    def output(x: tf.Tensor) -> tf.Tensor:
+        """Zeros of ``x``'s shape: the start of the aggregated update of ``x``'s group."""
+        return tf.zeros_like(x)
+
+    @staticmethod
+    def remove_delivered(x: tf.Tensor, idx: tf.Tensor, wire_values: tf.Tensor) -> tf.Tensor:
+        """Residual update: ``x`` minus what was delivered at ``idx`` (distinct indices).
+
+        Subtracting the wire values (rather than zeroing) keeps the float16 rounding error in
+        the residual, so error feedback loses nothing even with ``fp16_values``. An abandoned
+        step needs no undo here: the driver keeps the old residual.
+        """
+        return tf.tensor_scatter_nd_sub(x, tf.expand_dims(idx, 1), tf.cast(wire_values, x.dtype))
+
     def wait(self, pendings: Sequence[Pending]) -> List[Any]:
         """The outputs of ``pendings`` (alltoall: ``(output, received_splits)``), with the bytes
         received from other ranks accounted."""

@@ -71,7 +71,7 @@ from horovod_sparse.tensorflow import recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgather_bytes, nbytes, phase_timer
 from horovod_sparse.tensorflow.elastic import refuse_elastic
-from horovod_sparse.tensorflow.sparsifier import Exchange, Result, Sparsifier, Step
+from horovod_sparse.methods.base import Exchange, Result, Sparsifier, Step
 
 OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
             hvd.Max: "max", hvd.Product: "product"}
@@ -219,7 +219,7 @@ class GradientExchanger:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
-                                gradient_predivide_factor)
+                                gradient_predivide_factor, "tensorflow")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse)
         if self.nonfinite is not None and not self.sparse:
             raise ValueError(f"nonfinite={self.nonfinite!r} needs a horovod_sparse sparsifier as compression; "

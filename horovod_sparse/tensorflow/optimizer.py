@@ -13,7 +13,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from horovod_sparse.tensorflow import keras
-from horovod_sparse.tensorflow.sparsifier import Sparsifier
+from horovod_sparse.methods.base import Sparsifier
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,

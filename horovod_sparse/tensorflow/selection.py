@@ -14,37 +14,54 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, Union
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
 
+from horovod_sparse.common.threshold_baselines import mean_std
 from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar
 
 
 @dataclass(frozen=True)
 class BlockScan:
-    """Block maxima of ``x[start:end]``: ``maxima[b]`` is the largest ``|x|`` of block ``b``."""
+    """Block maxima of ``x[start:end]``: ``maxima[b]`` is the largest ``|x|`` of block ``b``;
+    ``moments`` as :class:`horovod_sparse.torch.selection.BlockScan`'s."""
 
     x: tf.Tensor
     start: int
     end: int
     block: int
     maxima: tf.Tensor
+    moments: Optional[Tuple[float, float]] = None
 
     def maxima_numpy(self) -> np.ndarray:
         """The block maxima as a float32 NumPy array (for histograms)."""
         return self.maxima.numpy().astype(np.float32)
 
+    def mean_std(self) -> Tuple[float, float]:
+        """Mean and unbiased standard deviation of the slice
+        (:func:`horovod_sparse.common.threshold_baselines.mean_std`)."""
+        assert self.moments is not None, "scan(..., moments=True) computes them"
+        return mean_std(*self.moments, self.end - self.start)
 
-def scan(x: tf.Tensor, start: int, end: int, block: int) -> BlockScan:
-    """The largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``."""
-    part = tf.abs(x[start:end])
+
+def scan(x: tf.Tensor, start: int, end: int, block: int, moments: bool = False) -> BlockScan:
+    """The largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``, and with
+    ``moments`` the sums of ``x`` and ``x^2`` over the slice (single-precision sums, double for
+    float64; eager mode)."""
+    values = x[start:end]
+    part = tf.abs(values)
     full = (end - start) // block
     maxima = tf.reduce_max(tf.reshape(part[:full * block], [full, block]), axis=1)
     if (end - start) % block:
         maxima = tf.concat([maxima, tf.reshape(tf.reduce_max(part[full * block:]), [1])], 0)
-    return BlockScan(x, start, end, block, maxima)
+    sums = None
+    if moments:
+        accumulate = tf.float64 if x.dtype == tf.float64 else tf.float32
+        values = tf.cast(values, accumulate)
+        sums = (float(tf.reduce_sum(values)), float(tf.reduce_sum(tf.square(values))))
+    return BlockScan(x, start, end, block, maxima, sums)
 
 
 def pick(scanned: BlockScan, threshold: float) -> tf.Tensor:

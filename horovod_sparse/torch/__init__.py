@@ -10,7 +10,7 @@ from horovod_sparse.torch import elastic
 from horovod_sparse.torch.compression import Compression
 from horovod_sparse.torch.functions import broadcast_optimizer_state
 from horovod_sparse.torch.optimizer import DistributedOptimizer
-from horovod_sparse.torch.sparsifier import Sparsifier
+from horovod_sparse.methods.base import Sparsifier
 
 elastic.register()  # hvd.elastic.TorchState syncs our optimizers' shared state too
 

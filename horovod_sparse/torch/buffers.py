@@ -72,6 +72,15 @@ class FlatGroup:
         assert self.output is not None
         return self.output.zero_()
 
+    def take_result(self, update: torch.Tensor, residual: torch.Tensor) -> None:
+        """Keep an exchange's ``(update, residual)`` as the group's output and residual (a copy
+        only when the method returned other tensors than the group's own buffers)."""
+        assert self.output is not None and self.residual is not None
+        if update is not self.output:
+            self.output.copy_(update)
+        if residual is not self.residual:
+            self.residual.copy_(residual)
+
     def publish(self) -> None:
         """Make every parameter's ``.grad`` the matching view of the aggregated update."""
         assert self.output is not None

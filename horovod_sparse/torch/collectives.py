@@ -65,6 +65,12 @@ class Communicator(CommunicatorBase):
                  size: Optional[int] = None, rank: Optional[int] = None) -> None:
         super().__init__(process_set, name, stats, scale, size, rank)
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
+        self.output_buffer: Optional[torch.Tensor] = None
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """The zeroed buffer the aggregated update of ``x``'s group is written into."""
+        return torch.zeros_like(x) if self.output_buffer is None else self.output_buffer
 
     def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
         self._account(kind, sent)
@@ -100,16 +106,17 @@ class Communicator(CommunicatorBase):
                 self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
         return outputs
 
-    def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> None:
+    def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> torch.Tensor:
         """Residual update: subtract from ``x`` what this rank delivered at ``idx`` (distinct
         indices). Every change a sparsifier makes to its residual goes through here.
 
         Subtracting the wire values (rather than zeroing) keeps float16 rounding error in the
         residual, so error feedback loses nothing even with ``fp16_values``. Deliveries are
         recorded so that :meth:`undo_deliveries` can put them back when a step is abandoned.
+        Returns ``x``, changed in place.
         """
-        x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
         self._deliveries.append((x, idx, wire_values))
+        return x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
 
     def undo_deliveries(self) -> None:
         """Add back everything :meth:`remove_delivered` took out of the residual this step."""

@@ -33,7 +33,7 @@ from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.collectives import Communicator, Pending, allgather_bytes
 from horovod_sparse.torch.mergecomp import MergeCompScheduler, carry_residuals
-from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
+from horovod_sparse.methods.base import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
 #: Horovod's reduction ops by the names :func:`check_wrapper_arguments` takes.
@@ -56,8 +56,10 @@ class _Inflight:
         try:
             self.pendings = next(self.exchange) if outputs is None else self.exchange.send(outputs)
             return True
-        except StopIteration:
+        except StopIteration as stop:
             self.pendings = None
+            if self.sparse:
+                self.group.take_result(*stop.value)
             return False
 
     def finish(self) -> None:
@@ -290,8 +292,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._states[group.index] = (size, state)
             with comm.timer("flatten"):
                 x = group.load_gradients(usable)
-                out = group.zeroed_output()
-            exchange = self._compression.exchange(x, out, comm, state, self.steps)
+                comm.output_buffer = group.zeroed_output()
+            exchange = self._compression.exchange(x, comm, state, self.steps)
         else:
             compression = hvd.Compression.none if self._sparse else self._compression
             exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale, usable)
@@ -687,7 +689,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     sparse = isinstance(compression, Sparsifier)
     # The same checks and messages as the TensorFlow front end: a sparsifier sums, so it takes
     # Average or Sum only (Min, Max or Product would silently become a sum).
-    check_wrapper_arguments(compression, sparse, Sparsifier, _OP_NAMES.get(op, str(op)), gradient_predivide_factor)
+    check_wrapper_arguments(compression, sparse, Sparsifier, _OP_NAMES.get(op, str(op)), gradient_predivide_factor,
+                            "torch")
     if op == hvd.Adasum:
         return hvd.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                         op, gradient_predivide_factor, 0, groups, sparse_as_dense, process_set)

@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 import numpy as np
 import torch
 
+from horovod_sparse.common.threshold_baselines import mean_std
 from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar, scan_block_size
 
 
@@ -61,15 +62,10 @@ class BlockScan:
         return self.maxima.float().cpu().numpy()
 
     def mean_std(self) -> Tuple[float, float]:
-        """Mean and unbiased standard deviation (0 for one element) of the slice, from
-        :attr:`moments`: ``sqrt((sum x^2 - n mean^2) / (n - 1))``. With single-precision chunk
-        sums that is within about 1e-5 of the exact deviation while ``|mean|`` is at most a few
-        deviations (so for gradients), and worse as ``|mean|`` grows beyond."""
+        """Mean and unbiased standard deviation of the slice, from :attr:`moments`
+        (:func:`horovod_sparse.common.threshold_baselines.mean_std`)."""
         assert self.moments is not None, "scan(..., moments=True) computes them"
-        total, squares = self.moments
-        numel = self.end - self.start
-        mean = total / numel
-        return mean, math.sqrt(max(0.0, squares - total * mean) / (numel - 1)) if numel > 1 else 0.0
+        return mean_std(*self.moments, self.end - self.start)
 
 
 def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = False) -> BlockScan:

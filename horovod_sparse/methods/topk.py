@@ -3,26 +3,23 @@ from __future__ import annotations
 
 from typing import Any
 
-import tensorflow as tf
-
 from horovod_sparse.common.registry import implements
-from horovod_sparse.tensorflow.collectives import Communicator
-from horovod_sparse.tensorflow.selection import top_k
-from horovod_sparse.tensorflow.sparsifier import Exchange, Sparsifier, Step
+from horovod_sparse.methods.backend import Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-@implements("tensorflow", "topk")
+@implements("topk")
 class TopK(Sparsifier):
     """Exact top-k by magnitude per group, ``k = max(1, int(density * numel))``, ties to the
-    lower index (:func:`horovod_sparse.tensorflow.selection.top_k`).
+    lower index (the backend's ``top_k``).
 
     Every rank sends exactly ``k`` (value, index) pairs; each rank scatter-adds all ``n`` chunks.
     Traffic ``O(k * n)`` per rank, and the union of indices can reach ``n * k`` (build-up).
-    Traceable: runs inside ``tf.function`` (and so in Keras ``model.fit`` without eager mode).
+    Traceable.
     """
 
-    def exchange(self, x: tf.Tensor, comm: Communicator, state: Any, step: Step) -> Exchange:
-        k = self.count(int(x.shape[0]), step)
+    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+        k = self.count(self.B.numel(x), step)
         with comm.timer("select"):
-            idx = top_k(x, k)
+            idx = self.B.top_k(x, k)
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))

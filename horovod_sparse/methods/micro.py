@@ -9,13 +9,14 @@ exchange, per group and step:
    some steps a second one, see :mod:`horovod_sparse.common.controllers`);
 2. allgather of the selected indices and of each rank's count;
 3. allreduce (sum) of every rank's ``x`` at the union of the indices, so each selected
-   coordinate carries the exact sum over ranks; ``out[union] = sum * scale``.
+   coordinate carries the exact sum over ranks; ``update[union] = sum * scale``.
 
 Every rank then removes its own contribution at the whole union from its residual (with
 ``fp16_values`` the float16 rounding stays behind), so nothing is lost and the union has exactly
 ``sum(counts)`` coordinates: no build-up. A rank that selects nothing sends an empty index list
 and still takes part in every collective; when the union is empty on every rank, step 3 is
-skipped everywhere.
+skipped everywhere. Eager mode only in TensorFlow: the threshold and partition table of a step
+are computed on the host from the values gathered in that step.
 
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank),
 ``load_inc``, ``padding`` (elements a fixed-size allgather would have padded), ``bounds`` (the
@@ -27,20 +28,17 @@ from __future__ import annotations
 
 from typing import Any, Generator, List, Sequence, Tuple
 
-import torch
-
 from horovod_sparse.common.controllers import (histogram_exchange, histogram_threshold, make_controller,
                                                scan_block_size)
 from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
-from horovod_sparse.torch.collectives import Communicator, Pending, index_dtype
 from horovod_sparse.common.timing import PhaseTimer
-from horovod_sparse.torch.selection import Candidates, pick, scan
-from horovod_sparse.torch.sparsifier import Exchange, Sparsifier
+from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier
 
 
-@implements("torch", "micro")
+@implements("micro")
 class Micro(Sparsifier):
     """MiCRO on the whole model's flat buffer (``groups="model"`` by default).
 
@@ -49,61 +47,79 @@ class Micro(Sparsifier):
     """
 
     default_grouping = "model"
+    traceable = False
 
-    def __init__(self, options: MicroOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: MicroOptions, backend: Backend) -> None:
+        super().__init__(options, backend)
         self.controller = make_controller(options.controller)
         self.partitions = make_partitions(options)
 
     def new_state(self, numel: int, world_size: int) -> PartitionedState:
         return self.partitions.new_state(numel, world_size)
 
-    def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: PartitionedState,
-                 step: int) -> Exchange:
-        numel, size = x.numel(), comm.size
+    def exchange(self, x: Tensor, comm: Any, state: PartitionedState, step: int) -> Exchange:
+        B = self.B
+        numel = B.numel(x)
         bounds = self.partitions.bounds(state)
-        owned = owned_partition(step, comm.rank, size)
+        owned = owned_partition(step, comm.rank, comm.size)
         timer = PhaseTimer()
         idx, threshold = yield from self._select(x, bounds, owned, comm, state, step, timer)
         comm.stats.add_time("select", timer.total)
 
-        count = torch.tensor([idx.numel()], dtype=torch.int64, device=x.device)
-        gathered, counts_out = yield [comm.allgather(idx.to(index_dtype(numel)), "indices", "indices"),
-                                      comm.allgather(count, "counts", "meta")]
-        union, counts = gathered.long(), counts_out.tolist()
-        if union.numel():
-            wire = self.to_wire(x[union])
-            comm.remove_delivered(x, union, wire)
-            (total,) = yield [comm.allreduce(wire.clone(), "values", "values")]
+        selected = B.size(idx)
+        gathered, counts_out = yield [comm.allgather(B.wire_index(idx, numel), "indices", "indices"),
+                                      comm.allgather(B.reshape_one(selected, x), "counts", "meta")]
+        union, counts = B.as_index(gathered), [int(c) for c in B.to_numpy(counts_out)]
+        update, residual = comm.output(x), x
+        if sum(counts):
+            wire = self.to_wire(B.gather(x, union))
+            residual = comm.remove_delivered(x, union, wire)
+            # The allreduce may write into its input (PyTorch's does), and the wire values are the
+            # delivery an abandoned step puts back: it gets a copy.
+            (total,) = yield [comm.allreduce(B.clone(wire), "values", "values")]
             with comm.timer("apply"):
-                out.index_copy_(0, union, total.to(out.dtype).mul_(comm.scale))
+                update = B.scatter_set(update, union, total, comm.scale)
 
         state.threshold.record(counts_by_partition(counts, step))
         self.partitions.observe(state, step, counts)
-        comm.stats.selected = idx.numel()
-        comm.stats.union = union.numel()
+        comm.stats.selected = selected
+        comm.stats.union = sum(counts)
         comm.stats.extra.update(threshold=threshold, counts=counts, load_inc=load_inc(counts),
                                 padding=allgather_padding(counts), bounds=bounds,
                                 select_seconds=timer.seconds)
+        return update, residual
 
-    def _select(self, x: torch.Tensor, bounds: List[int], owned: int, comm: Communicator,
-                state: PartitionedState, step: int, timer: PhaseTimer
-                ) -> Generator[Sequence[Pending], List[Any], Tuple[torch.Tensor, float]]:
+    def _select(self, x: Tensor, bounds: List[int], owned: int, comm: Any, state: PartitionedState, step: int,
+                timer: PhaseTimer) -> Generator[Sequence[Any], List[Any], Tuple[Tensor, float]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
         threshold; with a histogram controller, after the allreduces of the histogram rounds
         (:func:`~horovod_sparse.common.controllers.histogram_threshold`)."""
-        k = self.options.count(x.numel(), step)
+        B = self.B
+        k = self.options.count(B.numel(x), step)
         with timer("scan"):
-            scanned = scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
+            scanned = B.scan(x, bounds[owned], bounds[owned + 1], scan_block_size(self.options.density_at(step)))
         if self.controller.window(state.threshold) is None:  # a rule that needs no histogram
             threshold = self.controller.next_threshold(state.threshold, k, None)
             with timer("pick"):
-                return pick(scanned, threshold), threshold
+                return B.pick(scanned, threshold), threshold
         plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
-                                   lambda budget: Candidates.collect(scanned, budget))
+                                   lambda budget: B.collect(scanned, budget))
         threshold, candidates, rounds = yield from histogram_exchange(
-            plan, lambda r: comm.allreduce(torch.from_numpy(r.local).to(x.device), r.tag, "meta"),
-            lambda summed: summed.cpu().numpy(), timer)
+            plan, lambda r: comm.allreduce(B.from_numpy(r.local, x), r.tag, "meta"), B.to_numpy, timer)
         comm.stats.extra["histogram_rounds"] = rounds
         with timer("pick"):
             return candidates.select(threshold), threshold
+
+
+@implements("exdyna")
+class ExDyna(Micro):
+    """ExDyna (Yoon & Oh, CCGrid 2024): MiCRO with block partitions re-balanced every step.
+
+    The buffer is cut into ``num_blocks`` blocks (a multiple of 32 elements each, the remainder
+    to the last partition); each partition is a run of blocks whose boundaries move between steps
+    so that every rank selects about ``k / n`` coordinates, computed identically on every rank
+    from the gathered per-rank counts (``balancer="prefix"``, the default, or ``"paper"``, the
+    published pairwise rule; see :mod:`horovod_sparse.common.partitions`). Selection, threshold
+    control and the exchange are MiCRO's. Its ``load_inc`` statistic is the imbalance the
+    balancer works against.
+    """

@@ -1,58 +1,30 @@
 """LAGS-SGD: layer-wise Top-k per group of merged layers, each group with the density the LAGS
 rule gives it from the backward time left after it, the network and the local costs measured on
-the running job (:func:`horovod_sparse.common.lags.lags_counts`)."""
+the running job (:func:`horovod_sparse.common.lags.lags_counts`).
+
+The measurements run at the end of a step (:meth:`Lags.on_step_end`), which PyTorch's
+``DistributedOptimizer`` calls. TensorFlow's tape (and so Keras) returns every gradient at once,
+after the whole backward pass: no group's communication can hide under backward, the rule has no
+overlap to fill, and every group sends the global ``density`` (its statistics report ``t_comp``,
+``alpha``, ``beta`` and ``local_cost`` as None).
+"""
 from __future__ import annotations
 
 import dataclasses
-import statistics
-import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
-import horovod.torch as hvd
-import torch
+from typing import Any, Dict, List, Optional, Tuple
 
 from horovod_sparse.common.cost_model import AlphaBeta
 from horovod_sparse.common.grouping import MergeBySize, StepTimeline
 from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LagsOptions, LocalCost, lags_counts
 from horovod_sparse.common.options import target_count
 from horovod_sparse.common.registry import implements
-from horovod_sparse.torch.collectives import Communicator
-from horovod_sparse.torch.mergecomp import agree_seconds, measure_cost_model
-from horovod_sparse.torch.selection import top_k
-from horovod_sparse.torch.sparsifier import Exchange, Sparsifier, apply_chunks
+from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 #: Elements of the buffer the local costs are timed on (at most; the largest group's otherwise).
 LOCAL_COST_NUMEL = 1 << 22
 
-
-def measure_local_cost(process_set: hvd.ProcessSet, numel: int, low: int, high: int,
-                       repeats: int = 3) -> LocalCost:
-    """Time, on this rank, the exact top-k of a normal buffer of ``numel`` elements at ``low``
-    and ``high`` coordinates and the scatter-add of ``n * high`` received pairs (what the
-    exchange runs), agree the medians over ``process_set`` (a collective call) and fit
-    :class:`LocalCost` to them: the same costs on every rank."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    workers = process_set.size()
-    chosen = top_k(x, high)
-    indices, values = chosen.repeat(workers), x[chosen].repeat(workers)
-    out = torch.zeros_like(x)
-
-    def seconds(work: Callable[[], Any]) -> float:
-        work()
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            work()
-            timings.append(time.perf_counter() - start)
-        return statistics.median(timings)
-
-    measured = [seconds(lambda: top_k(x, low)), seconds(lambda: top_k(x, high)),
-                seconds(lambda: apply_chunks(out, indices, values, [high] * workers, 1.0 / workers))]
-    t_low, t_high, t_apply = agree_seconds(measured, process_set, "hs.lags.local_cost")
-    return LocalCost.fit(numel, (low, t_low), (high, t_high), (workers * high, t_apply))
-
-
-@implements("torch", "lags")
+@implements("lags")
 class Lags(Sparsifier):
     """Top-k with error feedback per layer group, at a per-group density ``rho_l``.
 
@@ -63,7 +35,7 @@ class Lags(Sparsifier):
     * at the end of the first step, alpha and beta are fitted to allgathers timed on the
       optimizer's process set (:attr:`cost_model`, :attr:`calibration`), and the local costs of
       selection and scatter-add are timed on each rank and agreed (:attr:`local_cost`,
-      :func:`measure_local_cost`);
+      the backend's ``measure_local_cost``);
     * over the next ``measure_steps`` steps each group's remaining backward time ``t_comp`` is
       measured from the hooks and averaged over ranks (:attr:`t_comp`), with every group at the
       global density;
@@ -81,8 +53,8 @@ class Lags(Sparsifier):
 
     options: LagsOptions
 
-    def __init__(self, options: LagsOptions) -> None:
-        super().__init__(options)
+    def __init__(self, options: LagsOptions, backend: Backend) -> None:
+        super().__init__(options, backend)
         #: The alpha-beta model measured at start-up (None before the first step ends).
         self.cost_model: Optional[AlphaBeta] = None
         #: The agreed ``(bytes_per_rank, seconds)`` allgather timings the model was fitted to.
@@ -102,23 +74,24 @@ class Lags(Sparsifier):
         """Adjacent parameters merged up to ``group_size`` elements."""
         return MergeBySize(self.options.group_size)
 
-    def on_step_end(self, process_set: hvd.ProcessSet, record: StepTimeline) -> None:
-        """Calibrate the cost models after the first step, then measure ``t_comp``."""
+    def on_step_end(self, process_set: Any, record: StepTimeline) -> None:
+        """Calibrate the cost models after the first step, then measure ``t_comp`` (with the
+        backend's measurements)."""
         if not self.options.adaptive:
             return
         if self.cost_model is None:
-            self.cost_model, self.calibration = measure_cost_model(process_set)
+            self.cost_model, self.calibration = self.B.measure_cost_model(process_set)
         if self.local_cost is None and self._numel:  # after the first step with a sparse group
             numel = max(2, min(LOCAL_COST_NUMEL, max(self._numel.values())))
             floor, cap = self.options.density, max(self.options.density, self.options.max_density)
             low, high = target_count(floor, numel), target_count(cap, numel)
             # With no room above the floor (density 1) the rule has nothing to choose: no cost.
-            self.local_cost = (measure_local_cost(process_set, numel, low, high) if high > low
+            self.local_cost = (self.B.measure_local_cost(process_set, numel, low, high) if high > low
                                else LocalCost(0.0, 0.0, 0.0))
         if self._meter.add(record) and record.group_ready:
             means = self._meter.means()
             names = sorted(means)
-            agreed = agree_seconds([means[n] for n in names], process_set, "hs.lags.t_comp")
+            agreed = self.B.agree_seconds([means[n] for n in names], process_set, "hs.lags.t_comp")
             self.t_comp = dict(zip(names, agreed))
             self.launch_order = [(name, self._numel[name]) for name in record.launch_order if name in self._numel]
             self._counts = {}
@@ -145,10 +118,12 @@ class Lags(Sparsifier):
         self._meter.load_state(state["meter"])
         self._counts = {}
 
-    def count(self, group: str, numel: int, step: int, workers: int) -> int:
+    def group_count(self, group: str, numel: int, step: Step, workers: int) -> Any:
         """The coordinates group ``group`` of ``numel`` elements sends at ``step`` among
         ``workers`` ranks (the cost model's network, alpha and beta, applies to any worker count:
         a model measured or loaded for another count is used with ``workers``)."""
+        if not isinstance(step, int):  # traced: no measurements here (see the class docstring)
+            return self.count(numel, step)
         floor = self.options.density_at(step)
         key = (floor, workers)
         if key not in self._counts:
@@ -160,18 +135,18 @@ class Lags(Sparsifier):
                 self._counts[key] = {g.name: count for g, count in zip(groups, counts)}
         return self._counts[key].get(group, target_count(floor, numel))
 
-    def exchange(self, x: torch.Tensor, out: torch.Tensor, comm: Communicator, state: Any,
-                 step: int) -> Exchange:
-        self._numel[comm.name] = x.numel()
-        k = self.count(comm.name, x.numel(), step, comm.size)
+    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+        numel = self.B.numel(x)
+        self._numel[comm.name] = numel
+        k = self.group_count(comm.name, numel, step, comm.size)
         comm.stats.target = k
-        model, floor = self.cost_model, self.options.density_at(step)
-        rho = floor if k == target_count(floor, x.numel()) else k / x.numel()
+        model, floor = self.cost_model, self.density(step)
+        rho = floor if not isinstance(k, int) or k == target_count(floor, numel) else k / numel
         local = self.local_cost
         comm.stats.extra.update({"rho": rho, "t_comp": self.t_comp.get(comm.name),
                                  "alpha": None if model is None else model.alpha,
                                  "beta": None if model is None else model.beta,
                                  "local_cost": None if local is None else dataclasses.asdict(local)})
         with comm.timer("select"):
-            idx = top_k(x, k)
-        yield from self.allgather_exchange(x, idx, out, comm, fixed_count=k)
+            idx = self.B.top_k(x, k)
+        return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))

@@ -1,0 +1,29 @@
+"""The sparsification methods, one module each, written once for PyTorch and TensorFlow.
+
+A method is a :class:`~horovod_sparse.methods.base.Sparsifier` subclass registered with
+``@implements(name)`` (its options are registered in :mod:`horovod_sparse.common.methods`). It
+never imports a framework: each instance holds its framework's backend as ``self.B`` and
+launches collectives through the ``comm`` its ``exchange`` receives.
+
+The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
+
+* sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``int64``,
+  ``reshape_one``, ``chunk_counts``, ``host_call`` (a host decision, deferred to step time when
+  traced);
+* selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
+  ``scan`` (block maxima, optional moments), ``pick``, ``collect`` (histogram candidates);
+* gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
+  ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
+  ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``;
+* measurements of the running job (PyTorch): ``measure_cost_model``, ``measure_local_cost``,
+  ``agree_seconds``.
+
+The communicator (``horovod_sparse.<framework>.collectives.Communicator``) gives ``allgather``,
+``allreduce`` (may write into its input), ``alltoall`` (each named ``hs.<group>.<tag>``, counted
+and timed in the group's statistics), ``output(x)`` (the zeroed update buffer), ``remove_delivered``
+(the one way to change the residual) and ``timer(phase)``.
+
+Importing this package registers every method.
+"""
+import horovod_sparse.common.methods  # noqa: F401  (the options must be registered first)
+from horovod_sparse.methods import dgc, gaussiank, gtopk, lags, micro, threshold, topk  # noqa: F401

@@ -1,0 +1,142 @@
+"""The backend protocol: the tensor primitives every method is written against.
+
+A method (:mod:`horovod_sparse.methods`) never imports a framework. It receives a backend, one
+module per framework (:mod:`horovod_sparse.torch.backend`, :mod:`horovod_sparse.tensorflow.backend`)
+that provides the functions below, and a communicator for the collectives
+(:class:`horovod_sparse.common.communicator.CommunicatorBase`'s subclasses).
+
+Contracts shared by every primitive:
+    * tensors are 1-D unless said otherwise; index tensors hold int64 unless said otherwise;
+    * a primitive whose first argument is named ``out`` (or ``x`` for the residual updates) may
+      write into it and return it (PyTorch does, to avoid a buffer-sized allocation per step) or
+      return a new tensor (TensorFlow): the caller uses the returned tensor and never the
+      argument again;
+    * the results are the same in both frameworks up to float rounding, and bitwise identical
+      on every rank.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Protocol, Sequence, Tuple
+
+import numpy as np
+
+Tensor = Any
+
+
+class Backend(Protocol):
+    """What :mod:`horovod_sparse.torch.backend` and :mod:`horovod_sparse.tensorflow.backend`
+    provide (module attributes; see the module docstring for the shared contracts)."""
+
+    #: The framework's name, as the registry and the ``Compression`` namespaces know it.
+    name: str
+    #: The message a sparsifier raises inside the framework's stock Horovod wrapper.
+    STOCK_REFUSAL: str
+
+    # -- sizes and host values ---------------------------------------------------------------
+    def numel(self, x: Tensor) -> int:
+        """Number of elements of ``x`` (static)."""
+
+    def size(self, t: Tensor) -> Any:
+        """Number of elements of ``t``: a Python int, or an int64 scalar while traced."""
+
+    def to_numpy(self, t: Tensor) -> np.ndarray:
+        """``t``'s values on the host."""
+
+    def from_numpy(self, array: np.ndarray, like: Tensor) -> Tensor:
+        """``array`` as a tensor on ``like``'s device."""
+
+    def int64(self, values: Sequence[int], like: Tensor) -> Tensor:
+        """An int64 vector of ``values`` on ``like``'s device."""
+
+    def reshape_one(self, n: Any, like: Tensor) -> Tensor:
+        """A 1-element int64 tensor holding ``n`` (an int, or a scalar tensor while traced)."""
+
+    def chunk_counts(self, counts: Any, size: int, fixed: bool) -> Any:
+        """Per-rank chunk lengths for :meth:`scatter_chunks`: the allgathered ``counts`` tensor,
+        or with ``fixed`` ``size`` copies of one count (an int, or a scalar tensor)."""
+
+    def host_call(self, decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
+        """``decide(*args)`` on the host with Python values; while traced, a ``dtype`` tensor
+        computed when the step runs (``"int32"``, ``"float64"``)."""
+
+    # -- selection (ascending int64 indices; ties to the lower index) ------------------------
+    def top_k(self, x: Tensor, k: Any) -> Tensor:
+        """The ``k`` largest ``|x|``."""
+
+    def select(self, x: Tensor, threshold: Any, block: int) -> Tensor:
+        """``|x| >= threshold`` over the whole ``x`` (``block``: the scan's block length)."""
+
+    def scan(self, x: Tensor, start: int, end: int, block: int, moments: bool = False) -> Any:
+        """Block maxima of ``x[start:end]`` (a ``BlockScan``; with ``moments`` it also has
+        ``mean_std()``)."""
+
+    def pick(self, scanned: Any, threshold: float) -> Tensor:
+        """``|x| >= threshold`` within a scanned slice."""
+
+    def collect(self, scanned: Any, budget: int) -> Any:
+        """The ``Candidates`` of a scanned slice above its ``budget``-th block maximum."""
+
+    # -- gathers, scatters and casts ---------------------------------------------------------
+    def clone(self, t: Tensor) -> Tensor:
+        """A copy of ``t`` that writes to either leave the other unchanged."""
+
+    def gather(self, x: Tensor, idx: Tensor) -> Tensor:
+        """``x[idx]``."""
+
+    def to_wire(self, values: Tensor, fp16: bool) -> Tensor:
+        """Values as they travel: float16 with ``fp16``, bfloat16 as float32, else as they are."""
+
+    def wire_index(self, idx: Tensor, numel: int) -> Tensor:
+        """``idx`` as it travels: int32 below 2**31 elements, else int64."""
+
+    def as_index(self, t: Tensor) -> Tensor:
+        """``t`` as int64 indices."""
+
+    def scatter_chunks(self, out: Tensor, indices: Tensor, values: Tensor, counts: Any, scale: float) -> Tensor:
+        """``out[indices] += scale * values``, one rank's chunk (``counts[r]`` entries, distinct
+        indices within a chunk) at a time, in rank order."""
+
+    def scatter_set(self, out: Tensor, idx: Tensor, values: Tensor, scale: float) -> Tensor:
+        """``out[idx] = scale * values`` (distinct ``idx``)."""
+
+    def distinct(self, indices: Tensor, numel: int) -> Any:
+        """Number of distinct ``indices`` (all in ``[0, numel)``)."""
+
+    # -- what gTop-k and DGC need ------------------------------------------------------------
+    def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
+        """The distinct ``idx`` in ascending order and the sum of ``values`` at each."""
+
+    def isin(self, values: Tensor, ascending: Tensor) -> Tensor:
+        """Mask of the entries of ``values`` present in the ascending ``ascending``."""
+
+    def concat(self, tensors: Sequence[Tensor]) -> Tensor:
+        """The tensors one after the other."""
+
+    def mask(self, t: Tensor, keep: Tensor) -> Tensor:
+        """``t[keep]`` for a boolean mask ``keep``."""
+
+    def splits_to(self, size: int, target: Optional[int], tensor: Tensor) -> Any:
+        """Alltoall splits sending all of ``tensor``'s rows to rank ``target`` only (none when
+        None)."""
+
+    def zero_at(self, t: Tensor, idx: Tensor) -> Tensor:
+        """``t[idx] = 0``."""
+
+    def momentum_step(self, x: Tensor, velocity: Optional[Tensor], accumulated: Optional[Tensor],
+                      momentum: float) -> Tuple[Tensor, Tensor, Tensor]:
+        """DGC's momentum correction: with ``x = v + g`` on entry, ``u = m u + g``, ``v = v + u``;
+        returns ``(v, u, v)`` (the new ``x``, velocity and accumulation); buffers created as zeros
+        when None."""
+
+    def kth_magnitude(self, values: Tensor, k: int) -> float:
+        """The ``k``-th largest ``|values|``."""
+
+    # -- measurements of the running job (front ends that call ``on_step_end``: PyTorch's) ----
+    def measure_cost_model(self, process_set: Any) -> Any:
+        """The alpha-beta model fitted to allgathers timed on ``process_set``, and its samples."""
+
+    def measure_local_cost(self, process_set: Any, numel: int, low: int, high: int) -> Any:
+        """The local costs of selection and scatter-add (a ``LocalCost``), agreed over ranks."""
+
+    def agree_seconds(self, values: Sequence[float], process_set: Any, name: str) -> Any:
+        """Timings made the same on every rank (their mean over ranks)."""

@@ -1,0 +1,174 @@
+"""The base class of every method and the one exchange contract every front end drives.
+
+A sparsifier is passed as the familiar ``compression=`` argument, but its real interface is
+:meth:`Sparsifier.exchange`: a generator that selects coordinates of a group's error-feedback
+buffer, launches Horovod collectives through the framework's ``Communicator``, yields the pending
+collectives it needs finished and, resumed with their outputs, returns ``(update, residual)``.
+Generators let one method use any number of rounds (gTop-k) while the front end overlaps the
+first round with the rest of the backward pass. A method is written once, against a backend
+(:mod:`horovod_sparse.methods.backend`); the instance for a framework holds that framework's
+backend as :attr:`Sparsifier.B`.
+
+Inside Horovod's *stock* wrappers a sparsifier refuses to run (see :meth:`Sparsifier.compress`):
+they can only allreduce one dense tensor per gradient and would silently lose what is not sent.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Callable, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
+
+from horovod_sparse.common.controllers import scan_block_size
+from horovod_sparse.common.options import SparsifierOptions
+from horovod_sparse.common.schedule import ConstantDensity
+from horovod_sparse.methods.backend import Backend, Tensor
+
+#: What an exchange produces: the aggregated update (already scaled) and the new residual.
+Result = Tuple[Tensor, Tensor]
+#: The generator type of :meth:`Sparsifier.exchange`: yields pendings, receives their outputs,
+#: returns a :data:`Result`.
+Exchange = Generator[Sequence[Any], List[Any], Result]
+#: The step counter an exchange receives: an int, or an int64 scalar in a traced TensorFlow step.
+Step = Union[int, Tensor]
+
+
+class Sparsifier:
+    """Selects and exchanges a sparse part of each group's gradient, with error feedback.
+
+    Subclasses implement :meth:`exchange` (and :meth:`new_state` when they keep per-group state
+    such as thresholds or partition tables) and are registered with
+    :func:`horovod_sparse.common.registry.implements`.
+
+    Args:
+        options: validated options (see :class:`~horovod_sparse.common.options.SparsifierOptions`).
+        backend: the framework's backend module (:class:`~horovod_sparse.methods.backend.Backend`).
+    """
+
+    #: Registry name, set by ``@implements``.
+    method_name: ClassVar[str] = ""
+    #: Grouping used when the front end is given ``groups=None``.
+    default_grouping: ClassVar[Any] = "tensor"
+    #: Whether :meth:`exchange` can be traced into a ``tf.function``. Methods whose decisions are
+    #: made in Python from values of the current step set this to False; TensorFlow's driver then
+    #: refuses to trace them with a message saying how to run eagerly.
+    traceable: ClassVar[bool] = True
+    #: Whether :meth:`new_state`'s state differs between ranks (like a residual) rather than
+    #: being the same on every rank; shared state is agreed from one rank, per-rank state never is.
+    per_rank_state: ClassVar[bool] = False
+
+    def __init__(self, options: SparsifierOptions, backend: Backend) -> None:
+        self.options = options
+        self.B = backend
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.options.as_dict().items() if k != "method")
+        return f"Compression.{self.method_name}({fields})"
+
+    # -- stock-wrapper path: refuse clearly instead of producing wrong gradients ---------------
+    def compress(self, tensor: Tensor) -> Tuple[Tensor, Any]:
+        """Refuse: sparsifiers only run inside horovod_sparse's front ends."""
+        raise TypeError(self.B.STOCK_REFUSAL.format(cls=type(self).__name__))
+
+    def decompress(self, tensor: Tensor, ctx: Any) -> Tensor:
+        """Refuse, like :meth:`compress`."""
+        raise TypeError(self.B.STOCK_REFUSAL.format(cls=type(self).__name__))
+
+    # -- state ---------------------------------------------------------------------------------
+    def new_state(self, numel: int, world_size: int) -> Any:
+        """Per-group state kept across steps (thresholds, partitions); None when stateless.
+        Built outside any ``tf.function``."""
+        return None
+
+    def resized_state(self, state: Any, numel: int, world_size: int) -> Any:
+        """A group's state, built for another world size, for ``world_size`` ranks (an elastic
+        change, or a checkpoint loaded on another number of workers). Default: a new state."""
+        return self.new_state(numel, world_size)
+
+    def export_state(self, state: Any) -> Any:
+        """``state`` as plain Python/NumPy objects that later steps do not change (what a
+        checkpoint saves). Default: a deep copy."""
+        return copy.deepcopy(state)
+
+    def import_state(self, saved: Any) -> Any:
+        """The per-group state to continue from, rebuilt from :meth:`export_state`'s output."""
+        return copy.deepcopy(saved)
+
+    def method_state(self, per_rank: bool) -> Dict[str, Any]:
+        """What the method keeps across groups and steps (LAGS's measurements), as plain
+        containers; with ``per_rank`` everything, else only what every rank holds alike."""
+        return {}
+
+    def load_method_state(self, state: Dict[str, Any]) -> None:
+        """Take a :meth:`method_state` saved here or on another rank; what it leaves out stays."""
+
+    def on_step_end(self, process_set: Any, record: Any) -> None:
+        """Called on every rank at the end of each step, after every group finished, outside
+        the backward hooks (blocking collectives are allowed). Default: nothing."""
+
+    # -- the exchange --------------------------------------------------------------------------
+    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+        """Select from ``x``, exchange, and return ``(update, residual)``.
+
+        Contract:
+            * ``x`` is the group's flat buffer ``g + e`` (gradient plus residual), 1-D; every
+              change to the residual goes through ``comm.remove_delivered`` (which records it,
+              so that an abandoned step can be undone);
+            * ``update`` starts as ``comm.output(x)`` (zeros) and is the aggregated update,
+              already multiplied by ``comm.scale`` (1/n for Average), bitwise identical on every
+              rank; ``residual`` is ``x`` minus what this rank delivered into it;
+            * every rank launches the same collectives with the same tags in the same order,
+              whatever it selected (never skip a collective because a rank has nothing to send);
+            * ``step`` counts the front end's exchanges (see :data:`Step`).
+        """
+        raise NotImplementedError
+
+    # -- helpers shared by the methods -----------------------------------------------------------
+    def per_step(self, decide: Callable[[Optional[int]], Any], step: Step, dtype: str) -> Any:
+        """``decide(step)`` for a decision that depends on the step only through the density
+        schedule: a Python value for an int ``step`` or without a schedule (``decide(None)``),
+        else a ``dtype`` scalar computed on the host when the traced step runs."""
+        if isinstance(step, int):
+            return decide(step)
+        if isinstance(self.options.schedule, ConstantDensity):
+            return decide(None)
+        return self.B.host_call(decide, [step], dtype)
+
+    def count(self, numel: int, step: Step) -> Any:
+        """Target count ``k`` of a group of ``numel`` elements at ``step`` (see :meth:`per_step`)."""
+        return self.per_step(lambda s: self.options.count(numel, s), step, "int32")
+
+    def density(self, step: Step) -> Any:
+        """The density at ``step`` (see :meth:`per_step`)."""
+        return self.per_step(self.options.density_at, step, "float64")
+
+    def block_size(self, step: Step) -> int:
+        """The block length of a threshold scan at ``step`` (the schedule's density when the step
+        is known on the host, else the base density: a matter of speed, not of the result)."""
+        return scan_block_size(self.options.density_at(step) if isinstance(step, int) else self.options.density)
+
+    def to_wire(self, values: Tensor) -> Tensor:
+        """Values as they travel (see the backend's ``to_wire``)."""
+        return self.B.to_wire(values, self.options.fp16_values)
+
+    def allgather_exchange(self, x: Tensor, idx: Tensor, comm: Any, fixed_count: Any = None) -> Exchange:
+        """The exchange of Top-k and the threshold baselines: allgather (values, indices),
+        scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``.
+
+        With ``fixed_count`` every rank is known to send exactly that many coordinates;
+        otherwise the per-rank counts are allgathered too (n integers of metadata).
+        """
+        B, numel = self.B, self.B.numel(x)
+        wire = self.to_wire(B.gather(x, idx))
+        pendings = [comm.allgather(wire, "values", "values"),
+                    comm.allgather(B.wire_index(idx, numel), "indices", "indices")]
+        selected = B.size(idx)
+        if fixed_count is None:
+            pendings.append(comm.allgather(B.reshape_one(selected, x), "counts", "meta"))
+        comm.stats.selected = selected if fixed_count is None else fixed_count
+        residual = comm.remove_delivered(x, idx, wire)
+        values, indices, *counts = yield pendings
+        with comm.timer("apply"):
+            chunk_counts = B.chunk_counts(counts[0] if counts else fixed_count, comm.size, fixed=not counts)
+            indices = B.as_index(indices)
+            update = B.scatter_chunks(comm.output(x), indices, values, chunk_counts, comm.scale)
+            comm.stats.union = B.distinct(indices, numel)
+        return update, residual

@@ -1,0 +1,92 @@
+"""DGC (baseline, Lin et al. 2018): a sampled threshold with bounded refinement, optional
+momentum correction; exchanged like Top-k."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from horovod_sparse.common.controllers import as_float32, scan_block_size
+from horovod_sparse.common.registry import implements
+from horovod_sparse.common.threshold_baselines import ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment, dgc_sample
+from horovod_sparse.methods.backend import Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+
+
+@dataclass
+class MomentumState:
+    """DGC's momentum correction of one group: the velocity ``u`` and the accumulated velocity
+    ``v`` (equal to the group's residual between steps), allocated on the first step."""
+
+    velocity: Optional[Any] = None
+    accumulated: Optional[Any] = None
+
+
+@implements("dgc")
+class DGC(Sparsifier):
+    """DGC's selection per group: threshold = the ``density`` quantile of a strided 1% sample of
+    ``|x|`` (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`); when the exact
+    selection exceeds ``4k/3`` the top-k of it is kept, when it falls below ``2k/3`` the
+    threshold is lowered ×0.8 and the (already scanned) buffer re-selected, at most
+    ``max_adaptations`` times.
+
+    With ``momentum=m > 0`` (momentum correction) the residual accumulates the velocity
+    ``u = m u + g`` instead of the gradient, and ``u`` and ``v`` are both zeroed where sent
+    (momentum-factor masking); the wrapped optimizer should then run without momentum. The
+    gradient is recovered as ``g = x - v``, so this keeps two more buffers of the group's size.
+    A step abandoned by the front end (non-finite gradient) restores the residual but not ``u``.
+    Eager mode only in TensorFlow: each refinement depends on the count the previous threshold
+    selected.
+    """
+
+    options: DGCOptions
+    traceable = False
+    per_rank_state = True
+
+    def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:
+        return MomentumState() if self.options.momentum else None
+
+    def resized_state(self, state: Optional[MomentumState], numel: int,
+                      world_size: int) -> Optional[MomentumState]:
+        """The velocity is this rank's own and does not depend on the world size: kept (a new
+        state would restart the momentum correction, taking the whole residual as this step's
+        velocity)."""
+        return state
+
+    def export_state(self, state: Optional[MomentumState]) -> Optional[MomentumState]:
+        """The momentum buffers as NumPy arrays."""
+        if state is None or state.velocity is None:
+            return None if state is None else MomentumState()
+        return MomentumState(self.B.to_numpy(state.velocity), self.B.to_numpy(state.accumulated))
+
+    def import_state(self, saved: Optional[MomentumState]) -> Optional[MomentumState]:
+        if saved is None or saved.velocity is None:
+            return None if saved is None else MomentumState()
+        like = saved.velocity
+        return MomentumState(self.B.from_numpy(saved.velocity, like), self.B.from_numpy(saved.accumulated, like))
+
+    def exchange(self, x: Tensor, comm: Any, state: Optional[MomentumState], step: Step) -> Exchange:
+        B, options = self.B, self.options
+        numel = B.numel(x)
+        k, density = options.count(numel, step), options.density_at(step)
+        if state is not None:
+            x, state.velocity, state.accumulated = B.momentum_step(x, state.velocity, state.accumulated,
+                                                                   options.momentum)
+        with comm.timer("select"):
+            offset, stride, count = dgc_sample(numel, density, options.sample_ratio, step)
+            threshold = as_float32(B.kth_magnitude(x[offset::stride], count))
+            scanned = B.scan(x, 0, numel, scan_block_size(density))
+            idx = B.pick(scanned, threshold)
+            for _ in range(options.max_adaptations):
+                action = dgc_adjustment(B.size(idx), k)
+                if action == TOPK:
+                    idx = B.gather(idx, B.top_k(B.gather(x, idx), k))  # idx is ascending: ties to the lower index
+                if action in (TOPK, ACCEPT):
+                    break
+                threshold = as_float32(threshold * DGC_LOWER)
+                idx = B.pick(scanned, threshold)
+        comm.stats.extra["threshold"] = threshold
+        update, residual = yield from self.allgather_exchange(x, idx, comm)
+        if state is not None:
+            state.velocity = B.zero_at(state.velocity, idx)
+            state.accumulated = B.scatter_set(state.accumulated, idx, B.gather(residual, idx), 1.0)
+        return update, residual

@@ -1,0 +1,144 @@
+"""gTop-k (Shi et al., ICDCS 2019): the global top-k of the summed gradient, O(k log n) traffic.
+
+Each rank selects its local top-k of ``x = g + e``; the sets are then reduced pairwise along the
+schedule of :mod:`horovod_sparse.common.butterfly` (fold-in, recursive-doubling rounds, fold-out).
+In a round the two partners exchange their sets, each with one ``alltoall`` whose splits are
+non-zero only for the partner (a point-to-point exchange over whatever Horovod's alltoall runs
+on), and both compute the same merge (:func:`merge`). After the rounds every rank holds the
+identical global set ``(idx_g, val_g)`` of exactly ``k`` coordinates and the update is
+``idx_g, val_g / n``.
+
+Residual (``residual="exact"``): each rank tracks which of its own coordinates still carry its
+value through the merges and removes exactly those; a host also tracks the rank folded into it
+and sends it its delivered indices at fold-out. So nothing is lost, unlike the reference's rule
+(``residual="paper"``), which also removes local values that a merge dropped on the way.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from horovod_sparse.common.butterfly import FOLD_IN, GTopKOptions, Phase, SparseSet, butterfly_schedule, round_count
+from horovod_sparse.common.registry import implements
+from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+
+
+def merge(B: Backend, a: SparseSet, b: SparseSet, k: Any) -> SparseSet:
+    """Sum two sets (at common indices), keep the top-k by magnitude, ties to the lower index.
+
+    Symmetric and deterministic: ``merge(a, b)`` and ``merge(b, a)`` are bitwise equal on every
+    device (each sum has at most two terms, added to zero), in the values' dtype (the wire
+    dtype). With ``k`` entries in each input the result has ``k``.
+    """
+    idx, summed = B.coalesce(B.concat([a.idx, b.idx]), B.concat([a.val, b.val]))
+    keep = B.top_k(summed, k)  # idx is ascending: ties to the lower position are to the lower index
+    return SparseSet(B.gather(idx, keep), B.gather(summed, keep))
+
+
+def carried(B: Backend, indices: Tensor, held: SparseSet) -> Tensor:
+    """The part of ``indices`` still present in ``held``."""
+    return B.mask(indices, B.isin(indices, held.idx))
+
+
+@implements("gtopk")
+class GTopK(Sparsifier):
+    """Global top-k: exactly ``k = max(1, int(density * numel))`` coordinates of the sum over
+    ranks reach the model each step, with ``k * log2(n)`` (value, index) pairs sent per rank.
+    Traceable (but for ``recall_every``).
+
+    Statistics (``GroupStats.extra``): ``rounds`` (recursive-doubling rounds), ``phases`` and
+    ``bytes_per_round`` (payload bytes this rank sent in each phase, folds included),
+    ``delivered`` (this rank's coordinates that reached the model) and, on debug steps
+    (``recall_every``), ``recall`` and ``recall_mass`` (see :func:`recall`).
+    """
+
+    options: GTopKOptions
+    default_grouping = "model"
+
+    def new_state(self, numel: int, world_size: int) -> Tuple[Phase, ...]:
+        """The reduction schedule for ``world_size`` ranks (rebuilt when the size changes)."""
+        return butterfly_schedule(world_size)
+
+    def exchange(self, x: Tensor, comm: Any, state: Tuple[Phase, ...], step: Step) -> Exchange:
+        B, exact = self.B, self.options.residual == "exact"
+        numel = B.numel(x)
+        k = self.count(numel, step)
+        with comm.timer("select"):
+            local_idx = B.top_k(x, k)
+            local = SparseSet(local_idx, self.to_wire(B.gather(x, local_idx)))
+        held = local
+        # rank -> indices whose value from that rank is still in `held` (self, plus a folded rank).
+        tracked: Dict[int, Tensor] = {comm.rank: local.idx}
+        sent_per_phase: List[Any] = []
+        for phase in state:
+            sent_before = sum(comm.stats.sent.values())
+            pendings = self._launch_phase(phase, held, tracked, numel, comm)
+            sent_per_phase.append(sum(comm.stats.sent.values()) - sent_before)
+            outputs = yield pendings
+            source = phase.receive_from[comm.rank]
+            if source is None:
+                continue
+            with comm.timer("merge"):
+                received = SparseSet(B.as_index(outputs[1][0]), outputs[0][0])
+                if phase.adopt:
+                    held = received
+                    if exact:
+                        tracked = {comm.rank: B.as_index(outputs[2][0])}
+                    continue
+                if phase.name == FOLD_IN:
+                    tracked[source] = received.idx
+                held = merge(B, held, received, k)
+                tracked = {rank: carried(B, indices, held) for rank, indices in tracked.items()}
+        if self.options.recall_every:
+            if not isinstance(step, int):
+                raise RuntimeError("gtopk's recall_every adds an allreduce on some steps only, which a graph "
+                                   "traced once cannot do; run the step eagerly (model.compile(..., "
+                                   "run_eagerly=True), or DistributedGradientTape outside tf.function) or pass "
+                                   "recall_every=0")
+            if step % self.options.recall_every == 0:
+                (total,) = yield [comm.allreduce(B.clone(x), "recall", "meta")]
+                comm.stats.extra["recall"], comm.stats.extra["recall_mass"] = recall(
+                    B.to_numpy(held.idx), B.to_numpy(total), B.to_numpy(B.top_k(total, k)))
+        with comm.timer("apply"):
+            update = B.scatter_set(comm.output(x), held.idx, held.val, comm.scale)
+            delivered = tracked[comm.rank] if exact else carried(B, local.idx, held)
+            residual = comm.remove_delivered(x, delivered, B.mask(local.val, B.isin(local.idx, delivered)))
+        comm.stats.selected = k
+        comm.stats.union = B.size(held.idx)
+        comm.stats.extra.update(rounds=round_count(comm.size), phases=[p.name for p in state],
+                                bytes_per_round=sent_per_phase, delivered=B.size(delivered))
+        return update, residual
+
+    def _launch_phase(self, phase: Phase, held: SparseSet, tracked: Dict[int, Tensor], numel: int,
+                      comm: Any) -> List[Any]:
+        """Every rank launches the phase's alltoalls (idle ranks with nothing to send): values
+        and indices of the held set, and at fold-out (``residual="exact"``) the folded rank's
+        delivered indices."""
+        B = self.B
+        target = phase.send_to[comm.rank]
+        payload = held if target is not None else held.without_entries()
+        pendings = [self._point_to_point(comm, payload.val, target, f"{phase.name}.values", "values"),
+                    self._point_to_point(comm, B.wire_index(payload.idx, numel), target, f"{phase.name}.indices",
+                                         "indices")]
+        if phase.adopt and self.options.residual == "exact":
+            delivered = tracked[target] if target is not None else payload.idx
+            pendings.append(self._point_to_point(comm, B.wire_index(delivered, numel), target,
+                                                 f"{phase.name}.delivered", "meta"))
+        return pendings
+
+    def _point_to_point(self, comm: Any, tensor: Tensor, target: Optional[int], tag: str, kind: str) -> Any:
+        """Send all of ``tensor`` to rank ``target`` (nothing when None) with one alltoall."""
+        return comm.alltoall(tensor, self.B.splits_to(comm.size, target, tensor), tag, kind)
+
+
+def recall(global_idx: np.ndarray, total: np.ndarray, exact: np.ndarray) -> Tuple[float, float]:
+    """How close the global set ``global_idx`` is to ``exact``, the exact top-k of ``total`` (the
+    sum over ranks of ``g + e``, same tie rule): the fraction of the exact top-k coordinates it
+    contains, and the magnitude it covers, ``sum |total[global_idx]| / sum |total[exact]|`` (1
+    when it is as good as the exact top-k even if it picks other coordinates)."""
+    magnitude = np.abs(total)
+    covered = float(magnitude[global_idx].sum(dtype=np.float64)) / max(float(magnitude[exact].sum(dtype=np.float64)),
+                                                                         1e-30)
+    return float(np.isin(exact, global_idx).sum()) / len(exact), covered

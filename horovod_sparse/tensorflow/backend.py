@@ -1,0 +1,182 @@
+"""TensorFlow's backend: the primitives of :class:`horovod_sparse.methods.backend.Backend`.
+
+Tensors are immutable here, so every primitive returns a new tensor. Those the traceable methods
+use take tensors for counts and steps as well as Python numbers, so a method runs both eagerly
+and inside ``tf.function``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import tensorflow as tf
+
+from horovod_sparse.tensorflow.collectives import index_dtype
+from horovod_sparse.tensorflow import selection
+from horovod_sparse.tensorflow.selection import Candidates, pick, scan, top_k  # noqa: F401 (backend API)
+
+name = "tensorflow"
+
+STOCK_REFUSAL = (
+    "{cls} is a horovod_sparse sparsifier: it sends (values, indices) payloads and keeps an "
+    "error-feedback residual per gradient, which horovod.tensorflow's DistributedGradientTape and "
+    "DistributedOptimizer cannot do (they allreduce one dense tensor per gradient and would "
+    "silently drop what is not sent). Use horovod_sparse.tensorflow.DistributedGradientTape(tape, "
+    "compression=...) or horovod_sparse.tensorflow.keras.DistributedOptimizer(optimizer, "
+    "compression=...) instead; they take the same arguments."
+)
+
+_DTYPES = {"int32": tf.int32, "int64": tf.int64, "float64": tf.float64}
+
+
+def numel(x: tf.Tensor) -> int:
+    return int(x.shape[0])
+
+
+def size(t: tf.Tensor) -> Union[int, tf.Tensor]:
+    counted = tf.size(t, out_type=tf.int64)
+    return int(counted) if tf.executing_eagerly() else counted
+
+
+def to_numpy(t: tf.Tensor) -> np.ndarray:
+    return t.numpy()
+
+
+def from_numpy(array: np.ndarray, like: tf.Tensor) -> tf.Tensor:
+    return tf.constant(array)
+
+
+def int64(values: Sequence[int], like: tf.Tensor) -> tf.Tensor:
+    return tf.constant(list(values), dtype=tf.int64)
+
+
+def reshape_one(n: Union[int, tf.Tensor], like: tf.Tensor) -> tf.Tensor:
+    return tf.reshape(tf.cast(n, tf.int64), [1])
+
+
+def chunk_counts(counts: Any, size: int, fixed: bool) -> Union[List[int], tf.Tensor]:
+    """A list for a fixed Python count; else a tensor of ``size`` entries (a static length, so
+    the chunks can be split when traced)."""
+    if isinstance(counts, int):
+        return [counts] * size
+    return tf.fill([size], tf.reshape(counts, [])) if fixed else tf.reshape(counts, [size])
+
+
+def host_call(decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
+    """Eager: ``decide`` now, on Python numbers (NumPy arrays for non-scalars), its result as
+    is. Traced: ``decide`` runs through ``tf.py_function`` each time the step runs, and its
+    result is a ``dtype`` tensor. So a decision is written once, in Python, for both modes."""
+    if tf.executing_eagerly():
+        return decide(*[_host_value(a) for a in args])
+
+    def run(*values: tf.Tensor) -> Any:
+        return decide(*[_host_value(v) for v in values])
+
+    return tf.py_function(run, inp=list(args), Tout=_DTYPES[dtype], name="horovod_sparse_decision")
+
+
+def _host_value(value: Any) -> Any:
+    if isinstance(value, (tf.Tensor, tf.Variable)):
+        value = value.numpy()
+        return value.item() if value.ndim == 0 else value
+    return value
+
+
+def select(x: tf.Tensor, threshold: Union[float, tf.Tensor], block: int) -> tf.Tensor:
+    """:func:`horovod_sparse.tensorflow.selection.select` (traceable; ``block`` is unused: the
+    block-skipping of PyTorch's scan saves CPU memory traffic, the result is the same)."""
+    return selection.select(x, threshold)
+
+
+def collect(scanned: Any, budget: int) -> Candidates:
+    return Candidates.collect(scanned, budget)
+
+
+def clone(t: tf.Tensor) -> tf.Tensor:
+    return t  # immutable
+
+
+def gather(x: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+    return tf.gather(x, idx)
+
+
+def to_wire(values: tf.Tensor, fp16: bool) -> tf.Tensor:
+    if fp16:
+        return tf.cast(values, tf.float16)
+    return tf.cast(values, tf.float32) if values.dtype == tf.bfloat16 else values
+
+
+def wire_index(idx: tf.Tensor, numel: int) -> tf.Tensor:
+    return tf.cast(idx, index_dtype(numel))
+
+
+def as_index(t: tf.Tensor) -> tf.Tensor:
+    return tf.cast(t, tf.int64)
+
+
+def scatter_chunks(out: tf.Tensor, indices: tf.Tensor, values: tf.Tensor, counts: Union[Sequence[int], tf.Tensor],
+                   scale: float) -> tf.Tensor:
+    """One scatter-add per rank's chunk, in rank order: bitwise identical on every rank and
+    device (one scatter with repeated indices adds in an unspecified order on GPUs)."""
+    values = tf.cast(values, out.dtype)
+    ranks = len(counts) if isinstance(counts, (list, tuple)) else int(counts.shape[0])
+    for index_chunk, value_chunk in zip(tf.split(indices, counts, num=ranks), tf.split(values, counts, num=ranks)):
+        out = tf.tensor_scatter_nd_add(out, tf.expand_dims(index_chunk, 1), value_chunk * scale)
+    return out
+
+
+def scatter_set(out: tf.Tensor, idx: tf.Tensor, values: tf.Tensor, scale: float) -> tf.Tensor:
+    return tf.tensor_scatter_nd_update(out, tf.expand_dims(idx, 1), tf.cast(values, out.dtype) * scale)
+
+
+def distinct(indices: tf.Tensor, numel: int) -> Union[int, tf.Tensor]:
+    return size(tf.unique(indices).y)
+
+
+def coalesce(idx: tf.Tensor, values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    order = tf.argsort(idx, stable=True)
+    unique, position = tf.unique(tf.gather(idx, order), out_idx=tf.int64)
+    summed = tf.math.unsorted_segment_sum(tf.gather(values, order), position, tf.size(unique, out_type=tf.int64))
+    return unique, summed
+
+
+def isin(values: tf.Tensor, ascending: tf.Tensor) -> tf.Tensor:
+    """By binary search (a -1 sentinel keeps the lookup in range when nothing is found)."""
+    position = tf.searchsorted(ascending, values, side="left", out_type=tf.int64)
+    padded = tf.concat([ascending, tf.constant([-1], dtype=ascending.dtype)], 0)
+    return tf.equal(tf.gather(padded, position), values)
+
+
+def mask(t: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
+    return tf.boolean_mask(t, keep)
+
+
+def concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    return tf.concat(list(tensors), 0)
+
+
+def splits_to(size: int, target: Optional[int], tensor: tf.Tensor) -> Union[List[int], tf.Tensor]:
+    """A list when the row count is static, else (traced, with a scheduled ``k``) a tensor."""
+    rows = tensor.shape[0]
+    if target is None:
+        return [0] * size
+    if rows is not None:
+        return [rows if rank == target else 0 for rank in range(size)]
+    return tf.one_hot(target, size, dtype=tf.int32) * tf.shape(tensor)[0]
+
+
+def zero_at(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
+    return tf.tensor_scatter_nd_update(t, tf.expand_dims(idx, 1), tf.zeros(tf.shape(idx), t.dtype))
+
+
+def momentum_step(x: tf.Tensor, velocity: Optional[tf.Tensor], accumulated: Optional[tf.Tensor],
+                  momentum: float) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+    if velocity is None or accumulated is None:
+        velocity, accumulated = tf.zeros_like(x), tf.zeros_like(x)
+    velocity = velocity * momentum + (x - accumulated)
+    accumulated = accumulated + velocity
+    return accumulated, velocity, accumulated
+
+
+def kth_magnitude(values: tf.Tensor, k: int) -> float:
+    return float(tf.reduce_min(tf.math.top_k(tf.abs(values), k, sorted=False).values))

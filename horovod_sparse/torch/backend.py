@@ -1,0 +1,191 @@
+"""PyTorch's backend: the primitives of :class:`horovod_sparse.methods.backend.Backend`.
+
+Primitives named for an ``out`` or ``x`` argument write into it and return it, so a step
+allocates nothing of a buffer's size (the front end reuses each group's residual and output).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from horovod_sparse.common.lags import LocalCost
+from horovod_sparse.torch.collectives import index_dtype
+from horovod_sparse.torch.mergecomp import agree_seconds, measure_cost_model  # noqa: F401 (backend API)
+from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k  # noqa: F401 (backend API)
+
+name = "torch"
+
+STOCK_REFUSAL = (
+    "{cls} is a horovod_sparse sparsifier: it sends (values, indices) payloads and keeps an "
+    "error-feedback residual per gradient, which horovod.torch.DistributedOptimizer cannot do "
+    "(it allreduces one dense tensor per gradient and would silently drop what is not sent). "
+    "Use horovod_sparse.torch.DistributedOptimizer(optimizer, named_parameters=..., "
+    "compression=...) instead; it takes the same arguments."
+)
+
+#: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
+#: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
+#: bytes).
+UNION_BY_MARKS = 16
+
+
+def numel(x: torch.Tensor) -> int:
+    return x.numel()
+
+
+def size(t: torch.Tensor) -> int:
+    return t.numel()
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    return t.cpu().numpy()
+
+
+def from_numpy(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    return torch.from_numpy(array).to(like.device)
+
+
+def int64(values: Sequence[int], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(list(values), dtype=torch.int64, device=like.device)
+
+
+def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
+    return int64([n], like)
+
+
+def chunk_counts(counts: Any, size: int, fixed: bool) -> List[int]:
+    return [counts] * size if fixed else counts.tolist()
+
+
+def host_call(decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
+    return decide(*args)
+
+
+def collect(scanned: Any, budget: int) -> Candidates:
+    return Candidates.collect(scanned, budget)
+
+
+def clone(t: torch.Tensor) -> torch.Tensor:
+    return t.clone()
+
+
+def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return x[idx]
+
+
+def to_wire(values: torch.Tensor, fp16: bool) -> torch.Tensor:
+    if fp16:
+        return values.to(torch.float16)
+    return values.float() if values.dtype == torch.bfloat16 else values
+
+
+def wire_index(idx: torch.Tensor, numel: int) -> torch.Tensor:
+    return idx.to(index_dtype(numel))
+
+
+def as_index(t: torch.Tensor) -> torch.Tensor:
+    return t.long()
+
+
+def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, counts: Sequence[int],
+                   scale: float) -> torch.Tensor:
+    """One race-free ``index_add_`` per rank's chunk, in rank order: bitwise identical on every
+    rank, on CPU and on GPU (where one ``index_add_`` with repeated indices adds in a
+    non-deterministic order)."""
+    values = values.to(out.dtype)
+    for index_chunk, value_chunk in zip(indices.split(list(counts)), values.split(list(counts))):
+        out.index_add_(0, index_chunk, value_chunk, alpha=scale)
+    return out
+
+
+def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    values = values.to(out.dtype)
+    return out.index_copy_(0, idx, values * scale if scale != 1 else values)
+
+
+def distinct(indices: torch.Tensor, numel: int) -> int:
+    """By sorting when the indices are few, else by marking a buffer's coordinates (one read
+    of ``numel`` bytes instead of sorting ``n k`` indices)."""
+    if indices.numel() * UNION_BY_MARKS < numel:
+        return int(torch.unique(indices).numel())
+    marks = torch.zeros(numel, dtype=torch.bool, device=indices.device)
+    marks[indices] = True
+    return int(marks.sum())
+
+
+def coalesce(idx: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    unique, position = torch.unique(idx, sorted=True, return_inverse=True)
+    summed = torch.zeros(unique.numel(), dtype=values.dtype, device=values.device)
+    return unique, summed.index_add_(0, position, values)
+
+
+def isin(values: torch.Tensor, ascending: torch.Tensor) -> torch.Tensor:
+    return torch.isin(values, ascending)
+
+
+def mask(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return t[keep]
+
+
+def concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(list(tensors))
+
+
+def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.Tensor:
+    splits = torch.zeros(size, dtype=torch.int32)
+    if target is not None:
+        splits[target] = tensor.shape[0]
+    return splits
+
+
+def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    t[idx] = 0
+    return t
+
+
+def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated: Optional[torch.Tensor],
+                  momentum: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if velocity is None or accumulated is None:
+        velocity, accumulated = torch.zeros_like(x), torch.zeros_like(x)
+    x.sub_(accumulated)
+    velocity.mul_(momentum).add_(x)
+    accumulated.add_(velocity)
+    return x.copy_(accumulated), velocity, accumulated
+
+
+def kth_magnitude(values: torch.Tensor, k: int) -> float:
+    return float(torch.topk(values.abs(), k, sorted=False).values.min())
+
+
+def measure_local_cost(process_set: hvd.ProcessSet, numel: int, low: int, high: int, repeats: int = 3) -> LocalCost:
+    """Time, on this rank, the exact top-k of a normal buffer of ``numel`` elements at ``low``
+    and ``high`` coordinates and the scatter-add of ``n * high`` received pairs (what an
+    allgather exchange runs), agree the medians over ``process_set`` (a collective call) and fit
+    :class:`~horovod_sparse.common.lags.LocalCost` to them: the same costs on every rank."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    workers = process_set.size()
+    chosen = top_k(x, high)
+    indices, values = chosen.repeat(workers), x[chosen].repeat(workers)
+    out = torch.zeros_like(x)
+
+    def seconds(work: Callable[[], Any]) -> float:
+        work()
+        timings = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            work()
+            timings.append(time.perf_counter() - start)
+        return statistics.median(timings)
+
+    def apply() -> None:
+        scatter_chunks(out, indices, values, [high] * workers, 1.0 / workers)
+        distinct(indices, numel)
+
+    measured = [seconds(lambda: top_k(x, low)), seconds(lambda: top_k(x, high)), seconds(apply)]
+    t_low, t_high, t_apply = agree_seconds(measured, process_set, "hs.lags.local_cost")
+    return LocalCost.fit(numel, (low, t_low), (high, t_high), (workers * high, t_apply))

@@ -1,0 +1,81 @@
+"""The selections the two frameworks used to make differently, now one method's code on two
+backends: each run on PyTorch's and TensorFlow's backend on the inputs where the old halves
+differed (many tied magnitudes, Gaussian-k's corrections, the hard threshold's scan), against a
+plain NumPy reference written here. One process, no Horovod."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from horovod_sparse.common.butterfly import SparseSet
+from horovod_sparse.common.controllers import as_float32
+from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
+from horovod_sparse.methods.gaussiank import gaussiank_select
+from horovod_sparse.methods.gtopk import merge
+from horovod_sparse.tensorflow import backend as tf_backend
+from horovod_sparse.torch import backend as torch_backend
+from tests.reference_gtopk import merge_sets
+
+BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
+
+
+def tied(numel: int, seed: int) -> np.ndarray:
+    """Few distinct magnitudes of both signs: most coordinates tie with many others."""
+    return np.random.default_rng(seed).integers(-3, 4, size=numel).astype(np.float32) / 4
+
+
+def reference_gaussiank(x: np.ndarray, k: int, density: float):
+    """Gaussian-k from its definition: mean and unbiased deviation in float64, ``|x| >= t``,
+    then the corrections, each re-selecting from the whole buffer."""
+    threshold = gaussian_threshold(float(x.mean(dtype=np.float64)), float(x.std(dtype=np.float64, ddof=1)), density)
+    selected = np.flatnonzero(np.abs(x) >= as_float32(threshold))
+    for _ in range(GAUSSIANK_CORRECTIONS):
+        factor = gaussiank_adjustment(len(selected), k)
+        if factor is None:
+            break
+        threshold *= factor
+        selected = np.flatnonzero(np.abs(x) >= as_float32(threshold))
+    return selected, as_float32(threshold)
+
+
+@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("kind,seed", [("normal", 0), ("normal", 1), ("tied", 2), ("tied", 3)])
+def test_gaussiank_selects_as_its_definition_on_both_backends(framework, kind, seed):
+    """Tied inputs make the count jump across the correction bounds, so the corrections run."""
+    B, tensor = BACKENDS[framework]
+    x = tied(50_000, seed) if kind == "tied" else np.random.default_rng(seed).standard_normal(50_000).astype(np.float32)
+    k, density = 500, 0.01
+    idx, threshold = gaussiank_select(B, tensor(x), k, density)
+    expected, expected_threshold = reference_gaussiank(x, k, density)
+    np.testing.assert_array_equal(B.to_numpy(idx), expected)
+    assert threshold == pytest.approx(expected_threshold, rel=1e-5)
+
+
+@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("threshold", [0.25, 0.5, 0.75, 1.0])
+def test_the_hard_threshold_scan_selects_every_coordinate_at_or_above_it(framework, threshold):
+    """Thresholds exactly at the tied magnitudes (``>=``, not ``>``), with a partial last block."""
+    B, tensor = BACKENDS[framework]
+    x = tied(40_003, 4)
+    idx = B.select(tensor(x), threshold, 1024)
+    np.testing.assert_array_equal(B.to_numpy(idx), np.flatnonzero(np.abs(x) >= threshold))
+
+
+@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("seed", range(4))
+def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(framework, seed):
+    """Two sets of tied values sharing some indices: the sum, then the k largest, ties to the
+    lower index, as the reference merge."""
+    B, tensor = BACKENDS[framework]
+    rng = np.random.default_rng(seed)
+    k = 40
+    sets = []
+    for _ in range(2):
+        indices = np.sort(rng.choice(120, k, replace=False)).astype(np.int64)
+        sets.append((indices, rng.integers(-2, 3, size=k).astype(np.float32)))
+    merged = merge(B, *[SparseSet(tensor(i), tensor(v)) for i, v in sets], k)
+    expected = merge_sets(*[{int(i): (v, frozenset()) for i, v in zip(*s)} for s in sets], k)
+    np.testing.assert_array_equal(B.to_numpy(merged.idx), sorted(expected))
+    np.testing.assert_array_equal(B.to_numpy(merged.val), [expected[i][0] for i in sorted(expected)])
