@@ -7,9 +7,8 @@ launches collectives through the ``comm`` its ``exchange`` receives.
 
 The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 
-* sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``int64``,
-  ``reshape_one``, ``chunk_counts``, ``host_call`` (a host decision, deferred to step time when
-  traced);
+* sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``reshape_one``,
+  ``chunk_counts``, ``host_call`` (a host decision, deferred to step time when traced);
 * selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
   ``scan`` (block maxima, optional moments), ``pick``, ``collect`` (histogram candidates);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,

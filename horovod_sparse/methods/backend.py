@@ -45,9 +45,6 @@ class Backend(Protocol):
     def from_numpy(self, array: np.ndarray, like: Tensor) -> Tensor:
         """``array`` as a tensor on ``like``'s device."""
 
-    def int64(self, values: Sequence[int], like: Tensor) -> Tensor:
-        """An int64 vector of ``values`` on ``like``'s device."""
-
     def reshape_one(self, n: Any, like: Tensor) -> Tensor:
         """A 1-element int64 tensor holding ``n`` (an int, or a scalar tensor while traced)."""
 

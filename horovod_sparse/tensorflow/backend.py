@@ -46,10 +46,6 @@ def from_numpy(array: np.ndarray, like: tf.Tensor) -> tf.Tensor:
     return tf.constant(array)
 
 
-def int64(values: Sequence[int], like: tf.Tensor) -> tf.Tensor:
-    return tf.constant(list(values), dtype=tf.int64)
-
-
 def reshape_one(n: Union[int, tf.Tensor], like: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.cast(n, tf.int64), [1])
 

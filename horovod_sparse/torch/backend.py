@@ -50,12 +50,8 @@ def from_numpy(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
     return torch.from_numpy(array).to(like.device)
 
 
-def int64(values: Sequence[int], like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.int64, device=like.device)
-
-
 def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
-    return int64([n], like)
+    return torch.tensor([n], dtype=torch.int64, device=like.device)
 
 
 def chunk_counts(counts: Any, size: int, fixed: bool) -> List[int]:
