@@ -20,8 +20,8 @@ cluster of ``--np`` workers on 1 Gbit/s links (:mod:`benchmarks.netem`) and prin
 beside the projected one; when ``<out>/alpha_beta.json`` has no 1 Gbit/s fit, it fits alpha and
 beta on such a link first (:func:`benchmarks.scaling.load_fits`) and projects with them.
 
-``--framework tensorflow`` trains through Keras ``model.fit`` (:mod:`benchmarks.digits_tf`): traced
-where the method's exchange traces, with ``run_eagerly=True`` (marked) where it does not yet.
+``--framework tensorflow`` trains through Keras ``model.fit`` (:mod:`benchmarks.digits_tf`), traced
+(Keras' default) for every method.
 Writes ``<out>/<name>.json``, ``<out>/<name>_accuracy_bytes.png`` and ``<out>/<name>_speedup.png``.
 ``--worker`` is the mode the job's ranks run in.
 """
@@ -214,10 +214,7 @@ def summary(args: argparse.Namespace, report: digits_report.Report, parameters: 
     """The table with its title, footnotes and legend."""
     title = (f"digits MLP ({parameters:,} parameters), {FRAMEWORKS[args.framework]}, {args.np} workers (Gloo), "
              f"{args.epochs} epochs, batch {args.batch_size} per worker, seeds {' '.join(map(str, args.seeds))}")
-    marks = {r["label"]: " *" for r in report.rows if r.get("mode") == "eager"}
-    lines = [digits_report.table(report, title, marks)]
-    if marks:
-        lines.append("* run_eagerly=True: Keras' traced mode refuses this method's exchange today.")
+    lines = [digits_report.table(report, title)]
     for row in report.rows:
         if "mergecomp" in row:
             groups, steps = row["mergecomp"]["groups"], row["mergecomp"]["search_steps"]

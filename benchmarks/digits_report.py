@@ -107,10 +107,9 @@ class Report:
         return self.steps[self.dense["label"]][cluster] / self.steps[row["label"]][cluster]
 
 
-def table(report: Report, title: str, marks: Dict[str, str]) -> str:
+def table(report: Report, title: str) -> str:
     """The table: measured figures, then projected step and speed-up per cluster, then (with
-    ``--emulate``) the emulated cluster's measured step beside its projection. ``marks`` maps a
-    label to a footnote mark shown after it."""
+    ``--emulate``) the emulated cluster's measured step beside its projection."""
     measured = (f"{'configuration':32s} {'acc. %':>6} {'vs dense':>8} {'kB/step':>8} {'reduction':>9} "
                 f"{'union':>7} {'local ms':>8}")
     projected = "".join(f"{cluster_name(c):>17s}" for c in report.clusters)
@@ -125,7 +124,7 @@ def table(report: Report, title: str, marks: Dict[str, str]) -> str:
     dense_bytes = report.dense["stats"]["bytes_sent"]
     for row in report.rows:
         label, sent, steps = row["label"], row["stats"]["bytes_sent"], report.steps[row["label"]]
-        line = (f"{(label + marks.get(label, ''))[:32]:32s} {100 * row['accuracy']:6.2f} {report.points(row):+8.2f} "
+        line = (f"{label[:32]:32s} {100 * row['accuracy']:6.2f} {report.points(row):+8.2f} "
                 f"{sent / 1e3:8.2f} {dense_bytes / sent:8.1f}x {row['stats']['union_density']:7.4f} "
                 f"{local_ms(row):8.3f} |")
         line += "".join(f"{1e3 * steps[c]:10.2f} {report.speedup(row, c):5.2f}x" for c in report.clusters)

@@ -3,8 +3,8 @@
 ``python -m benchmarks.digits --framework tensorflow`` launches (same options, same table).
 
 Rows have the keys of the PyTorch side's (:meth:`benchmarks.digits_training.Recorder.row`) and
-``mode``: ``tf.function`` (Keras' default, traced) or ``eager`` (``run_eagerly=True``, for methods
-whose TensorFlow exchange does not trace). Traced steps are not timed phase by phase, so every
+``mode``: ``tf.function`` when Keras traced the step (its default, every method) or ``eager``
+(Keras' ``model.run_eagerly``, as observed after training). Traced steps are not timed phase by phase, so every
 TensorFlow row's local work (``stats["seconds"]``) is its step minus the compute-only step of the
 same job, one phase ``step_minus_compute`` (an upper bound: it holds the loopback exchange too);
 the phases the exchange timed itself (eager ones) are kept in ``stats["timed_phases"]``.
@@ -22,7 +22,7 @@ import horovod_sparse.tensorflow.keras as hs_keras
 from benchmarks.data import digits_split, shard
 from benchmarks.digits_training import LOCAL, Recorder, parse_configuration
 from horovod_sparse.common.registry import parse_spec
-from horovod_sparse.tensorflow import Compression, Sparsifier
+from horovod_sparse.tensorflow import Compression
 
 
 def keras_digits_mlp(hidden: int, seed: int) -> tf.keras.Model:
@@ -75,23 +75,21 @@ def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str,
     # Every rank must take the same number of steps: size them on the smallest shard.
     steps_per_epoch = (len(x_train) // size) // args.batch_size
     recorder = Recorder(label, args.epochs, announce=rank == 0)
-    run_eagerly = False
     for seed in args.seeds:
         model = keras_digits_mlp(args.hidden, seed)
         optimizer = tf.keras.optimizers.SGD(args.lr * size, momentum=0.9)
         if spec != LOCAL:
             name, options = parse_spec(spec)
             compression = Compression.create(name, **options)
-            run_eagerly = isinstance(compression, Sparsifier) and not compression.traceable
             optimizer = hs_keras.DistributedOptimizer(optimizer, compression=compression)
-        model.compile(optimizer=optimizer, run_eagerly=run_eagerly,
+        model.compile(optimizer=optimizer,
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         data = local_batches(shard(x_train, rank, size), shard(y_train, rank, size), args.batch_size,
                              seed * 1000 + rank)
         model.fit(data, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0,
                   callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0), Measure(recorder, seed)])
         recorder.end_run(float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean()))
-    return model, recorder.row(int(model.count_params()), size, mode="eager" if run_eagerly else "tf.function")
+    return model, recorder.row(int(model.count_params()), size, mode="eager" if model.run_eagerly else "tf.function")
 
 
 def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:

@@ -1,9 +1,8 @@
 """The TensorFlow side of :mod:`benchmarks.synthetic` (``--framework tensorflow``): the same
 benchmark, options and printed lines, in the shape of Horovod's
 ``tensorflow2_synthetic_benchmark.py`` (a ``tf.function`` step around
-``horovod_sparse.tensorflow.DistributedGradientTape``; eager for methods whose exchange cannot be
-traced). The models are the Keras counterparts of :mod:`benchmarks.models` (same layer shapes;
-``resnet50`` is Keras' own).
+``horovod_sparse.tensorflow.DistributedGradientTape``, every method). The models are the Keras
+counterparts of :mod:`benchmarks.models` (same layer shapes; ``resnet50`` is Keras' own).
 """
 from __future__ import annotations
 
@@ -112,8 +111,7 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
             hvd.broadcast_variables(model.variables, root_rank=0)
             hvd.broadcast_variables(opt.variables(), root_rank=0)
 
-    traceable = not isinstance(compression, hs.Sparsifier) or compression.traceable
-    benchmark_step = tf.function(step) if traceable else step
+    benchmark_step = tf.function(step)
     recorded: List[Any] = []
     record = False
 
@@ -127,7 +125,7 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
     log(f"Model: {config.model}")
     log(f"Batch size: {config.batch_size}")
     log(f"Number of {kind}s: {hvd.size()}")
-    log(f"Compressor: {describe(config)}" + ("" if traceable else " (eager)"))
+    log(f"Compressor: {describe(config)}")
     log("Running warmup...")
     timeit.timeit(timed_step, number=config.num_warmup_batches)
     log("Running benchmark...")
@@ -148,5 +146,5 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
     return {"framework": "tensorflow", "model": config.model, "parameters": parameters, "size": size,
             "batch_size": config.batch_size, "workers": hvd.size(), "device": kind,
             "optimizer": config.optimizer, "compressor": name, "options": options, "groups": config.groups,
-            "label": describe(config), "traced": traceable, "img_sec_per_worker": mean, "img_sec_conf": conf,
+            "label": describe(config), "img_sec_per_worker": mean, "img_sec_conf": conf,
             "iters": img_secs, "total_img_sec": hvd.size() * mean, "step_seconds": step_seconds, "stats": summary}

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 import horovod_sparse.methods  # noqa: F401  (registers the methods)
-from horovod_sparse.common.registry import method, method_names
+from horovod_sparse.common.registry import method_names
 from tests import nonfinite_faults as faults
 from tests.checks import Observed, assert_conserved
 from tests.launch import job_fixture
@@ -37,13 +37,13 @@ TORCH = [{"name": method, "method": method, "options": OPTIONS.get(method, {})} 
 
 #: TensorFlow: every method eagerly under both policies, one through the tape and the other
 #: through the Keras wrapper (alternating), against one eager tape reference (the two APIs
-#: compute the same); traced under both policies for the methods that can be, against a traced
+#: compute the same); and traced (inside a tf.function) under both policies, against a traced
 #: reference.
 TF = [*({"name": m, "method": m, "api": "tape", "runs": [["tape", POLICIES[i % 2]], ["keras", POLICIES[1 - i % 2]]]}
         for i, m in enumerate(method_names())),
       *({"name": f"{m}_traced", "method": m, "api": "tape_function",
          "runs": [["tape_function", policy] for policy in POLICIES]}
-        for m in method_names() if method(m).implementation.traceable)]
+        for m in method_names())]
 for config in TF:
     config["options"] = OPTIONS.get(config["method"], {})
 

@@ -47,10 +47,12 @@ class Sparsifier:
     method_name: ClassVar[str] = ""
     #: Grouping used when the front end is given ``groups=None``.
     default_grouping: ClassVar[Any] = "tensor"
-    #: Whether :meth:`exchange` can be traced into a ``tf.function``. Methods whose decisions are
-    #: made in Python from values of the current step set this to False; TensorFlow's driver then
-    #: refuses to trace them with a message saying how to run eagerly.
-    traceable: ClassVar[bool] = True
+    #: Whether a traced TensorFlow step runs :meth:`exchange` on the host: True for methods whose
+    #: decisions are made in Python from values of the current step (a threshold refined from the
+    #: count it selected, partition tables from gathered counts). TensorFlow's driver then runs
+    #: the step's sparse exchange in one ``tf.py_function``: the eager code, collectives included,
+    #: with eager mode's results. False: the exchange is traced into the graph.
+    host_exchange: ClassVar[bool] = False
     #: Whether :meth:`new_state`'s state differs between ranks (like a residual) rather than
     #: being the same on every rank; shared state is agreed from one rank, per-rank state never is.
     per_rank_state: ClassVar[bool] = False

@@ -34,12 +34,12 @@ class DGC(Sparsifier):
     (momentum-factor masking); the wrapped optimizer should then run without momentum. The
     gradient is recovered as ``g = x - v``, so this keeps two more buffers of the group's size.
     A step abandoned by the front end (non-finite gradient) restores the residual but not ``u``.
-    Eager mode only in TensorFlow: each refinement depends on the count the previous threshold
-    selected.
+    Each refinement depends on the count the previous threshold selected: a traced TensorFlow
+    step runs the exchange on the host (:attr:`~horovod_sparse.methods.base.Sparsifier.host_exchange`).
     """
 
     options: DGCOptions
-    traceable = False
+    host_exchange = True
     per_rank_state = True
 
     def new_state(self, numel: int, world_size: int) -> Optional[MomentumState]:

@@ -31,10 +31,10 @@ def gaussiank_select(B: Backend, x: Tensor, k: int, density: float) -> Tuple[Ten
 class GaussianK(Sparsifier):
     """``|x| >= mean(x) + |Phi^-1(density / 2)| std(x)`` per group, then up to three corrections
     (×0.5 below ``2k/3`` selected, ×1.5 above ``4k/3``); exchanged like Top-k. One scan serves
-    the statistics and every correction (:func:`gaussiank_select`). Eager mode only in
-    TensorFlow: each correction depends on the count the previous threshold selected."""
+    the statistics and every correction (:func:`gaussiank_select`). Each correction depends on the
+    count the previous threshold selected: a traced TensorFlow step runs the exchange on the host."""
 
-    traceable = False
+    host_exchange = True
 
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
         with comm.timer("select"):

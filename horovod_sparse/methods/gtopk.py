@@ -46,7 +46,8 @@ def carried(B: Backend, indices: Tensor, held: SparseSet) -> Tensor:
 class GTopK(Sparsifier):
     """Global top-k: exactly ``k = max(1, int(density * numel))`` coordinates of the sum over
     ranks reach the model each step, with ``k * log2(n)`` (value, index) pairs sent per rank.
-    Traceable (but for ``recall_every``).
+    Traced into the graph in TensorFlow, but with ``recall_every`` (an allreduce on some steps
+    only), whose exchange a traced step runs on the host.
 
     Statistics (``GroupStats.extra``): ``rounds`` (recursive-doubling rounds), ``phases`` and
     ``bytes_per_round`` (payload bytes this rank sent in each phase, folds included),
@@ -56,6 +57,12 @@ class GTopK(Sparsifier):
 
     options: GTopKOptions
     default_grouping = "model"
+
+    @property  # type: ignore[override]
+    def host_exchange(self) -> bool:
+        """With ``recall_every`` (a debug allreduce on some steps only) a traced step runs the
+        exchange on the host."""
+        return bool(self.options.recall_every)
 
     def new_state(self, numel: int, world_size: int) -> Tuple[Phase, ...]:
         """The reduction schedule for ``world_size`` ranks (rebuilt when the size changes)."""
@@ -92,11 +99,6 @@ class GTopK(Sparsifier):
                 held = merge(B, held, received, k)
                 tracked = {rank: carried(B, indices, held) for rank, indices in tracked.items()}
         if self.options.recall_every:
-            if not isinstance(step, int):
-                raise RuntimeError("gtopk's recall_every adds an allreduce on some steps only, which a graph "
-                                   "traced once cannot do; run the step eagerly (model.compile(..., "
-                                   "run_eagerly=True), or DistributedGradientTape outside tf.function) or pass "
-                                   "recall_every=0")
             if step % self.options.recall_every == 0:
                 (total,) = yield [comm.allreduce(B.clone(x), "recall", "meta")]
                 comm.stats.extra["recall"], comm.stats.extra["recall_mass"] = recall(

@@ -15,8 +15,9 @@ Every rank then removes its own contribution at the whole union from its residua
 ``fp16_values`` the float16 rounding stays behind), so nothing is lost and the union has exactly
 ``sum(counts)`` coordinates: no build-up. A rank that selects nothing sends an empty index list
 and still takes part in every collective; when the union is empty on every rank, step 3 is
-skipped everywhere. Eager mode only in TensorFlow: the threshold and partition table of a step
-are computed on the host from the values gathered in that step.
+skipped everywhere. The threshold and partition table of a step
+are computed on the host from the values gathered in that step, so a traced TensorFlow step
+runs the exchange on the host (``Sparsifier.host_exchange``).
 
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank),
 ``load_inc``, ``padding`` (elements a fixed-size allgather would have padded), ``bounds`` (the
@@ -47,7 +48,7 @@ class Micro(Sparsifier):
     """
 
     default_grouping = "model"
-    traceable = False
+    host_exchange = True
 
     def __init__(self, options: MicroOptions, backend: Backend) -> None:
         super().__init__(options, backend)

@@ -13,11 +13,14 @@ ones, in the same order:
   group order (as the PyTorch optimizer does), the residuals are written back, and groups
   below ``min_numel`` or within ``warmup_steps`` take Horovod's dense allreduce.
 
-Works in eager mode and inside ``tf.function`` (Keras ``model.fit``) for methods whose exchange
-is traceable (Top-k, gTop-k, LAGS, hard threshold); the others (MiCRO, ExDyna, DGC, Gaussian-k
-decide in Python from the values of the step) raise a ``RuntimeError`` that says how to run
-eagerly. Traced with ``warmup_steps``, the dense and the sparse step are both traced and a
-``tf.cond`` on the step counter picks one, the same on every rank. Residuals, per-group state
+Works in eager mode and inside ``tf.function`` (Keras ``model.fit`` without ``run_eagerly``), for
+every method. Top-k, gTop-k, LAGS and the hard threshold are traced into the graph; the methods
+that decide in Python from the values of the step (MiCRO, ExDyna, DGC, Gaussian-k, and gTop-k with
+``recall_every``: ``Sparsifier.host_exchange``) run the step's sparse exchange on the host, in one
+``tf.py_function`` that executes the eager code, collectives included, each time the traced step
+runs (so their results are eager mode's, and the step is traced once). Traced with
+``warmup_steps``, the dense and the sparse step are both traced and a ``tf.cond`` on the step
+counter picks one, the same on every rank. Residuals, per-group state
 and the step counter are keyed by the list of variables (their order fixes the groups), so they
 are found again at every step, in eager mode and across traces.
 
@@ -75,10 +78,6 @@ from horovod_sparse.methods.base import Exchange, Result, Sparsifier, Step
 
 OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
             hvd.Max: "max", hvd.Product: "product"}
-
-EAGER_ONLY = ("{what} cannot run inside a tf.function (a traced graph): {why}. Run the training "
-              "step eagerly: model.compile(..., run_eagerly=True) with Keras, or call "
-              "DistributedGradientTape.gradient() outside any tf.function.")
 
 
 @dataclass
@@ -474,10 +473,6 @@ class GradientExchanger:
         if not self.process_set.included():
             return list(grads)
         eager = tf.executing_eagerly()
-        if not eager and not self.compression.traceable:
-            raise RuntimeError(EAGER_ONLY.format(
-                what=f"Compression.{self.compression.method_name}",
-                why="its decisions are computed in Python from the values of the current step"))
         if not _eager_capable():
             raise RuntimeError("horovod_sparse sparsifiers run in TensorFlow 2 (eager, tf.function, Keras "
                                "model.fit), not in a TF1-style graph (tf.compat.v1 sessions, eager execution "
@@ -515,8 +510,26 @@ class GradientExchanger:
             return self._exchange_groups(kept, layout, step, warm=step < warmup)
         if warmup:
             return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
-                           lambda: self._exchange_groups(kept, layout, step, warm=False))
-        return self._exchange_groups(kept, layout, step, warm=False)
+                           lambda: self._traced_exchange(kept, layout, step))
+        return self._traced_exchange(kept, layout, step)
+
+    def _traced_exchange(self, kept: List[tf.Tensor], layout: Layout, step: tf.Tensor) -> List[tf.Tensor]:
+        """The sparse step traced into the graph or, for a method that decides on the host
+        (``Sparsifier.host_exchange``), one ``tf.py_function`` that runs the eager step, with its
+        collectives, each time the graph runs. Only one such function runs at a time on a rank
+        (every one is a stateful op, ordered by the function's automatic control dependencies),
+        so ranks cannot block each other on two of them."""
+        if not self.compression.host_exchange:
+            return self._exchange_groups(kept, layout, step, warm=False)
+
+        def run(step_value: tf.Tensor, *grads: tf.Tensor) -> List[tf.Tensor]:
+            return self._exchange_groups(list(grads), layout, int(step_value), warm=False)
+
+        results = tf.py_function(run, inp=[step, *kept], Tout=[g.dtype for g in kept],
+                                 name="horovod_sparse_host_exchange")
+        for result, grad in zip(results, kept):
+            result.set_shape(grad.shape)
+        return results
 
     def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step,
                             counter: tf.Variable) -> List[tf.Tensor]:

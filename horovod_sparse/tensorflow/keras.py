@@ -17,8 +17,9 @@ TF 2.15 optimizers new and legacy) with its gradient reduction replaced by a
 the wrapped optimizer computes them and before it clips and applies them, so momentum, weight
 decay and clipping act on the aggregated gradient, as in every reference implementation.
 
-``model.fit`` traces the training step (a ``tf.function``) unless ``run_eagerly=True``; methods
-whose exchange is not traceable raise an error saying to compile with ``run_eagerly=True``.
+``model.fit`` traces the training step (a ``tf.function``) unless ``run_eagerly=True``; every
+method works either way (see :mod:`horovod_sparse.tensorflow.exchanger` for the methods whose
+exchange runs on the host inside the traced step).
 
 Horovod's callbacks work unchanged and are re-exported as :mod:`callbacks`
 (``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,

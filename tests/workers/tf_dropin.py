@@ -129,8 +129,7 @@ def keras_model(config, seed):
     tf.keras.backend.clear_session()  # layer names as in a fresh process: the checkpoint matches by them
     model = digits_model(seed)
     optimizer = hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=compression(config))
-    eager_only = config["method"] != "none" and not compression(config).traceable
-    model.compile(optimizer=optimizer, loss="mse", run_eagerly=eager_only)
+    model.compile(optimizer=optimizer, loss="mse")
     return model, optimizer
 
 

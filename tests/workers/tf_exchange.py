@@ -76,11 +76,14 @@ class Trainer:
             self.optimizer = keras_module.DistributedOptimizer(self.optimizer, backward_passes_per_step=self.passes,
                                                                **self.wrapper_args)
         self.tape = None
+        #: Times the step's Python body ran: once per step eagerly, once per trace in a tf.function.
+        self.traces = 0
         self._step = tf.function(self._eager_step) if self.api.endswith("_function") else self._eager_step
 
     def _eager_step(self, raw_grads):
         """One optimizer step; with ``backward_passes`` (Keras) the step's gradient arrives over
         that many passes, in parts 1:2:...:passes, and the last pass returns the exchanged one."""
+        self.traces += 1
         for part in range(1, self.passes + 1):
             with tf.GradientTape() as tape:
                 loss = loss_of(self.variables, raw_grads) * (part / (self.passes * (self.passes + 1) / 2))
@@ -116,10 +119,11 @@ def run(config, out: Path):
     stock = None
     if config.get("compare_stock"):
         stock = Trainer(config, compression, stock=True, prefix=f"{config['name']}_s")
-    aggregated, stats = [], []
+    aggregated, stats, traces = [], [], []
     for step in range(config["steps"]):
         aggregated.append(trainer.step(step))
         stats.append(trainer.exchanger.last_stats.as_dict())
+        traces.append(trainer.traces)
         if stock is not None:
             stock.step(step)
     arrays = {f"agg_{t}_{i}": a for t, grads in enumerate(aggregated) for i, a in enumerate(grads)}
@@ -131,7 +135,8 @@ def run(config, out: Path):
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     prefix = f"{config['name']}_p"
     groups = [[int(n[len(prefix):].split(":")[0]) for n in names] for names in trainer.exchanger.groups()]
-    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps({"groups": groups, "stats": stats}))
+    meta = {"groups": groups, "stats": stats, "traces": traces}
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(meta))
 
 
 def main():

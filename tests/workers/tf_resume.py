@@ -2,8 +2,7 @@
 
 A small Keras model trains on per-rank batches through ``DistributedGradientTape`` (``api``
 ``"tape"``, eager, or ``"tape_function"``, the whole step inside a ``tf.function``) or through the
-Keras ``DistributedOptimizer`` with ``train_on_batch`` (``"keras"``, traced, or
-``"keras_eager"``, compiled with ``run_eagerly=True``). Phases:
+Keras ``DistributedOptimizer`` with ``train_on_batch`` (``"keras"``, traced). Phases:
 
 * ``"first"``: 2N continuous steps; after step N every rank saves its checkpoint (weights, the
   optimizer's variables, the exchanger's ``state_dict()``) to ``{checkpoints}/{name}.rank{r}.pkl``;
@@ -74,9 +73,9 @@ class Trainer:
         compression = hs.Compression.create(config["method"], **config.get("options", {}))
         self.wrapper = {"compression": compression, "groups": groups if groups is not None else config.get("groups")}
         optimizer = tf.keras.optimizers.SGD(0.05, momentum=0.9)
-        if self.api.startswith("keras"):
+        if self.api == "keras":
             optimizer = hs_keras.DistributedOptimizer(optimizer, **self.wrapper)
-            self.model.compile(optimizer=optimizer, loss=self.loss, run_eagerly=self.api == "keras_eager")
+            self.model.compile(optimizer=optimizer, loss=self.loss)
             self.exchanger = optimizer.exchanger
         else:
             # Every tape wrapped with these arguments shares one exchanger (and its residuals).
@@ -96,7 +95,7 @@ class Trainer:
     def step(self, step):
         """One training step on this rank's batch of ``step``."""
         x, y = batch(step, hvd.rank())
-        if self.api.startswith("keras"):
+        if self.api == "keras":
             self.model.train_on_batch(x, y)
         else:
             self._tape_step(tf.constant(x), tf.constant(y))
