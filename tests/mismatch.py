@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, Dict, List
 
-import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 
 #: The options every case starts from (on both ranks), besides the method's defaults.

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import horovod_sparse.common.methods  # noqa: F401
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.butterfly import butterfly_schedule, largest_power_of_two, round_count
 

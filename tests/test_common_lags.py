@@ -5,7 +5,7 @@ import functools
 import numpy as np
 import pytest
 
-import horovod_sparse.common.methods  # noqa: F401
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.cost_model import AlphaBeta, calibrate, calibration_sizes, exposed_time, fit_allgather
 from horovod_sparse.common.grouping import MergeBySize, ParamInfo, ReadyTimeline, form_groups, merge_by_size

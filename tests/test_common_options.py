@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-import horovod_sparse.common.methods  # noqa: F401
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.grouping import ParamInfo, form_groups, split_evenly
 from horovod_sparse.common.options import target_count

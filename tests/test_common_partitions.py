@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import horovod_sparse.common.methods  # noqa: F401  (registers the options)
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.partitioned import BlockPartitions, EqualPartitions, make_partitions
 from horovod_sparse.common.partitions import (BlockLayout, allgather_padding, counts_by_partition, equal_bounds,

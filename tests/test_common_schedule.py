@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import horovod_sparse.common.methods  # noqa: F401
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.schedule import ExponentialWarmup, PiecewiseDensity, parse_schedule
 

@@ -15,7 +15,7 @@ from typing import Any, Dict, List
 import numpy as np
 import pytest
 
-import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.partitions import BlockLayout
 from tests.checks import assert_conserved

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import horovod_sparse.common.methods  # noqa: F401  (fills the registry)
+import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.options import SparsifierOptions
 from tests.checks import Observed, assert_conservation, assert_identical_replicas

@@ -1,8 +1,9 @@
 """The one registry of sparsification methods, shared by both frameworks and the benchmarks.
 
-A method is registered once, framework-free, with its options class (:func:`register_method`)
-and its one implementation (:func:`implements`, in :mod:`horovod_sparse.methods`), which runs in
-either framework with that framework's backend. ``Compression.<name>(...)`` in either framework,
+A method is registered once, by its one implementation (:func:`implements`, on the class in
+its module of :mod:`horovod_sparse.methods`), with its options class and summary; it runs in
+either framework with that framework's backend. The registry is framework-free: importing
+:mod:`horovod_sparse.methods` fills it. ``Compression.<name>(...)`` in either framework,
 the benchmarks' ``--compressor NAME`` and configuration files all resolve names here.
 """
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple, Type, TypeVar
+from typing import Any, Callable, Dict, List, Tuple, Type, TypeVar
 
 from horovod_sparse.common.options import SparsifierOptions
 
@@ -24,29 +25,22 @@ class MethodSpec:
     name: str
     options: Type[SparsifierOptions]
     summary: str
-    implementation: Optional[type] = None
+    implementation: type
 
 
 _METHODS: Dict[str, MethodSpec] = {}
 
 
-def register_method(name: str, options: Type[SparsifierOptions], summary: str) -> None:
-    """Register method ``name`` with its options class. Names are unique."""
-    if name in _METHODS:
-        raise ValueError(f"method {name!r} is already registered")
-    # Each options class belongs to exactly one method; subclass to share fields.
-    options_for_method = type(options.__name__, (options,), {"method": name, "__doc__": options.__doc__})
-    _METHODS[name] = MethodSpec(name, options_for_method, summary)
-
-
-def implements(name: str) -> Callable[[Type[T]], Type[T]]:
-    """Class decorator: register the implementation of method ``name``."""
+def implements(name: str, options: Type[SparsifierOptions], summary: str) -> Callable[[Type[T]], Type[T]]:
+    """Class decorator: register the class as method ``name`` (unique), with its options class
+    and a one-line summary (``python -m benchmarks`` and the docs list it)."""
 
     def decorate(cls: Type[T]) -> Type[T]:
-        spec = method(name)
-        if spec.implementation is not None:
-            raise ValueError(f"method {name!r} already has an implementation")
-        spec.implementation = cls
+        if name in _METHODS:
+            raise ValueError(f"method {name!r} is already registered")
+        # Each options class belongs to exactly one method; subclass to share fields.
+        options_for_method = type(options.__name__, (options,), {"method": name, "__doc__": options.__doc__})
+        _METHODS[name] = MethodSpec(name, options_for_method, summary, cls)
         cls.method_name = name  # type: ignore[attr-defined]
         return cls
 
@@ -84,7 +78,6 @@ def create(framework: str, name: str, **kwargs: Any) -> Any:
     ``"tensorflow"``: its backend is ``horovod_sparse.<framework>.backend``)."""
     spec = method(name)
     options = make_options(name, **kwargs)
-    assert spec.implementation is not None, f"horovod_sparse.methods registers {name!r}"
     return spec.implementation(options, importlib.import_module(f"horovod_sparse.{framework}.backend"))
 
 

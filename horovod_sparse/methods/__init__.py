@@ -1,8 +1,8 @@
 """The sparsification methods, one module each, written once for PyTorch and TensorFlow.
 
-A method is a :class:`~horovod_sparse.methods.base.Sparsifier` subclass registered with
-``@implements(name)`` (its options are registered in :mod:`horovod_sparse.common.methods`). It
-never imports a framework: each instance holds its framework's backend as ``self.B`` and
+A method is a :class:`~horovod_sparse.methods.base.Sparsifier` subclass in its own module,
+registered with ``@implements(name, options, summary)``; the import below is the one line that
+lists the modules. It never imports a framework: each instance holds its framework's backend as ``self.B`` and
 launches collectives through the ``comm`` its ``exchange`` receives.
 
 The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
@@ -24,5 +24,4 @@ and timed in the group's statistics), ``output(x)`` (the zeroed update buffer), 
 
 Importing this package registers every method.
 """
-import horovod_sparse.common.methods  # noqa: F401  (the options must be registered first)
 from horovod_sparse.methods import dgc, gaussiank, gtopk, lags, micro, threshold, topk  # noqa: F401

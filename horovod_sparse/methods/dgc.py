@@ -21,7 +21,8 @@ class MomentumState:
     accumulated: Optional[Any] = None
 
 
-@implements("dgc")
+@implements("dgc", DGCOptions,
+            "sampled threshold with bounded refinement (DGC); allgather like Top-k")
 class DGC(Sparsifier):
     """DGC's selection per group: threshold = the ``density`` quantile of a strided 1% sample of
     ``|x|`` (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`); when the exact

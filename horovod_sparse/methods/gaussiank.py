@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Tuple
 
 from horovod_sparse.common.controllers import as_float32, scan_block_size
+from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
 from horovod_sparse.methods.backend import Backend, Tensor
@@ -27,7 +28,8 @@ def gaussiank_select(B: Backend, x: Tensor, k: int, density: float) -> Tuple[Ten
     return idx, as_float32(threshold)
 
 
-@implements("gaussiank")
+@implements("gaussiank", SparsifierOptions,
+            "threshold mean + z*std with up to 3 corrections; allgather like Top-k")
 class GaussianK(Sparsifier):
     """``|x| >= mean(x) + |Phi^-1(density / 2)| std(x)`` per group, then up to three corrections
     (×0.5 below ``2k/3`` selected, ×1.5 above ``4k/3``); exchanged like Top-k. One scan serves

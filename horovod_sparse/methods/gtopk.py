@@ -42,7 +42,8 @@ def carried(B: Backend, indices: Tensor, held: SparseSet) -> Tensor:
     return B.mask(indices, B.isin(indices, held.idx))
 
 
-@implements("gtopk")
+@implements("gtopk", GTopKOptions,
+            "global top-k of the sum over ranks: pairwise merges on a butterfly, k*log2(n) pairs sent per rank")
 class GTopK(Sparsifier):
     """Global top-k: exactly ``k = max(1, int(density * numel))`` coordinates of the sum over
     ranks reach the model each step, with ``k * log2(n)`` (value, index) pairs sent per rank.

@@ -24,7 +24,8 @@ from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 #: Elements of the buffer the local costs are timed on (at most; the largest group's otherwise).
 LOCAL_COST_NUMEL = 1 << 22
 
-@implements("lags")
+@implements("lags", LagsOptions,
+            "layer-wise top-k per merged layer group, sent from the hooks at a density fitted to the overlap")
 class Lags(Sparsifier):
     """Top-k with error feedback per layer group, at a per-group density ``rho_l``.
 

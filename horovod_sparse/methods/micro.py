@@ -31,7 +31,7 @@ from typing import Any, Generator, List, Sequence, Tuple
 
 from horovod_sparse.common.controllers import (histogram_exchange, histogram_threshold, make_controller,
                                                scan_block_size)
-from horovod_sparse.common.partitioned import MicroOptions, PartitionedState, make_partitions
+from horovod_sparse.common.partitioned import ExDynaOptions, MicroOptions, PartitionedState, make_partitions
 from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.timing import PhaseTimer
@@ -39,7 +39,8 @@ from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier
 
 
-@implements("micro")
+@implements("micro", MicroOptions,
+            "exclusive rotating partitions, one threshold, allreduce of values at the union (no build-up)")
 class Micro(Sparsifier):
     """MiCRO on the whole model's flat buffer (``groups="model"`` by default).
 
@@ -112,7 +113,8 @@ class Micro(Sparsifier):
             return candidates.select(threshold), threshold
 
 
-@implements("exdyna")
+@implements("exdyna", ExDynaOptions,
+            "MiCRO with block partitions re-balanced every step to equalise the per-rank counts")
 class ExDyna(Micro):
     """ExDyna (Yoon & Oh, CCGrid 2024): MiCRO with block partitions re-balanced every step.
 

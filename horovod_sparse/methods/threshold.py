@@ -4,13 +4,15 @@ from __future__ import annotations
 from typing import Any
 
 from horovod_sparse.common.controllers import as_float32
+from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import hard_threshold
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-@implements("threshold")
+@implements("threshold", SparsifierOptions,
+            "fixed threshold 1/(2 sqrt(k)) per group; allgather like Top-k")
 class HardThreshold(Sparsifier):
     """A fixed threshold ``1 / (2 sqrt(k))``, ``k = max(1, int(density * numel))``, never adapted:
     one O(numel) scan, no sort, and a selected count that drifts with the gradient's scale.

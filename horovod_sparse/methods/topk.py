@@ -3,12 +3,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-@implements("topk")
+@implements("topk", SparsifierOptions,
+            "exact top-k of |g+e| per group; allgather of values and indices (build-up up to n*k)")
 class TopK(Sparsifier):
     """Exact top-k by magnitude per group, ``k = max(1, int(density * numel))``, ties to the
     lower index (the backend's ``top_k``).

@@ -1,17 +1,22 @@
 """The command line every worker takes: ``--configs FILE --out DIR`` (see tests/launch.run_configs)."""
 import argparse
 import json
+import runpy
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 
 def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
-    """The list of configs to run, one after another in this launch, and the output directory."""
+    """The list of configs to run, one after another in this launch, and the output directory.
+    A config's ``plugin`` (a Python file, such as the README's example method) is run first, once."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", required=True)
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    return json.loads(Path(args.configs).read_text()), Path(args.out)
+    configs = json.loads(Path(args.configs).read_text())
+    for plugin in dict.fromkeys(c["plugin"] for c in configs if "plugin" in c):
+        runpy.run_path(plugin)
+    return configs, Path(args.out)
 
 
 def init_tensorflow_worker(process_sets: Any = None) -> None:
