@@ -2,8 +2,8 @@
 
 A method is a :class:`~horovod_sparse.methods.base.Sparsifier` subclass in its own module,
 registered with ``@implements(name, options, summary)``; the import below is the one line that
-lists the modules. It never imports a framework: each instance holds its framework's backend as ``self.B`` and
-launches collectives through the ``comm`` its ``exchange`` receives.
+lists the modules. It never imports a framework: each instance holds its framework's backend as
+``self.B`` and launches collectives through the ``comm`` its ``exchange`` receives.
 
 The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 

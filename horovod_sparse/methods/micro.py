@@ -15,9 +15,9 @@ Every rank then removes its own contribution at the whole union from its residua
 ``fp16_values`` the float16 rounding stays behind), so nothing is lost and the union has exactly
 ``sum(counts)`` coordinates: no build-up. A rank that selects nothing sends an empty index list
 and still takes part in every collective; when the union is empty on every rank, step 3 is
-skipped everywhere. The threshold and partition table of a step
-are computed on the host from the values gathered in that step, so a traced TensorFlow step
-runs the exchange on the host (``Sparsifier.host_exchange``).
+skipped everywhere. The threshold and partition table of a step are computed on the host from
+the values gathered in that step, so a traced TensorFlow step runs the exchange on the host
+(``Sparsifier.host_exchange``).
 
 Statistics per group (``GroupStats.extra``): ``threshold``, ``counts`` (per rank),
 ``load_inc``, ``padding`` (elements a fixed-size allgather would have padded), ``bounds`` (the
