@@ -4,10 +4,11 @@
 
 Rows have the keys of the PyTorch side's (:meth:`benchmarks.digits_training.Recorder.row`) and
 ``mode``: ``tf.function`` when Keras traced the step (its default, every method) or ``eager``
-(Keras' ``model.run_eagerly``, as observed after training). Traced steps are not timed phase by phase, so every
-TensorFlow row's local work (``stats["seconds"]``) is its step minus the compute-only step of the
-same job, one phase ``step_minus_compute`` (an upper bound: it holds the loopback exchange too);
-the phases the exchange timed itself (eager ones) are kept in ``stats["timed_phases"]``.
+(Keras' ``model.run_eagerly``, as observed after training). Traced steps are not timed phase by
+phase, so every TensorFlow row's local work (``stats["seconds"]``) is its step minus the
+compute-only step of the same job, one phase ``step_minus_compute`` (an upper bound: it holds the
+loopback exchange too); the phases the exchange timed itself (eager ones, and those of a step run
+on the host) are kept in ``stats["timed_phases"]``.
 """
 from __future__ import annotations
 
