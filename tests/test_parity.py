@@ -1,8 +1,9 @@
 """PyTorch and TensorFlow agree: the same per-rank gradients, flattened in the same order, through
-both front ends on real three-worker horovodrun jobs, give the same groups, the same selected
-coordinates, the same aggregated gradients and residuals (up to float rounding) and the same
-statistics (counts, bytes, and every method-specific figure such as thresholds or partition
-tables). Bad arguments are refused with the same messages by both."""
+both front ends (TensorFlow's tape eagerly and inside a ``tf.function``) on real three-worker
+horovodrun jobs, give the same groups, the same selected coordinates, the same aggregated gradients
+and residuals (up to float rounding) and the same statistics (counts, bytes, and every method-
+specific figure such as thresholds or partition tables). Bad arguments are refused with the same
+messages by both."""
 from __future__ import annotations
 
 import math
@@ -46,14 +47,19 @@ UNCOMPARED = {"seconds", "select_seconds"}
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     outputs = {}
-    for framework, worker in (("torch", "torch_exchange.py"), ("tensorflow", "tf_exchange.py")):
-        outputs[framework] = tmp_path_factory.mktemp(f"parity_{framework}")
-        run_configs(worker, SIZE, outputs[framework], CONFIGS)
+    for run, worker, api in (("torch", "torch_exchange.py", None), ("tensorflow", "tf_exchange.py", "tape"),
+                             ("tensorflow_traced", "tf_exchange.py", "tape_function")):
+        outputs[run] = tmp_path_factory.mktemp(f"parity_{run}")
+        run_configs(worker, SIZE, outputs[run], [dict(c, api=api) for c in CONFIGS] if api else CONFIGS)
     return outputs
 
 
-def observed(runs, name):
-    return Observed(runs["torch"], name, SIZE), Observed(runs["tensorflow"], name, SIZE)
+#: The TensorFlow runs compared with PyTorch: the tape eagerly and inside a tf.function.
+TF_RUNS = ("tensorflow", "tensorflow_traced")
+
+
+def observed(runs, name, tf_run):
+    return Observed(runs["torch"], name, SIZE), Observed(runs[tf_run], name, SIZE)
 
 
 def assert_same_figures(torch_value, tf_value, where):
@@ -72,9 +78,10 @@ def assert_same_figures(torch_value, tf_value, where):
         assert torch_value == tf_value, f"{where}: {torch_value!r} != {tf_value!r}"
 
 
+@pytest.mark.parametrize("tf_run", TF_RUNS)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c["name"] for c in CONFIGS])
-def test_same_groups_coordinates_and_aggregates(runs, cfg):
-    pt, tf = observed(runs, cfg["name"])
+def test_same_groups_coordinates_and_aggregates(runs, cfg, tf_run):
+    pt, tf = observed(runs, cfg["name"], tf_run)
     assert pt.groups == tf.groups
     for step in range(cfg["steps"]):
         for rank in range(SIZE):
@@ -89,9 +96,10 @@ def test_same_groups_coordinates_and_aggregates(runs, cfg):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(a).max())
 
 
+@pytest.mark.parametrize("tf_run", TF_RUNS)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c["name"] for c in CONFIGS])
-def test_same_statistics(runs, cfg):
-    pt, tf = observed(runs, cfg["name"])
+def test_same_statistics(runs, cfg, tf_run):
+    pt, tf = observed(runs, cfg["name"], tf_run)
     for rank in range(SIZE):
         for step, (a, b) in enumerate(zip(pt.stats(rank), tf.stats(rank))):
             for i, (ga, gb) in enumerate(zip(a["groups"], b["groups"])):
