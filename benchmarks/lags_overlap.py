@@ -145,11 +145,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import horovod.torch as hvd
     import torch
 
-    from horovod_sparse.torch.mergecomp import measure_cost_model
+    from horovod_sparse.common.measurements import measure_cost_model
+    from horovod_sparse.torch import backend
 
     hvd.init()
     torch.set_num_threads(1)
-    model, samples = measure_cost_model(hvd.global_process_set)
+    model, samples = measure_cost_model(backend, hvd.global_process_set)
     project = AlphaBeta(args.project_alpha, args.project_beta, hvd.size())
     local = build_trainer("local", args, None, None)
     specs = dict(COPIES)

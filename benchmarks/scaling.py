@@ -140,11 +140,13 @@ def calibrate_worker(results: Path) -> None:
     import torch
 
     from horovod_sparse.common.cost_model import calibration_sizes
-    from horovod_sparse.torch.mergecomp import measure_cost_model
+    from horovod_sparse.common.measurements import measure_cost_model
+    from horovod_sparse.torch import backend
 
     hvd.init()
     torch.set_num_threads(1)
-    model, samples = measure_cost_model(hvd.global_process_set, calibration_sizes(1 << 10, 1 << 23, 6), repeats=5)
+    model, samples = measure_cost_model(backend, hvd.global_process_set, calibration_sizes(1 << 10, 1 << 23, 6),
+                                        repeats=5)
     if hvd.rank() == 0:
         results.write_text(json.dumps({"model": model.as_dict(), "samples": samples}))
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 #: Seconds a test's subprocess may run: only a guard against a hang, far above what a healthy
@@ -27,9 +27,10 @@ def worker_env() -> Dict[str, str]:
 
 
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
-               timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
-    """Run ``tests/workers/<script>`` on ``np`` local processes; raise with the output on failure."""
-    env = worker_env()
+               timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+    """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
+    :func:`worker_env`); raise with the output on failure."""
+    env = {**worker_env(), **(env or {})}
     command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
                sys.executable, str(WORKERS / script), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
@@ -67,12 +68,12 @@ def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, m
 
 
 def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",
-                timeout: float = HANG_TIMEOUT) -> subprocess.CompletedProcess:
+                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run one launch that goes through every config in ``configs`` (one launch amortises the
     few seconds of start-up every worker pays); results go under ``out``."""
     spec = out / "configs.json"
     spec.write_text(json.dumps(configs))
-    return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout)
+    return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout, env)
 
 
 def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = HANG_TIMEOUT) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Dict, List
 
 import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
+from horovod_sparse.common.mergecomp import MergeCompOptions
 
 #: The options every case starts from (on both ranks), besides the method's defaults.
 BASE_OPTIONS = {"density": 0.05, "min_numel": 0}
@@ -51,8 +52,8 @@ def option_cases() -> List[Dict[str, Any]]:
 
 def wrapper_cases(param: Callable[[str, int], str], dtype: Callable[[str], str], average: str,
                   total: str) -> List[Dict[str, Any]]:
-    """:func:`option_cases` and the cases both front ends share (op, nonfinite, grouping, group
-    sizes, dtypes) on the reliability workers' shapes (1200, 30 and 180 elements), in each front
+    """:func:`option_cases` and the cases both front ends share (op, nonfinite, grouping, MergeComp
+    options, group sizes, dtypes) on the reliability workers' shapes (1200, 30 and 180 elements), in each front
     end's spelling: ``param(case, i)`` names parameter i, ``dtype(name)`` a dtype, ``average`` and
     ``total`` the ops ``Average`` and ``Sum``."""
     float32, float64 = dtype("float32"), dtype("float64")
@@ -65,11 +66,26 @@ def wrapper_cases(param: Callable[[str, int], str], dtype: Callable[[str], str],
          "expect": "sparse_as_dense=True (rank 0: False)"},
         {"name": "grouping", "rank0": {}, "rank1": {"wrapper": {"groups": "model"}},
          "expect": f"groups.group0.{param('grouping', 0)}='1410 x {float32}' (rank 0: '<missing>')"},
+        {"name": "mergecomp", "rank0": {"wrapper": {"groups": {"mergecomp": {}}}},
+         "rank1": {"wrapper": {"groups": {"mergecomp": {"timed_steps": 3}}}},
+         "expect": f"mergecomp={repr(MergeCompOptions(timed_steps=3))!r} (rank 0: {repr(MergeCompOptions())!r})"},
         {"name": "group_size", "rank0": {}, "rank1": {"shapes": [[40, 30], [31], [20, 9]]},
          "expect": f"groups.{param('group_size', 1)}='31 x {float32}' (rank 0: '30 x {float32}')"},
         {"name": "dtype", "rank0": {}, "rank1": {"dtype": "float64"},
          "expect": f"groups.{param('dtype', 1)}='30 x {float64}' (rank 0: '30 x {float32}')"},
     ]
+
+
+def wrapper_arguments(settings: Dict[str, Any], hvd: Any) -> Dict[str, Any]:
+    """A case's ``wrapper`` arguments as the front end takes them: ``op`` given by name (an
+    attribute of the Horovod module ``hvd``) and ``groups`` given as ``{"mergecomp": {options}}``
+    resolved."""
+    wrapper = dict(settings.get("wrapper", {}))
+    if "op" in wrapper:
+        wrapper["op"] = getattr(hvd, wrapper["op"])
+    if isinstance(wrapper.get("groups"), dict):
+        wrapper["groups"] = MergeCompOptions(**wrapper["groups"]["mergecomp"])
+    return wrapper
 
 
 def assert_every_rank_refused(recs: List[Dict[str, Any]], case: Dict[str, Any]) -> None:

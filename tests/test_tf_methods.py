@@ -14,6 +14,8 @@ from tests.test_tf_topk import launcher
 from tests.reference import allgather_method, topk_indices
 from tests.reference_gtopk import gtopk_method
 from tests.reference_partitioned import group_stream, partitioned_reference
+from tests import reference_lags
+from tests.test_torch_lags import LOCAL_COST, MODEL
 from tests.test_torch_threshold_baselines import SELECTORS, dgc_momentum_reference, select_dgc
 
 SHAPES = [[50, 40], [40], [30, 7], [3]]
@@ -54,11 +56,13 @@ GTOPK = [
 ]
 #: Sizes 4096, 64, 4096, 100, 2500, 900: with group_size 8192 -> [0, 1, 2], [3, 4, 5].
 LAGS_SHAPES = [[64, 64], [64], [64, 64], [100], [50, 50], [30, 30]]
-LAGS = [
-    config("lags_uniform_keras_function", "lags", 0.01, api="keras_function", shapes=LAGS_SHAPES,
-           options={"adaptive": False}),
-    config("lags_adaptive_eager", "lags", 0.01, shapes=LAGS_SHAPES),
-]
+LAGS = [config("lags_uniform_keras_function", "lags", 0.01, api="keras_function", shapes=LAGS_SHAPES,
+               options={"adaptive": False})]
+#: LAGS's rule on (the default): the alpha-beta model and local costs calibrated on the job, or
+#: given (tests/test_torch_lags.py's), traced. Measured over one step after step 0.
+LAGS_ADAPTIVE = [config("lags_calibrated_eager", "lags", 0.01, shapes=LAGS_SHAPES, options={"measure_steps": 1}),
+                 config("lags_given_keras_function", "lags", 0.01, api="keras_function", shapes=LAGS_SHAPES,
+                        options={"measure_steps": 1}, cost_model=MODEL, local_cost=LOCAL_COST)]
 
 
 def topk_reference(cfg):
@@ -122,7 +126,7 @@ REFERENCES["gtopk_schedule_function"] = gtopk_reference(GTOPK[3], piecewise_k(0.
 REFERENCES.update({c["name"]: topk_reference(c) for c in LAGS})
 REFERENCES.update({c["name"]: partitioned_reference_of(c) for c in PARTITIONED})
 REFERENCES.update({c["name"]: baseline_reference(c) for c in BASELINES})
-CONFIGS = GTOPK + LAGS + PARTITIONED + BASELINES
+CONFIGS = GTOPK + LAGS + LAGS_ADAPTIVE + PARTITIONED + BASELINES
 #: Conservation is checked against the raw streams: not for a silenced rank (its reference
 #: check covers updates and residuals exactly), gTop-k's lossy "paper" residual, or DGC's
 #: momentum correction (its residual holds velocity, not gradient).
@@ -138,6 +142,10 @@ HOST = [("micro_warmup", "micro", {"warmup_steps": 2}, "tape", None),
         ("gtopk_recall", "gtopk", {"recall_every": 2}, "tape", None)]
 TWINS = [config(f"twin_{name}_{api}", method, 0.05, api=api, steps=5, options=options, groups=groups)
          for name, method, options, eager, groups in HOST for api in (eager, f"{eager}_function")]
+#: LAGS with its rule (given model and local costs, so that both twins choose alike).
+HOST.append(("lags_given", "lags", {"measure_steps": 1}, "tape", None))
+TWINS += [config(f"twin_lags_given_{api}", "lags", 0.05, api=api, steps=5, options={"measure_steps": 1},
+                 shapes=LAGS_SHAPES, cost_model=MODEL, local_cost=LOCAL_COST) for api in ("tape", "tape_function")]
 
 
 @pytest.fixture(scope="module")
@@ -150,10 +158,21 @@ def gloo_run(request, launches):
     return request.param, launches(request.param)
 
 
+def reported_topk_reference(obs):
+    """Top-k with error feedback per group at the count rank 0 reported for it at each step (a
+    group is known by its size)."""
+    def reference(grads):
+        numel = grads[0][0].size
+        counts = [next(g["target"] for g in record["groups"] if g["numel"] == numel) for record in obs.stats(0)]
+        return allgather_method(grads, lambda x, step: topk_indices(x, counts[step]))
+    return reference
+
+
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c["name"] for c in CONFIGS])
 def test_matches_slow_reference(gloo_run, cfg):
     size, out = gloo_run
-    assert_matches_reference(Observed(out, cfg["name"], size), cfg, REFERENCES[cfg["name"]])
+    obs = Observed(out, cfg["name"], size)
+    assert_matches_reference(obs, cfg, REFERENCES.get(cfg["name"]) or reported_topk_reference(obs))
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=[c["name"] for c in CONFIGS])
@@ -194,17 +213,47 @@ def test_gtopk_recall_on_debug_steps_only(gloo_run):
         assert recall is None or 0.5 <= recall <= 1.0
 
 
-@pytest.mark.parametrize("cfg", LAGS, ids=[c["name"] for c in LAGS])
-def test_lags_merges_layers_and_sends_the_floor_density(gloo_run, cfg):
-    """Groups merged up to 8192 elements; the tape has no backward overlap, so nothing is
-    measured (t_comp, alpha, beta, local_cost None) and every group sends the global density."""
+def test_lags_without_the_rule_merges_layers_and_sends_the_floor_density(gloo_run):
+    """Groups merged up to 8192 elements; with ``adaptive=False`` nothing is measured (t_comp,
+    alpha, beta, local_cost None) and every group sends the global density."""
     size, out = gloo_run
-    obs = Observed(out, cfg["name"], size)
+    obs = Observed(out, LAGS[0]["name"], size)
     assert obs.groups == [[0, 1, 2], [3, 4, 5]]
     for record in obs.stats(0):
         for group in record["groups"]:
             assert group["target"] == int(0.01 * group["numel"])
             assert group["extra"] == {"rho": 0.01, "t_comp": None, "alpha": None, "beta": None, "local_cost": None}
+
+
+@pytest.mark.parametrize("cfg", LAGS_ADAPTIVE, ids=[c["name"] for c in LAGS_ADAPTIVE])
+def test_lags_rule_applies_with_no_backward_left(gloo_run, cfg):
+    """The tape returns every gradient at once: every group's measured t_comp is 0 on every
+    rank, and from then on each group sends the count of the rule (tests/reference_lags.py, in
+    group order, which is launch order) fed the model and local costs the groups report, the same
+    on every rank: above the floor only what the 2% slack of the step pays for."""
+    size, out = gloo_run
+    obs = Observed(out, cfg["name"], size)
+    assert obs.groups == [[0, 1, 2], [3, 4, 5]]
+    for step in range(cfg["steps"]):
+        per_rank = [{g["name"]: g for g in obs.stats(rank)[step]["groups"]} for rank in range(size)]
+        for name, group in per_rank[0].items():
+            assert all(other[name]["extra"] == group["extra"] and other[name]["target"] == group["target"]
+                       for other in per_rank[1:]), f"ranks disagree on {name} at step {step}"
+        groups = [per_rank[0][name] for name in sorted(per_rank[0])]
+        extra = groups[0]["extra"]
+        if "cost_model" in cfg:
+            assert (extra["alpha"], extra["beta"], extra["local_cost"]) == (MODEL["alpha"], MODEL["beta"], LOCAL_COST)
+        elif step == 0:  # calibrated at the end of step 0
+            assert extra["alpha"] is None and extra["local_cost"] is None
+        if step < 2:  # step 0 skipped, step 1 measured
+            assert all(g["extra"]["t_comp"] is None and g["target"] == int(0.01 * g["numel"]) for g in groups)
+            continue
+        assert all(g["extra"]["t_comp"] == 0.0 for g in groups)
+        expected = reference_lags.counts([(g["numel"], 0.0) for g in groups], extra["alpha"], extra["beta"], size,
+                                         extra["local_cost"], 0.01, 0.1, 0.02)
+        assert [g["target"] for g in groups] == expected, f"step {step}"
+    if "cost_model" in cfg:
+        assert expected[0] > int(0.01 * groups[0]["numel"]), "the slack buys the first group more pairs"
 
 
 @pytest.mark.parametrize("cfg", PARTITIONED, ids=[c["name"] for c in PARTITIONED])

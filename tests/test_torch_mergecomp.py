@@ -74,35 +74,36 @@ def test_every_rank_chooses_the_same_grouping(run):
     assert sorted(map(sorted, obs.groups)) == sorted(sorted(int(n[1:]) for n in g) for g in results[0]["groups"])
 
 
-def test_the_search_is_fed_the_agreed_median_step_times_and_its_choice_applied(run):
-    out, _ = run
-    result = Observed(out, "search", SIZE).meta[0]["mergecomp"]
-    # ready order: the last parameter's gradient first (the worker's loss is a sum)
-    assert result["order"] == [f"p{i}" for i in reversed(range(len(SHAPES)))]
+def assert_search_replayed(result):
+    """MergeComp's ``result`` (one rank's) was fed the agreed median step times, and the same
+    search fed them here proposes the same candidates and chooses the same; per tensor and
+    whole-model are slow by construction, the choice is faster than both; its reported cost is
+    its steps and this rank's given times in them (shared with ``tests/test_tf_mergecomp.py``)."""
     for trial in result["trials"]:
         assert trial["seconds"] == pytest.approx(agreed_seconds(result, tuple(trial["splits"])), rel=1e-12)
-    # The same search, fed the same times here, proposes the same candidates and chooses the same.
     search = SplitSearch(result["sizes"], MergeCompOptions(**SEARCH))
     while search.candidate is not None:
         search.record(agreed_seconds(result, search.candidate))
     assert [list(t.splits) for t in search.trials] == [t["splits"] for t in result["trials"]]
     assert tuple(result["splits"]) == search.best.splits
     assert result["seconds"] == pytest.approx(agreed_seconds(result, search.best.splits), rel=1e-12)
-    # Per tensor is slow by construction, whole-model too: the choice is in between.
     assert result["seconds"] < agreed_seconds(result, PER_TENSOR) / 10
     assert result["seconds"] < agreed_seconds(result, ()) / 4
-    assert 1 < len(result["groups"]) < len(SHAPES)
-
-
-def test_search_cost_is_reported(run):
-    out, _ = run
-    result = Observed(out, "search", SIZE).meta[0]["mergecomp"]
     per_candidate = SEARCH["warmup_steps"] + SEARCH["timed_steps"]
     assert result["search_steps"] == 1 + len(result["trials"]) * per_candidate
     # rank 0's own step times: per candidate, its given time on every step plus the extras
     own = sum(per_candidate * given_seconds(result, tuple(t["splits"]), 0) + sum(STEP_SECONDS["extra"])
               for t in result["trials"])
     assert result["search_seconds"] == pytest.approx(own, rel=1e-12) and not result["from_cache"]
+
+
+def test_the_search_is_fed_the_agreed_median_step_times_and_its_choice_applied(run):
+    out, _ = run
+    result = Observed(out, "search", SIZE).meta[0]["mergecomp"]
+    # ready order: the last parameter's gradient first (the worker's loss is a sum)
+    assert result["order"] == [f"p{i}" for i in reversed(range(len(SHAPES)))]
+    assert_search_replayed(result)
+    assert 1 < len(result["groups"]) < len(SHAPES)
 
 
 def test_nothing_lost_across_regroupings_and_the_users_optimizer_applies(run):

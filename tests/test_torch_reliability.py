@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.checks import assert_conserved
 from tests.launch import job_fixture
 from tests.mismatch import assert_every_rank_refused, wrapper_cases
@@ -45,9 +44,6 @@ def conserved(recs, shapes, steps, dtype, skipped=lambda step, rank, i: False):
 MISMATCHES = wrapper_cases(lambda case, i: f"p{i}", lambda name: f"torch.{name}", "0", "1") + [
     {"name": "backward_passes_per_step", "rank0": {}, "rank1": {"wrapper": {"backward_passes_per_step": 2}},
      "expect": "backward_passes_per_step=2 (rank 0: 1)"},
-    {"name": "mergecomp", "rank0": {"wrapper": {"groups": {"mergecomp": {}}}},
-     "rank1": {"wrapper": {"groups": {"mergecomp": {"timed_steps": 3}}}},
-     "expect": f"mergecomp={repr(MergeCompOptions(timed_steps=3))!r} (rank 0: {repr(MergeCompOptions())!r})"},
     {"name": "dense_compression", "rank0": {"method": "none"}, "rank1": {"method": "fp16"},
      "expect": "compression='FP16Compressor' (rank 0: 'NoneCompressor')"},
     {"name": "gradient_predivide_factor", "rank0": {"method": "none"},

@@ -14,8 +14,8 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
   ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``;
-* measurements of the running job (PyTorch): ``measure_cost_model``, ``measure_local_cost``,
-  ``agree_seconds``.
+* host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
+  metadata: ``allgather_array``, ``allgather_bytes``.
 
 The communicator (``horovod_sparse.<framework>.collectives.Communicator``) gives ``allgather``,
 ``allreduce`` (may write into its input), ``alltoall`` (each named ``hs.<group>.<tag>``, counted

@@ -42,8 +42,8 @@ class Backend(Protocol):
     def to_numpy(self, t: Tensor) -> np.ndarray:
         """``t``'s values on the host."""
 
-    def from_numpy(self, array: np.ndarray, like: Tensor) -> Tensor:
-        """``array`` as a tensor on ``like``'s device."""
+    def from_numpy(self, array: np.ndarray, like: Optional[Tensor]) -> Tensor:
+        """``array`` as a tensor on ``like``'s device (the host's when ``like`` is None)."""
 
     def reshape_one(self, n: Any, like: Tensor) -> Tensor:
         """A 1-element int64 tensor holding ``n`` (an int, or a scalar tensor while traced)."""
@@ -128,12 +128,9 @@ class Backend(Protocol):
     def kth_magnitude(self, values: Tensor, k: int) -> float:
         """The ``k``-th largest ``|values|``."""
 
-    # -- measurements of the running job (front ends that call ``on_step_end``: PyTorch's) ----
-    def measure_cost_model(self, process_set: Any) -> Any:
-        """The alpha-beta model fitted to allgathers timed on ``process_set``, and its samples."""
+    # -- host collectives (blocking, eager; for measurements and rare metadata) ---------------
+    def allgather_array(self, array: np.ndarray, process_set: Any, name: str) -> np.ndarray:
+        """Every rank's NumPy ``array`` concatenated along the first axis, in rank order."""
 
-    def measure_local_cost(self, process_set: Any, numel: int, low: int, high: int) -> Any:
-        """The local costs of selection and scatter-add (a ``LocalCost``), agreed over ranks."""
-
-    def agree_seconds(self, values: Sequence[float], process_set: Any, name: str) -> Any:
-        """Timings made the same on every rank (their mean over ranks)."""
+    def allgather_bytes(self, payload: bytes, name: str, process_set: Any) -> Sequence[bytes]:
+        """Every rank's ``payload``, in rank order."""

@@ -2,11 +2,13 @@
 rule gives it from the backward time left after it, the network and the local costs measured on
 the running job (:func:`horovod_sparse.common.lags.lags_counts`).
 
-The measurements run at the end of a step (:meth:`Lags.on_step_end`), which PyTorch's
-``DistributedOptimizer`` calls. TensorFlow's tape (and so Keras) returns every gradient at once,
-after the whole backward pass: no group's communication can hide under backward, the rule has no
-overlap to fill, and every group sends the global ``density`` (its statistics report ``t_comp``,
-``alpha``, ``beta`` and ``local_cost`` as None).
+The measurements run at the end of every step (:meth:`Lags.on_step_end`), which every front end
+calls. PyTorch's optimizer launches each group from the backward hooks, so a group's
+communication can hide under the backward computation still to run. TensorFlow's tape (and so
+Keras) returns every gradient at once, after the whole backward pass: every group's measured
+``t_comp`` is 0, and the rule can only spend its ``slack`` of the step on extra density. With
+``adaptive`` the counts are decided on the host at step time, so inside a ``tf.function`` the
+step runs on the host (``host_exchange``).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from horovod_sparse.common.cost_model import AlphaBeta
 from horovod_sparse.common.grouping import MergeBySize, StepTimeline
 from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LagsOptions, LocalCost, lags_counts
+from horovod_sparse.common.measurements import agree_seconds, measure_cost_model, measure_local_cost
 from horovod_sparse.common.options import target_count
 from horovod_sparse.common.registry import implements
 from horovod_sparse.methods.backend import Backend, Tensor
@@ -36,7 +39,7 @@ class Lags(Sparsifier):
     * at the end of the first step, alpha and beta are fitted to allgathers timed on the
       optimizer's process set (:attr:`cost_model`, :attr:`calibration`), and the local costs of
       selection and scatter-add are timed on each rank and agreed (:attr:`local_cost`,
-      the backend's ``measure_local_cost``);
+      timed with the backend's own primitives, :mod:`horovod_sparse.common.measurements`);
     * over the next ``measure_steps`` steps each group's remaining backward time ``t_comp`` is
       measured from the hooks and averaged over ranks (:attr:`t_comp`), with every group at the
       global density;
@@ -71,6 +74,11 @@ class Lags(Sparsifier):
         self._counts: Dict[Tuple[float, int], Dict[str, int]] = {}
 
     @property  # type: ignore[override]
+    def host_exchange(self) -> bool:
+        """With ``adaptive`` each step's counts come from measurements taken on the host."""
+        return self.options.adaptive
+
+    @property  # type: ignore[override]
     def default_grouping(self) -> MergeBySize:
         """Adjacent parameters merged up to ``group_size`` elements."""
         return MergeBySize(self.options.group_size)
@@ -81,18 +89,18 @@ class Lags(Sparsifier):
         if not self.options.adaptive:
             return
         if self.cost_model is None:
-            self.cost_model, self.calibration = self.B.measure_cost_model(process_set)
+            self.cost_model, self.calibration = measure_cost_model(self.B, process_set)
         if self.local_cost is None and self._numel:  # after the first step with a sparse group
             numel = max(2, min(LOCAL_COST_NUMEL, max(self._numel.values())))
             floor, cap = self.options.density, max(self.options.density, self.options.max_density)
             low, high = target_count(floor, numel), target_count(cap, numel)
             # With no room above the floor (density 1) the rule has nothing to choose: no cost.
-            self.local_cost = (self.B.measure_local_cost(process_set, numel, low, high) if high > low
+            self.local_cost = (measure_local_cost(self.B, process_set, numel, low, high) if high > low
                                else LocalCost(0.0, 0.0, 0.0))
         if self._meter.add(record) and record.group_ready:
             means = self._meter.means()
             names = sorted(means)
-            agreed = self.B.agree_seconds([means[n] for n in names], process_set, "hs.lags.t_comp")
+            agreed = agree_seconds(self.B, [means[n] for n in names], process_set, "hs.lags.t_comp")
             self.t_comp = dict(zip(names, agreed))
             self.launch_order = [(name, self._numel[name]) for name in record.launch_order if name in self._numel]
             self._counts = {}
@@ -137,14 +145,14 @@ class Lags(Sparsifier):
         return self._counts[key].get(group, target_count(floor, numel))
 
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
-        numel = self.B.numel(x)
-        self._numel[comm.name] = numel
-        k = self.group_count(comm.name, numel, step, comm.size)
+        numel, group = self.B.numel(x), comm.stats.name  # the group's name, as the timeline has it
+        self._numel[group] = numel
+        k = self.group_count(group, numel, step, comm.size)
         comm.stats.target = k
         model, floor = self.cost_model, self.density(step)
         rho = floor if not isinstance(k, int) or k == target_count(floor, numel) else k / numel
         local = self.local_cost
-        comm.stats.extra.update({"rho": rho, "t_comp": self.t_comp.get(comm.name),
+        comm.stats.extra.update({"rho": rho, "t_comp": self.t_comp.get(group),
                                  "alpha": None if model is None else model.alpha,
                                  "beta": None if model is None else model.beta,
                                  "local_cost": None if local is None else dataclasses.asdict(local)})

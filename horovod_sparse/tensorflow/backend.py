@@ -11,7 +11,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.tensorflow.collectives import index_dtype
+from horovod_sparse.tensorflow.collectives import allgather_array, allgather_bytes, index_dtype  # noqa: F401 (backend API)
 from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import Candidates, pick, scan, top_k  # noqa: F401 (backend API)
 
@@ -42,7 +42,7 @@ def to_numpy(t: tf.Tensor) -> np.ndarray:
     return t.numpy()
 
 
-def from_numpy(array: np.ndarray, like: tf.Tensor) -> tf.Tensor:
+def from_numpy(array: np.ndarray, like: Optional[tf.Tensor]) -> tf.Tensor:
     return tf.constant(array)
 
 

@@ -73,6 +73,14 @@ def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> L
     return [data[end - size:end].tobytes() for end, size in zip(ends, sizes.numpy())]
 
 
+def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -> np.ndarray:
+    """Every rank's ``array`` concatenated along the first axis, in rank order (blocking; runs
+    eagerly even while a ``tf.function`` is traced, as :func:`allgather_bytes` does)."""
+    with tf.init_scope():
+        return hvd.allgather(tf.constant(array), name=op_name(name), ignore_name_scope=True,
+                             process_set=process_set).numpy()
+
+
 def op_name(text: str) -> str:
     """``text`` made a valid TensorFlow op name (Horovod matches collectives by this name)."""
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)

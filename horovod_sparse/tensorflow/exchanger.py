@@ -14,11 +14,16 @@ ones, in the same order:
   below ``min_numel`` or within ``warmup_steps`` take Horovod's dense allreduce.
 
 Works in eager mode and inside ``tf.function`` (Keras ``model.fit`` without ``run_eagerly``), for
-every method. Top-k, gTop-k, LAGS and the hard threshold are traced into the graph; the methods
-that decide in Python from the values of the step (MiCRO, ExDyna, DGC, Gaussian-k, and gTop-k with
-``recall_every``: ``Sparsifier.host_exchange``) run the step's sparse exchange on the host, in one
-``tf.py_function`` that executes the eager code, collectives included, each time the traced step
-runs (so their results are eager mode's, and the step is traced once). Traced with
+every method and grouping. Top-k, gTop-k, uniform LAGS and the hard threshold are traced into the
+graph; what decides in Python from the values or times of the step (MiCRO, ExDyna, DGC,
+Gaussian-k, gTop-k with ``recall_every``, LAGS's adaptive rule: ``Sparsifier.host_exchange``; and
+the MergeComp scheduler, ``groups="mergecomp"``) runs the step's sparse exchange on the host, in
+one ``tf.py_function`` that executes the eager code, collectives included, each time the traced
+step runs (so their results are eager mode's, and the step is traced once). After such a host
+step (and after every eager one) the step's timeline goes to the sparsifier (LAGS) and to the
+MergeComp scheduler, which may regroup for the next step: residuals carry over exactly. The
+tape returns every gradient at once, so the order MergeComp records is the variable order and
+LAGS sees no backward time left to overlap (its rule then only spends the slack). Traced with
 ``warmup_steps``, the dense and the sparse step are both traced and a ``tf.cond`` on the step
 counter picks one, the same on every rank. Residuals, per-group state
 and the step counter are keyed by the list of variables (their order fixes the groups), so they
@@ -45,7 +50,8 @@ Reliability, as on the PyTorch side:
   ``tf.errors`` error wrapping the ``FloatingPointError`` message, and the Keras update is
   applied with the zero gradients.
 * **Exact resume**: :meth:`GradientExchanger.state_dict` / :meth:`~GradientExchanger.load_state_dict`
-  carry residuals, step counters and per-group sparsifier state as NumPy/Python objects; loaded
+  carry residuals, step counters, MergeComp's grouping and per-group sparsifier state as
+  NumPy/Python objects; loaded
   by another number of workers the method state is rebuilt for it and the residuals kept, and a
   checkpoint of other groups raises ``ValueError`` on every rank.
 * **Dtypes and odd variables**: groups are formed per dtype; float16, float32 and float64
@@ -58,8 +64,9 @@ Reliability, as on the PyTorch side:
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -67,10 +74,12 @@ import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments
 from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
-from horovod_sparse.common.grouping import ParamInfo, form_groups
+from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.mergecomp import MergeCompOptions
+from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
-from horovod_sparse.tensorflow import recording
+from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgather_bytes, nbytes, phase_timer
 from horovod_sparse.tensorflow.elastic import refuse_elastic
@@ -82,12 +91,23 @@ OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Mi
 
 @dataclass
 class Layout:
-    """The groups of one list of variables (one model), each group's sparsifier state, and the
-    number of exchanges this list has gone through (the ``step`` the sparsifiers see)."""
+    """One list of variables (one model): what grouping knows of each (``infos``, ``shapes``,
+    ``dtypes``, in list order), its groups, each group's sparsifier state, and the number of
+    exchanges this list has gone through (the ``step`` the sparsifiers see)."""
 
-    groups: List[FlatGroup]
+    infos: List[ParamInfo]
+    shapes: List[tf.TensorShape]
+    dtypes: List[tf.DType]
+    groups: List[FlatGroup] = field(default_factory=list)
     states: Dict[int, Any] = field(default_factory=dict)
     step: Optional[tf.Variable] = None
+    #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
+    timeline: ReadyTimeline = field(default_factory=ReadyTimeline)
+    #: The MergeComp scheduler choosing the groups (``groups="mergecomp"``), else None.
+    mergecomp: Optional[MergeCompScheduler] = None
+    #: Whether every step runs eagerly on the host, also inside a ``tf.function`` (a method that
+    #: decides from the step's values, or groups that change between steps).
+    host: bool = False
 
     def step_counter(self) -> tf.Variable:
         """The step counter, created on first use outside any ``tf.function``."""
@@ -142,12 +162,19 @@ def _horovod_groups(groups: Any) -> Any:
     """``groups=`` for Horovod's own dense reduction: its int and lists of variables as they are,
     ``"tensor"`` as no grouping and ``"model"`` as one group; other strategies only shape the
     flat buffers of a sparsifier."""
-    if not isinstance(groups, str):
-        return groups
-    if groups in ("tensor", "model"):
+    mergecomp = MergeCompOptions.from_spec(groups) is not None
+    if isinstance(groups, str) and groups in ("tensor", "model"):
         return None if groups == "tensor" else 1
-    raise ValueError(f"groups={groups!r} sets the flat buffers of a sparsifier; with Horovod's dense "
-                     "compressors pass an int, lists of variables, 'tensor' or 'model'")
+    if not isinstance(groups, str) and not mergecomp:
+        return groups
+    named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={groups!r}"
+    raise ValueError(f"{named} sets the flat buffers of a sparsifier; with Horovod's dense compressors "
+                     "pass an int, lists of variables, 'tensor' or 'model'")
+
+
+def _mergecomp_result(layout: Layout) -> Optional[Dict[str, Any]]:
+    """The grouping MergeComp chose for ``layout`` (:meth:`MergeCompResult.as_dict`), or None."""
+    return None if layout.mergecomp is None or layout.mergecomp.result is None else layout.mergecomp.result.as_dict()
 
 
 def _unique_names(names: List[str]) -> List[str]:
@@ -242,6 +269,9 @@ class GradientExchanger:
         self._pending_layouts: List[Dict[str, Any]] = []
         self._skip_apply = False
         self.last_stats: Optional[StepStats] = None
+        #: The clock of the timelines of variable lists exchanged from now on (monotonic seconds;
+        #: tests give a virtual one, as PyTorch's ``opt.timeline = ReadyTimeline(clock)``).
+        self.clock: Callable[[], float] = time.perf_counter
 
     # -- bookkeeping ------------------------------------------------------------------------------
     @property
@@ -260,6 +290,12 @@ class GradientExchanger:
         """Variable names of every group of the variable list exchanged last, in group order."""
         layout = self._last_layout
         return [] if layout is None else [list(g.names) for g in layout.groups]
+
+    @property
+    def mergecomp(self) -> Optional[MergeCompScheduler]:
+        """The MergeComp scheduler of the variable list exchanged last (``groups="mergecomp"``:
+        its ``result`` holds the choice once the search decided), else None."""
+        return None if self._last_layout is None else self._last_layout.mergecomp
 
     def residuals(self) -> Dict[str, tf.Tensor]:
         """Each group's residual between steps, flat, keyed by group name (variable list
@@ -285,7 +321,7 @@ class GradientExchanger:
 
     def _layout_state(self, layout: Layout) -> Dict[str, Any]:
         return {"steps": 0 if layout.step is None else int(layout.step.numpy()),
-                "world_size": self.process_set.size(),
+                "world_size": self.process_set.size(), "mergecomp": _mergecomp_result(layout),
                 "groups": {g.name: {"numel": g.numel,
                                     "residual": None if g.residual is None else g.residual.numpy(),
                                     "state": (self.compression.export_state(layout.states[g.index])
@@ -312,6 +348,7 @@ class GradientExchanger:
         when none matches while some are waiting (None when all is well)."""
         if not self._pending_layouts:
             return None
+        self._restore_mergecomp(layout, [saved.get("mergecomp") for saved in self._pending_layouts])
         signature = layout.signature()
         position = next((i for i, saved in enumerate(self._pending_layouts)
                          if [(name, record["numel"]) for name, record in saved["groups"].items()] == signature),
@@ -333,6 +370,18 @@ class GradientExchanger:
             layout.step_counter().assign(saved["steps"])
         return None
 
+    def _restore_mergecomp(self, layout: Layout, results: Sequence[Optional[Dict[str, Any]]]) -> None:
+        """Give a MergeComp layout that has not decided yet the grouping of the first of
+        ``results`` (saved or shared :meth:`MergeCompResult.as_dict`, or None) made for its
+        variables."""
+        if layout.mergecomp is None or layout.mergecomp.result is not None:
+            return
+        names = sorted(info.name for info in layout.infos)
+        for result in results:
+            if result is not None and sorted(result["order"]) == names:
+                self._use_groups(layout, layout.mergecomp.restore(result))
+                return
+
     def _restore_everywhere(self, layout: Layout) -> None:
         """:meth:`_restore` on every rank, then a ``ValueError`` on every rank if it failed on
         any (with Horovod's idiom only rank 0 loads a checkpoint: the others must not wait for
@@ -352,7 +401,7 @@ class GradientExchanger:
         key = tuple(s.ref() for s in sources)
         layout = self._layouts.get(key)
         if layout is None:
-            layout = Layout(self._form_groups(grads, sources))
+            layout = self._new_layout(grads, sources)
             require_same_configuration(self._configuration(layout),
                                        functools.partial(allgather_bytes, process_set=self.process_set))
             self._restore_everywhere(layout)
@@ -375,11 +424,13 @@ class GradientExchanger:
             mine = None
             if self.process_set.rank() == 0:
                 mine = {"steps": 0 if layout.step is None else int(layout.step.numpy()),
+                        "mergecomp": _mergecomp_result(layout),
                         "states": {g.index: self.compression.export_state(layout.states[g.index])
                                    for g in layout.groups if shares and g.index in layout.states}}
             shared = state_of_rank(0, mine, functools.partial(allgather_bytes, process_set=self.process_set))
             if self.process_set.rank() == 0:
                 return
+            self._restore_mergecomp(layout, [shared["mergecomp"]])
             layout.step_counter().assign(shared["steps"])
             if shares:
                 layout.states = {index: self.compression.import_state(state)
@@ -398,25 +449,50 @@ class GradientExchanger:
                 # Same sizes are not enough: a sparse group is flat, so a variable of another
                 # shape but as many elements would mix up coordinates without an error.
                 "shapes": {(g.name if self.sparse else str(g.index)): [s.as_list() for s in g.shapes]
-                           for g in layout.groups}}
+                           for g in layout.groups},
+                "mergecomp": None if layout.mergecomp is None else repr(layout.mergecomp.options)}
 
-    def _form_groups(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[FlatGroup]:
+    def _new_layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
         names = _unique_names([_source_name(s, i) for i, s in enumerate(sources)])
         shapes = [tf.TensorShape(g.shape) for g in grads]
         for name, shape in zip(names, shapes):
             if not shape.is_fully_defined():
                 raise ValueError(f"gradient of {name!r} has shape {shape}, which is not fully defined; "
                                  "horovod_sparse needs static shapes to lay out its flat buffers")
-        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
-                 for name, shape, g in zip(names, shapes, grads)]
+        layout = Layout([ParamInfo(name, int(shape.num_elements()), g.dtype.name)
+                         for name, shape, g in zip(names, shapes, grads)], shapes, [g.dtype for g in grads],
+                        timeline=ReadyTimeline(self.clock))
         spec = self.groups_spec
         if isinstance(spec, (list, tuple)):
             position = {s.ref(): i for i, s in enumerate(sources)}
             spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
+        mergecomp = MergeCompOptions.from_spec(spec) if self.sparse else None
+        layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)
+        if mergecomp is not None:
+            layout.mergecomp = MergeCompScheduler(mergecomp, names, [info.numel for info in layout.infos],
+                                                  self.process_set, backend)
+        layout.host = self.sparse and (self.compression.host_exchange or mergecomp is not None)
+        return layout
+
+    def _form_groups(self, layout: Layout, spec: Any) -> List[FlatGroup]:
         default = self.compression.default_grouping if self.sparse else "tensor"
-        return [FlatGroup(i, [names[j] for j in members], list(members), [shapes[j] for j in members],
-                          grads[members[0]].dtype)
-                for i, members in enumerate(form_groups(infos, spec, default))]
+        return [FlatGroup(i, [layout.infos[j].name for j in members], list(members),
+                          [layout.shapes[j] for j in members], layout.dtypes[members[0]])
+                for i, members in enumerate(form_groups(layout.infos, spec, default))]
+
+    def _use_groups(self, layout: Layout, members: List[List[int]]) -> None:
+        """Switch ``layout`` to new groups (lists of positions in the variable list) between
+        steps, eagerly: residuals carry over exactly, sparsifier states restart."""
+        pieces: Dict[int, tf.Tensor] = {}
+        for group in layout.groups:
+            if group.residual is not None:
+                pieces.update(zip(group.positions, tf.split(group.residual_value(), group.numels)))
+        layout.groups = self._form_groups(layout, members)
+        for group in layout.groups:
+            if any(p in pieces for p in group.positions):
+                group.store_residual(tf.concat([pieces.get(p, tf.zeros([n], group.dtype))
+                                                for p, n in zip(group.positions, group.numels)], axis=0))
+        layout.states.clear()
 
     # -- the exchange -----------------------------------------------------------------------------
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool = False) -> List[Any]:
@@ -490,49 +566,56 @@ class GradientExchanger:
             return results
         kept = [self._dense_gradient(grads[i], sources[i]) for i in positions]
         layout = self._layout(kept, [sources[i] for i in positions])
-        counter = layout.step_counter()
-        step: Step = int(counter.numpy()) if eager else counter.read_value()
-        if self.nonfinite is None:
-            exchanged = self._exchange_step(kept, layout, step)
-            counter.assign_add(1)
+        if layout.host and not eager:
+            exchanged = self._host_step(kept, layout)
         else:
-            exchanged = self._exchange_if_finite(kept, layout, step, counter)
+            exchanged = self._sparse_step(kept, layout, traced=not eager)
         for position, value in zip(positions, exchanged):
             results[position] = value
         return results
 
-    def _exchange_step(self, kept: List[tf.Tensor], layout: Layout, step: Step) -> List[tf.Tensor]:
-        """:meth:`_exchange_groups`, dense during warm-up: decided in Python in eager mode; when
-        traced with ``warmup_steps`` both paths are traced, each inside a ``tf.cond`` branch
-        (every rank takes the same branch)."""
-        warmup = self.compression.options.warmup_steps
-        if isinstance(step, int):
-            return self._exchange_groups(kept, layout, step, warm=step < warmup)
-        if warmup:
-            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
-                           lambda: self._traced_exchange(kept, layout, step))
-        return self._traced_exchange(kept, layout, step)
+    def _host_step(self, kept: List[tf.Tensor], layout: Layout) -> List[tf.Tensor]:
+        """:meth:`_sparse_step` as eager mode runs it, in one ``tf.py_function`` that runs it,
+        collectives included, each time the traced step runs: for a layout whose method decides
+        on the host (``Sparsifier.host_exchange``) or whose groups change between steps
+        (MergeComp). Only one such function runs at a time on a rank (every one is a stateful
+        op, ordered by the function's automatic control dependencies), so ranks cannot block
+        each other on two of them."""
 
-    def _traced_exchange(self, kept: List[tf.Tensor], layout: Layout, step: tf.Tensor) -> List[tf.Tensor]:
-        """The sparse step traced into the graph or, for a method that decides on the host
-        (``Sparsifier.host_exchange``), one ``tf.py_function`` that runs the eager step, with its
-        collectives, each time the graph runs. Only one such function runs at a time on a rank
-        (every one is a stateful op, ordered by the function's automatic control dependencies),
-        so ranks cannot block each other on two of them."""
-        if not self.compression.host_exchange:
-            return self._exchange_groups(kept, layout, step, warm=False)
+        def run(*grads: tf.Tensor) -> List[tf.Tensor]:
+            return self._sparse_step(list(grads), layout, traced=True)
 
-        def run(step_value: tf.Tensor, *grads: tf.Tensor) -> List[tf.Tensor]:
-            return self._exchange_groups(list(grads), layout, int(step_value), warm=False)
-
-        results = tf.py_function(run, inp=[step, *kept], Tout=[g.dtype for g in kept],
-                                 name="horovod_sparse_host_exchange")
+        results = tf.py_function(run, inp=kept, Tout=[g.dtype for g in kept], name="horovod_sparse_host_step")
         for result, grad in zip(results, kept):
             result.set_shape(grad.shape)
         return results
 
+    def _sparse_step(self, kept: List[tf.Tensor], layout: Layout, traced: bool) -> List[tf.Tensor]:
+        """One counted step of ``layout``: the exchange, behind the non-finite check when
+        ``nonfinite`` is set. ``traced``: part of a ``tf.function`` (run in the graph, or on the
+        host by :meth:`_host_step`)."""
+        counter = layout.step_counter()
+        step: Step = int(counter.numpy()) if tf.executing_eagerly() else counter.read_value()
+        if self.nonfinite is not None:
+            return self._exchange_if_finite(kept, layout, step, counter, traced)
+        exchanged = self._exchange_step(kept, layout, step)
+        counter.assign_add(1)
+        return exchanged
+
+    def _exchange_step(self, kept: List[tf.Tensor], layout: Layout, step: Step) -> List[tf.Tensor]:
+        """:meth:`_exchange_groups`, dense during warm-up: decided in Python on the host; when
+        traced with ``warmup_steps`` both paths are traced, each inside a ``tf.cond`` branch
+        (every rank takes the same branch)."""
+        warmup = self.compression.options.warmup_steps
+        if isinstance(step, int):
+            return self._exchange_groups(kept, layout, step, warm=self._dense_step(layout, step))
+        if warmup:
+            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
+                           lambda: self._exchange_groups(kept, layout, step, warm=False))
+        return self._exchange_groups(kept, layout, step, warm=False)
+
     def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step,
-                            counter: tf.Variable) -> List[tf.Tensor]:
+                            counter: tf.Variable, traced: bool) -> List[tf.Tensor]:
         """The step's exchange if no rank has a non-finite gradient, else :meth:`_abandon`;
         counts the step, then applies the ``nonfinite`` policy (see the module docstring)."""
         finite = [tf.reduce_all([_all_finite(kept[p]) for p in group.positions])
@@ -548,7 +631,7 @@ class GradientExchanger:
             exchanged = tf.cond(tf.reduce_any(flags > 0), lambda: self._abandon(kept, layout, step, finite),
                                 lambda: self._exchange_step(kept, layout, step))
         counter.assign_add(1)
-        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups], isinstance(step, int))
+        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups], not traced)
         if isinstance(step, int):
             report(flags, tf.stack(finite), step)
         else:
@@ -559,7 +642,7 @@ class GradientExchanger:
         """An abandoned step: nothing is exchanged and every gradient returned is zero; each
         sparse group finite on this rank adds its gradient to its residual, the others keep
         their residual as it was."""
-        warm = step < self.compression.options.warmup_steps
+        warm = self._dense_step(layout, step)
         for group in layout.groups:
             if group.numel < self.compression.options.min_numel:
                 continue  # exchanged densely: this step's gradient is dropped
@@ -567,7 +650,32 @@ class GradientExchanger:
             x = group.load_gradients(kept)
             group.store_residual(tf.where(tf.logical_and(finite[group.index], tf.logical_not(warm)), x, before))
         recording.publish(StepStats(step=step, abandoned=True), self._record)
+        if isinstance(step, int):
+            self._end_step(layout)
         return [tf.zeros_like(g) for g in kept]
+
+    def _dense_step(self, layout: Layout, step: Step) -> Any:
+        """Whether every group of ``layout`` is exchanged dense at ``step``: warm-up, or the
+        step MergeComp records the gradients' order on."""
+        if layout.mergecomp is not None and layout.mergecomp.recording:
+            return True
+        return step < self.compression.options.warmup_steps
+
+    def _end_step(self, layout: Layout) -> None:
+        """Close a step run eagerly or on the host (every rank, after its collectives): hand its
+        timeline to the method (LAGS measures here) and to MergeComp, apply MergeComp's
+        ``residual_decay`` and switch groups when it says so."""
+        record = layout.timeline.end_step()
+        self.compression.on_step_end(self.process_set, record)
+        if layout.mergecomp is None:
+            return
+        decay = layout.mergecomp.options.residual_decay
+        for group in layout.groups if decay != 1.0 else []:
+            if group.residual is not None:
+                group.store_residual(group.residual_value() * decay)
+        members = layout.mergecomp.after_step(record)
+        if members is not None:
+            self._use_groups(layout, members)
 
     def _report_nonfinite(self, names: List[str], eager: bool, flags: Any, finite: Any, step: Any) -> None:
         """Apply the ``nonfinite`` policy when some rank (``flags[r]``: rank r saw a NaN/Inf)
@@ -592,8 +700,13 @@ class GradientExchanger:
         scale = 1.0 / size if self.op == hvd.Average else 1.0
         inflight: List[_Inflight] = []
         dense_groups: List[FlatGroup] = []
+        host = isinstance(step, int)
+        for position in range(len(kept) if host else 0):
+            layout.timeline.param_ready(position)
         with tf.device(self.device_dense):
             for group in layout.groups:
+                if host:
+                    layout.timeline.group_ready(group.name)
                 if warm or group.numel < self.compression.options.min_numel:
                     dense_groups.append(group)
                     continue
@@ -617,6 +730,8 @@ class GradientExchanger:
                 for position, value in zip(flight.group.positions, flight.group.unflatten(update)):
                     results[position] = tf.cast(value, kept[position].dtype)
         recording.publish(stats, self._record)
+        if host:
+            self._end_step(layout)
         return results
 
     def _exchange_dense_groups(self, groups: List[FlatGroup], kept: List[Any], results: List[Any],

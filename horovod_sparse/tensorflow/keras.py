@@ -57,7 +57,8 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
 
     Takes every argument of ``horovod.tensorflow.keras.DistributedOptimizer`` with the same
     meaning (see there); ``compression`` may also be a horovod_sparse sparsifier, ``groups`` may
-    also be ``"tensor"`` / ``"model"`` / ``"size:N"`` with one, and ``stats_log`` is an optional
+    also be ``"tensor"`` / ``"model"`` / ``"size:N"`` / ``"mergecomp"`` (or a ``MergeCompOptions``)
+    with one, and ``stats_log`` is an optional
     text stream receiving one JSON line of statistics per exchange. ``nonfinite`` is the NaN/Inf
     policy of :func:`horovod_sparse.tensorflow.DistributedGradientTape`; in eager mode
     (``run_eagerly=True``) an abandoned step also skips the optimizer's update (and its

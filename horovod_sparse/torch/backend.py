@@ -5,17 +5,12 @@ allocates nothing of a buffer's size (the front end reuses each group's residual
 """
 from __future__ import annotations
 
-import statistics
-import time
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-import horovod.torch as hvd
 import numpy as np
 import torch
 
-from horovod_sparse.common.lags import LocalCost
-from horovod_sparse.torch.collectives import index_dtype
-from horovod_sparse.torch.mergecomp import agree_seconds, measure_cost_model  # noqa: F401 (backend API)
+from horovod_sparse.torch.collectives import allgather_array, allgather_bytes, index_dtype  # noqa: F401 (backend API)
 from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k  # noqa: F401 (backend API)
 
 name = "torch"
@@ -46,8 +41,9 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.cpu().numpy()
 
 
-def from_numpy(array: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    return torch.from_numpy(array).to(like.device)
+def from_numpy(array: np.ndarray, like: Optional[torch.Tensor]) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor if like is None else tensor.to(like.device)
 
 
 def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
@@ -156,32 +152,3 @@ def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated
 
 def kth_magnitude(values: torch.Tensor, k: int) -> float:
     return float(torch.topk(values.abs(), k, sorted=False).values.min())
-
-
-def measure_local_cost(process_set: hvd.ProcessSet, numel: int, low: int, high: int, repeats: int = 3) -> LocalCost:
-    """Time, on this rank, the exact top-k of a normal buffer of ``numel`` elements at ``low``
-    and ``high`` coordinates and the scatter-add of ``n * high`` received pairs (what an
-    allgather exchange runs), agree the medians over ``process_set`` (a collective call) and fit
-    :class:`~horovod_sparse.common.lags.LocalCost` to them: the same costs on every rank."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0))
-    workers = process_set.size()
-    chosen = top_k(x, high)
-    indices, values = chosen.repeat(workers), x[chosen].repeat(workers)
-    out = torch.zeros_like(x)
-
-    def seconds(work: Callable[[], Any]) -> float:
-        work()
-        timings = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            work()
-            timings.append(time.perf_counter() - start)
-        return statistics.median(timings)
-
-    def apply() -> None:
-        scatter_chunks(out, indices, values, [high] * workers, 1.0 / workers)
-        distinct(indices, numel)
-
-    measured = [seconds(lambda: top_k(x, low)), seconds(lambda: top_k(x, high)), seconds(apply)]
-    t_low, t_high, t_apply = agree_seconds(measured, process_set, "hs.lags.local_cost")
-    return LocalCost.fit(numel, (low, t_low), (high, t_high), (workers * high, t_apply))

@@ -5,7 +5,7 @@ full-size allocation happens per step (allocating 25.6M zeros costs ~45 ms on a 
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -86,3 +86,17 @@ class FlatGroup:
         assert self.output is not None
         for p, chunk in zip(self.params, self.output.split(self.numels)):
             p.grad = chunk.view_as(p)
+
+
+def carry_residuals(old: Sequence[FlatGroup], new: Sequence[FlatGroup]) -> None:
+    """Give ``new`` groups the residuals ``old`` groups hold for the same parameters, so
+    regrouping loses nothing. Groups whose parameters have no residual yet stay unallocated."""
+    pieces: Dict[int, torch.Tensor] = {}
+    for group in old:
+        if group.residual is not None:
+            for p, chunk in zip(group.params, group.residual.split(group.numels)):
+                pieces[id(p)] = chunk
+    for group in new:
+        if any(id(p) in pieces for p in group.params):
+            group.load_residual(torch.cat([pieces[id(p)] if id(p) in pieces else p.new_zeros(p.numel())
+                                           for p in group.params]))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
@@ -45,6 +46,11 @@ def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> L
     sizes = hvd.allgather(torch.tensor([tensor.numel()]), name=f"{name}.sizes", process_set=process_set)
     data = hvd.allgather(tensor, name=f"{name}.data", process_set=process_set)
     return [bytes(chunk.tolist()) for chunk in data.split(sizes.tolist())]
+
+
+def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -> np.ndarray:
+    """Every rank's ``array`` concatenated along the first axis, in rank order (blocking)."""
+    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(array)), name=name, process_set=process_set).numpy()
 
 
 def allgather_json(obj: Any, name: str, process_set: hvd.ProcessSet) -> List[Any]:

@@ -27,12 +27,13 @@ from horovod_sparse.common.arguments import check_backward_passes, check_wrapper
 from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
+from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.plain import from_plain, to_plain
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
-from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch import backend
+from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator, Pending, allgather_bytes
-from horovod_sparse.torch.mergecomp import MergeCompScheduler, carry_residuals
 from horovod_sparse.methods.base import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -134,7 +135,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         mergecomp = MergeCompOptions.from_spec(groups)
         #: The MergeComp scheduler choosing the grouping (``groups="mergecomp"``), else None.
         self.mergecomp = None if mergecomp is None else MergeCompScheduler(
-            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set)
+            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend)
         #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
         self.timeline = ReadyTimeline()
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
@@ -398,7 +399,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._sparse:
             self._compression.on_step_end(self.process_set, record)
         if self.mergecomp is not None:
-            members = self.mergecomp.after_step(record, self._groups)
+            decay = self.mergecomp.options.residual_decay
+            for group in self._groups if decay != 1.0 else []:
+                if group.residual is not None:
+                    group.residual.mul_(decay)
+            members = self.mergecomp.after_step(record)
             if members is not None:
                 self._use_groups(members)
 

@@ -3,7 +3,9 @@ and writes what it observed (aggregated gradients, residuals, variables, statist
 file format as ``torch_exchange.py``, so the same checks (``tests/checks.py``) apply.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype", "stream",
-"zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock"}.
+"zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock",
+"step_seconds", "cost_model", "local_cost", "prefix"} (``prefix``: of the variable names, which
+are ``<prefix><i>``; the config's name and ``_p`` by default).
 ``groups`` is what ``groups=`` takes, with lists of variable indices for lists of variables and
 ``{"mergecomp": {options}}`` for ``MergeCompOptions``; for the gradients see ``gradient_stream``.
 ``api`` is how the exchange is driven:
@@ -12,6 +14,9 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 * ``"tape_function"``: the same step inside a ``tf.function``;
 * ``"keras"``: the Keras ``DistributedOptimizer`` (``compute_gradients`` + ``apply_gradients``);
 * ``"keras_function"``: the Keras optimizer inside a ``tf.function``.
+
+``step_seconds``, ``cost_model`` and ``local_cost`` give times instead of measured ones, as in
+``torch_exchange.py`` (every gradient arrives at once here, when the tape returns).
 
 With ``compare_stock`` a second copy of the variables is trained by Horovod's own wrapper (the
 tape or the Keras optimizer) with the same compression and both results are written. With
@@ -28,10 +33,13 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
+from horovod_sparse.common.cost_model import AlphaBeta
+from horovod_sparse.common.lags import LocalCost
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
+from tests.workers.virtual_time import VirtualClock, step_seconds
 
 
 def make_variables(shapes, seed, dtype, prefix):
@@ -72,9 +80,12 @@ class Trainer:
             self.wrapper_args["groups"] = groups
         self.optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.passes = config.get("backward_passes", 1)
+        #: The exchanger's clock with ``step_seconds`` (given step times), else None (measured).
+        self.clock = VirtualClock() if "step_seconds" in config else None
         if self.api.startswith("keras"):
             self.optimizer = keras_module.DistributedOptimizer(self.optimizer, backward_passes_per_step=self.passes,
                                                                **self.wrapper_args)
+            self._use_clock(self.optimizer.exchanger)
         self.tape = None
         #: Times the step's Python body ran: once per step eagerly, once per trace in a tf.function.
         self.traces = 0
@@ -91,12 +102,27 @@ class Trainer:
                 grads = [g for g, _ in self.optimizer.compute_gradients(loss, self.variables, tape)]
             else:
                 self.tape = self.tape_module.DistributedGradientTape(tape, **self.wrapper_args)
+                self._use_clock(self.tape.exchanger)
                 grads = self.tape.gradient(loss, self.variables)
             self.optimizer.apply_gradients(zip(grads, self.variables))
         return grads
 
+    def _use_clock(self, exchanger):
+        if self.clock is not None:
+            exchanger.clock = self.clock
+
+    def next_groups(self):
+        """Variable names of the groups the next step launches; [] before the first step, whose
+        groups are formed when it runs (per tensor under MergeComp, whose first step records)."""
+        return self.exchanger.groups() if self.tape is not None or self.api.startswith("keras") else []
+
     def step(self, step):
         raw_grads = gradient_stream(self.variables, self.config, step, hvd.rank())
+        if self.clock is not None:  # the step takes its given time with the groups it will use
+            groups = self.next_groups()
+            numel = {v.name: int(np.prod(v.shape)) for v in self.variables}
+            sizes = [sum(numel[n] for n in g) for g in groups] or list(numel.values())
+            self.clock.advance(step_seconds(self.config["step_seconds"], sizes, step, hvd.rank()))
         return [g.numpy().astype(np.float64) for g in self._step(raw_grads)]
 
     @property
@@ -107,7 +133,12 @@ class Trainer:
 def run(config, out: Path):
     rank = hvd.rank()
     compression = hs.Compression.create(config["method"], **config.get("options", {}))
-    trainer = Trainer(config, compression, stock=config.get("stock", False), prefix=f"{config['name']}_p")
+    if "cost_model" in config:
+        compression.cost_model = AlphaBeta(workers=hvd.size(), **config["cost_model"])
+    if "local_cost" in config:
+        compression.local_cost = LocalCost(**config["local_cost"])
+    prefix = config.get("prefix", f"{config['name']}_p")  # variable names: p0, p1, ... after it
+    trainer = Trainer(config, compression, stock=config.get("stock", False), prefix=prefix)
     if config.get("expect_error"):
         try:
             trainer.step(0)
@@ -119,8 +150,12 @@ def run(config, out: Path):
     stock = None
     if config.get("compare_stock"):
         stock = Trainer(config, compression, stock=True, prefix=f"{config['name']}_s")
-    aggregated, stats, traces = [], [], []
+    def indices(groups):
+        return [[int(n[len(prefix):].split(":")[0]) for n in names] for names in groups]
+
+    aggregated, stats, traces, step_groups = [], [], [], []
     for step in range(config["steps"]):
+        step_groups.append(indices(trainer.next_groups()))
         aggregated.append(trainer.step(step))
         stats.append(trainer.exchanger.last_stats.as_dict())
         traces.append(trainer.traces)
@@ -133,9 +168,9 @@ def run(config, out: Path):
     if stock is not None:
         arrays.update({f"stock_{i}": v.numpy().astype(np.float64) for i, v in enumerate(stock.variables)})
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
-    prefix = f"{config['name']}_p"
-    groups = [[int(n[len(prefix):].split(":")[0]) for n in names] for names in trainer.exchanger.groups()]
-    meta = {"groups": groups, "stats": stats, "traces": traces}
+    scheduler = trainer.exchanger.mergecomp
+    meta = {"groups": indices(trainer.exchanger.groups()), "step_groups": step_groups, "stats": stats, "traces": traces,
+            "mergecomp": None if scheduler is None or scheduler.result is None else scheduler.result.as_dict()}
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(meta))
 
 

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
-from tests.mismatch import BASE_OPTIONS
+from tests.mismatch import BASE_OPTIONS, wrapper_arguments
 from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
@@ -101,15 +101,12 @@ class Trainer:
 def scenario_mismatches(config):
     """Each case (``tests/mismatch.py``): rank 1's settings differ in one field; every rank must
     raise ValueError at the first exchange. Settings: ``method``, ``options``, ``wrapper``
-    arguments of the tape (``op`` by name), ``shapes``, ``dtype``; the variables are named after
-    the case."""
+    arguments of the tape (``op`` by name, ``groups`` with ``{"mergecomp": {...}}``), ``shapes``,
+    ``dtype``; the variables are named after the case."""
     results = {}
     for case in config["cases"]:
         settings = {**case["rank0"], **(case["rank1"] if hvd.rank() == 1 else {}), "name": case["name"]}
-        wrapper = dict(settings.get("wrapper", {}))
-        if "op" in wrapper:
-            wrapper["op"] = getattr(hvd, wrapper["op"])
-        trainer = Trainer(settings, settings.get("dtype", "float32"), **wrapper)
+        trainer = Trainer(settings, settings.get("dtype", "float32"), **wrapper_arguments(settings, hvd))
         try:
             trainer.step(raw_gradients(trainer.variables, 0))
             results[case["name"]] = None

@@ -22,7 +22,7 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 """
 import json
 from pathlib import Path
-from typing import Callable, List, Sequence
+from typing import Callable, List
 
 import horovod.torch as hvd
 import numpy as np
@@ -35,6 +35,7 @@ from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out
+from tests.workers.virtual_time import VirtualClock, step_seconds
 
 
 def make_params(shapes, seed, dtype):
@@ -49,38 +50,6 @@ def backward(params, seed, step, rank, stream="normal", passes=1):
     for part in range(1, passes + 1):
         loss = sum((p * g).sum() for p, g in zip(params, grads)) * (part / (passes * (passes + 1) / 2))
         loss.backward()
-
-
-class VirtualClock:
-    """The optimizer's clock (``opt.timeline``) in a run with given times: it moves only when
-    the worker advances it, so every duration the optimizer measures is one the config gave."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-
-    def after(self, seconds: float):
-        """A gradient hook: computing this gradient takes ``seconds``."""
-        def hook(grad):
-            self.advance(seconds)
-            return grad
-        return hook
-
-
-def step_seconds(spec: dict, group_sizes: Sequence[int], step: int, rank: int) -> float:
-    """The given duration of ``step`` on ``rank`` with groups of ``group_sizes`` elements (in the
-    optimizer's group order, which MergeComp's groups are launched in):
-    ``(1 + rank) * (per_group * groups + per_element * elements of the last group)`` (a fixed
-    cost per group; the last group's exchange overlaps nothing), plus
-    ``extra[(step - 1) % len(extra)]`` (e.g. a slow first step after each regrouping)."""
-    extra: List[float] = spec.get("extra", [0.0])
-    base = spec["per_group"] * len(group_sizes) + spec["per_element"] * group_sizes[-1]
-    return (1 + rank) * base + extra[(step - 1) % len(extra)]
 
 
 def grouping(spec, params):

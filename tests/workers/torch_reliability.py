@@ -10,8 +10,7 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
-from horovod_sparse.common.mergecomp import MergeCompOptions
-from tests.mismatch import BASE_OPTIONS
+from tests.mismatch import BASE_OPTIONS, wrapper_arguments
 from tests.streams import raw_gradient
 
 from tests.workers.cli import configs_and_out
@@ -51,11 +50,7 @@ def build(settings):
     method = settings.get("method", "topk")
     compression = (getattr(hvd.Compression, method) if method in ("none", "fp16")
                    else hs.Compression.create(method, **{**BASE_OPTIONS, **settings.get("options", {})}))
-    wrapper = dict(settings.get("wrapper", {}))
-    if "op" in wrapper:
-        wrapper["op"] = getattr(hvd, wrapper["op"])
-    if isinstance(wrapper.get("groups"), dict):
-        wrapper["groups"] = MergeCompOptions(**wrapper["groups"]["mergecomp"])
+    wrapper = wrapper_arguments(settings, hvd)
     return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
                                    named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                    compression=compression, **wrapper)
