@@ -5,7 +5,7 @@ on this machine's workers, and what each one buys on a real cluster.
 
 One ``horovodrun --gloo`` job of ``--np`` workers trains the digits MLP, one configuration after the
 other: compute-only (no exchange), dense Horovod (``none``), every method of the framework at every
-``--densities`` value, and ``--mergecomp`` methods with ``groups="mergecomp"`` (PyTorch). Then it
+``--densities`` value, and ``--mergecomp`` methods with ``groups="mergecomp"``. Then it
 prints one table: *measured* here (test accuracy and its difference to dense, payload bytes sent
 per step and the reduction against dense, union density, the method's own work per step) and
 *projected* by :mod:`benchmarks.scaling`'s alpha-beta model with this run's costs (step time and
@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import digits_report, scaling
-from benchmarks.digits_training import EPOCH_PREFIX, LOCAL, Recorder, add_arguments, horovodrun, parse_configuration
+from benchmarks.digits_training import (EPOCH_PREFIX, LOCAL, MERGECOMP, Recorder, add_arguments, groups_argument,
+                                       horovodrun, parse_configuration, search_summary)
 from benchmarks.netem import rate_bits
 from benchmarks.results import Progress, command_line, read_results, write_results
-from horovod_sparse.common.mergecomp import MergeCompOptions
 
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow, Keras model.fit"}
 #: What the table's local work is, per framework (see benchmarks.digits_tf for TensorFlow's).
@@ -49,9 +49,6 @@ LOCAL_WORK = {"torch": "the method's own work per step outside the communication
                        "applying)",
               "tensorflow": "the step minus the compute-only step (a traced step is not timed phase by phase, so "
                             "this holds the loopback exchange too: an upper bound)"}
-#: MergeComp's search shortened to fit the demo's few epochs: 1 warm-up and 3 timed steps per
-#: candidate (the reference's 5 + 20 would outlast the training); the other options are the defaults.
-MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
 
 
 def link_rate(text: str) -> str:
@@ -71,7 +68,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001],
                    help="every method is trained at each of these densities")
     p.add_argument("--mergecomp", nargs="*", default=["topk"],
-                   help="methods also trained with groups='mergecomp' (PyTorch only; --mergecomp alone: none)")
+                   help="methods also trained with groups='mergecomp' (--mergecomp alone: none)")
     p.add_argument("--compressors", nargs="+",
                    help="explicit configurations SPEC[@GROUPS], e.g. none topk:density=0.01@mergecomp "
                         "(replaces --methods/--densities/--mergecomp; dense is always trained)")
@@ -96,8 +93,7 @@ def configurations(args: argparse.Namespace) -> List[str]:
 
         chosen = [f"{m}:density={d}" for m in args.methods or available_methods()
                   for d in args.densities]
-        if args.framework == "torch":
-            chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
+        chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
     return [LOCAL, "none", *dict.fromkeys(chosen)]
 
 
@@ -113,7 +109,7 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
     recorder = Recorder(label, args.epochs, announce=hvd.rank() == 0)
     for seed in args.seeds:
         job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=seed,
-                        split_seed=0, groups=MERGECOMP if groups == "mergecomp" else groups)
+                        split_seed=0, groups=groups_argument(groups))
         search = getattr(job.opt, "mergecomp", None)
         settled = search is None
         loss = 0.0
@@ -127,10 +123,7 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
             settled = search is None or search.result is not None
             start = time.perf_counter()
         recorder.end_run(job.test_accuracy())
-    row = recorder.row(count_parameters(job.model), hvd.size())
-    if search is not None and search.result is not None:
-        row["mergecomp"] = {"groups": len(search.result.groups), "search_steps": search.result.search_steps}
-    return row
+    return recorder.row(count_parameters(job.model), hvd.size(), **search_summary(search))
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -221,8 +214,6 @@ def summary(args: argparse.Namespace, report: digits_report.Report, parameters: 
             lines.append(f"{row['label']}: MergeComp chose {groups} group{'s' * (groups != 1)} after a search of "
                          f"{steps} steps ({MERGECOMP.warmup_steps} + {MERGECOMP.timed_steps} per candidate), "
                          "measured after it.")
-    if args.framework == "tensorflow" and args.mergecomp and not args.compressors:
-        lines.append(f"Not available with TensorFlow: groups='mergecomp' ({', '.join(args.mergecomp)}), PyTorch only.")
     lines.append(digits_report.legend(report, f"{args.np} workers on this machine, Gloo over loopback",
                                       LOCAL_WORK[args.framework]))
     return "\n".join(lines)

@@ -21,7 +21,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow.keras as hs_keras
 from benchmarks.data import digits_split, shard
-from benchmarks.digits_training import LOCAL, Recorder, parse_configuration
+from benchmarks.digits_training import LOCAL, Recorder, groups_argument, parse_configuration, search_summary
 from horovod_sparse.common.registry import parse_spec
 from horovod_sparse.tensorflow import Compression
 
@@ -41,36 +41,40 @@ def local_batches(x: Any, y: Any, batch_size: int, seed: int) -> tf.data.Dataset
 
 
 class Measure(tf.keras.callbacks.Callback):
-    """Feeds every training step of ``model.fit`` (its wall time and the optimizer's
-    ``last_stats``) and every epoch's training loss to a :class:`Recorder`."""
+    """Feeds every training step of ``model.fit`` (its wall time, the optimizer's ``last_stats``
+    and whether MergeComp's search had ended before it, when ``searching``) and every epoch's
+    training loss to a :class:`Recorder`."""
 
-    def __init__(self, recorder: Recorder, seed: int) -> None:
+    def __init__(self, recorder: Recorder, seed: int, searching: bool) -> None:
         super().__init__()
         self.recorder = recorder
         self.seed = seed
+        self.searching = searching
         self.epoch = 0
         self.start = 0.0
+        self.settled = not searching
 
     def on_epoch_begin(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self.epoch = epoch
 
     def on_train_batch_begin(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
+        if self.searching:
+            scheduler = self.model.optimizer.exchanger.mergecomp
+            self.settled = scheduler is not None and scheduler.result is not None
         self.start = time.perf_counter()
 
     def on_train_batch_end(self, batch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self.recorder.step(self.epoch, time.perf_counter() - self.start,
-                           getattr(self.model.optimizer, "last_stats", None))
+                           getattr(self.model.optimizer, "last_stats", None), self.settled)
 
     def on_epoch_end(self, epoch: int, logs: Optional[Dict[str, Any]] = None) -> None:
         self.recorder.end_epoch(self.seed, epoch, float((logs or {}).get("loss", float("nan"))))
 
 
 def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str, Any]]:
-    """Train configuration ``label`` (no groups: MergeComp is PyTorch-only) once per seed through
-    ``model.fit``; return the last seed's model and the configuration's row."""
+    """Train configuration ``label`` once per seed through ``model.fit``; return the last seed's
+    model and the configuration's row."""
     spec, groups = parse_configuration(label)
-    if groups is not None:
-        raise ValueError(f"{label}: groups={groups!r} is not available with TensorFlow")
     x_train, y_train, x_test, y_test = digits_split(seed=0)
     rank, size = hvd.rank(), hvd.size()
     # Every rank must take the same number of steps: size them on the smallest shard.
@@ -82,15 +86,19 @@ def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str,
         if spec != LOCAL:
             name, options = parse_spec(spec)
             compression = Compression.create(name, **options)
-            optimizer = hs_keras.DistributedOptimizer(optimizer, compression=compression)
+            optimizer = hs_keras.DistributedOptimizer(optimizer, compression=compression,
+                                                      groups=groups_argument(groups))
         model.compile(optimizer=optimizer,
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         data = local_batches(shard(x_train, rank, size), shard(y_train, rank, size), args.batch_size,
                              seed * 1000 + rank)
         model.fit(data, epochs=args.epochs, steps_per_epoch=steps_per_epoch, verbose=0,
-                  callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0), Measure(recorder, seed)])
+                  callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0),
+                             Measure(recorder, seed, searching=groups == "mergecomp")])
         recorder.end_run(float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean()))
-    return model, recorder.row(int(model.count_params()), size, mode="eager" if model.run_eagerly else "tf.function")
+    search = getattr(getattr(model.optimizer, "exchanger", None), "mergecomp", None)
+    return model, recorder.row(int(model.count_params()), size, mode="eager" if model.run_eagerly else "tf.function",
+                               **search_summary(search))
 
 
 def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from benchmarks.results import RESULTS_DIR
+from horovod_sparse.common.mergecomp import MergeCompOptions
 
 if TYPE_CHECKING:
     import torch
@@ -31,6 +32,10 @@ LOCAL = "local"
 #: How rank 0 of a main-job worker starts the line it prints after every epoch, a JSON object
 #: ``{"label", "seed", "epoch" (1-based), "epochs", "loss"}`` following it (the driver's progress).
 EPOCH_PREFIX = "epoch-done "
+#: MergeComp's search of the main job's ``SPEC@mergecomp`` configurations, shortened to fit its few
+#: epochs: 1 warm-up and 3 timed steps per candidate (the reference's 5 + 20 would outlast the
+#: training); the other options are the defaults.
+MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epochs: int, name: str) -> None:
@@ -162,6 +167,20 @@ def parse_configuration(label: str) -> Tuple[str, Optional[str]]:
     ``topk:density=0.01@mergecomp`` -> ``("topk:density=0.01", "mergecomp")``."""
     spec, _, groups = label.partition("@")
     return spec, groups or None
+
+
+def groups_argument(groups: Optional[str]) -> Any:
+    """The optimizer's ``groups=`` for a configuration's ``GROUPS``: :data:`MERGECOMP` for
+    ``mergecomp``, any other form as it is."""
+    return MERGECOMP if groups == "mergecomp" else groups
+
+
+def search_summary(scheduler: Any) -> Dict[str, Any]:
+    """A row's ``mergecomp`` entry (``groups`` chosen, ``search_steps``) once ``scheduler`` (an
+    optimizer's MergeComp scheduler, or None) has chosen; else nothing."""
+    if scheduler is None or scheduler.result is None:
+        return {}
+    return {"mergecomp": {"groups": len(scheduler.result.groups), "search_steps": scheduler.result.search_steps}}
 
 
 class Step(NamedTuple):

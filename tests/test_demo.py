@@ -134,14 +134,17 @@ def test_progress_lines_and_no_framework_noise(torch_demo):
 
 
 def test_tensorflow_runs_every_method_traced(tmp_path):
-    """Keras model.fit in its default traced mode, MiCRO (whose exchange runs on the host) included."""
-    result = demo(tmp_path, "--framework", "tensorflow", "--epochs", "1",
-                  "--compressors", f"topk:density={DENSITY}", f"micro:density={DENSITY}")
-    assert set(table_rows(result.stdout)) == {"none", f"topk:density={DENSITY}", f"micro:density={DENSITY}"}
+    """Keras model.fit in its default traced mode, MiCRO and MergeComp (whose exchange runs on the
+    host) included; 2 epochs, so steps remain after MergeComp's search to measure."""
+    labels = ["none", f"topk:density={DENSITY}", f"micro:density={DENSITY}", f"topk:density={DENSITY}@mergecomp"]
+    result = demo(tmp_path, "--framework", "tensorflow", "--epochs", "2", "--compressors", *labels[1:])
+    assert set(table_rows(result.stdout)) == set(labels)
     assert "TensorFlow, Keras model.fit" in result.stdout
-    modes = {row["label"]: row["mode"] for row in json.loads((tmp_path / "digits.json").read_text())["results"]["rows"]}
-    assert [modes[label] for label in ("none", f"topk:density={DENSITY}", f"micro:density={DENSITY}")] == \
-        ["tf.function"] * 3
+    rows = {row["label"]: row for row in json.loads((tmp_path / "digits.json").read_text())["results"]["rows"]}
+    assert [rows[label]["mode"] for label in labels] == ["tf.function"] * 4
+    chosen = rows[labels[-1]]["mergecomp"]
+    assert re.search(rf"^{re.escape(labels[-1])}: MergeComp chose {chosen['groups']} groups? after a search of "
+                     rf"{chosen['search_steps']} steps", result.stdout, re.M)
     for noise in ("oneDNN", "tensorflow/core", "cpu_feature_guard"):
         assert noise not in result.stdout + result.stderr
 
