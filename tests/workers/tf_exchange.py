@@ -85,7 +85,7 @@ class Trainer:
         if self.api.startswith("keras"):
             self.optimizer = keras_module.DistributedOptimizer(self.optimizer, backward_passes_per_step=self.passes,
                                                                **self.wrapper_args)
-            self._use_clock(self.optimizer.exchanger)
+            self._use_clock(self.optimizer)
         self.tape = None
         #: Times the step's Python body ran: once per step eagerly, once per trace in a tf.function.
         self.traces = 0
@@ -102,14 +102,16 @@ class Trainer:
                 grads = [g for g, _ in self.optimizer.compute_gradients(loss, self.variables, tape)]
             else:
                 self.tape = self.tape_module.DistributedGradientTape(tape, **self.wrapper_args)
-                self._use_clock(self.tape.exchanger)
+                self._use_clock(self.tape)
                 grads = self.tape.gradient(loss, self.variables)
             self.optimizer.apply_gradients(zip(grads, self.variables))
         return grads
 
-    def _use_clock(self, exchanger):
+    def _use_clock(self, wrapper):
+        """Gives ``wrapper``'s exchanger the virtual clock, if there is one (a stock Horovod
+        wrapper has no exchanger and is never given one)."""
         if self.clock is not None:
-            exchanger.clock = self.clock
+            wrapper.exchanger.clock = self.clock
 
     def next_groups(self):
         """Variable names of the groups the next step launches; [] before the first step, whose
