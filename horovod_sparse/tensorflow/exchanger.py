@@ -314,10 +314,12 @@ class GradientExchanger:
         """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,
         unaffected by later steps): per variable list exchanged so far, its step counter and,
         per group, the residual and the sparsifier's state (thresholds and controller state,
-        partition tables, momentum buffers), and the number of workers that state was built for.
-        Residuals are per rank: save every rank's state to resume exactly. The wrapped
-        optimizer's own state is saved the usual TensorFlow way."""
-        return {"layouts": [self._layout_state(layout) for layout in self._layouts.values()]}
+        partition tables, momentum buffers), and the number of workers that state was built for;
+        and the method's own state (``"method"``: LAGS's measurements). Residuals are per rank:
+        save every rank's state to resume exactly. The wrapped optimizer's own state is saved
+        the usual TensorFlow way."""
+        return {"layouts": [self._layout_state(layout) for layout in self._layouts.values()],
+                "method": self.compression.method_state(per_rank=True) if self.sparse else None}
 
     def _layout_state(self, layout: Layout) -> Dict[str, Any]:
         return {"steps": 0 if layout.step is None else int(layout.step.numpy()),
@@ -337,6 +339,8 @@ class GradientExchanger:
         is rebuilt for this one (the PyTorch optimizer keeps DGC's velocity). A variable list whose groups match
         no saved one, while some are still waiting, raises ``ValueError``: at its first
         exchange, on every rank, even when only some ranks loaded a checkpoint."""
+        if self.sparse and state_dict.get("method") is not None:
+            self.compression.load_method_state(state_dict["method"])
         self._pending_layouts = list(state_dict["layouts"])
         for layout in self._layouts.values():
             problem = self._restore(layout)
@@ -412,11 +416,12 @@ class GradientExchanger:
 
     def _agree(self, layout: Layout) -> None:
         """Every rank takes the first rank's step counter and method state shared by all ranks
-        (thresholds, partition tables, schedules) for this variable list, at its first exchange;
-        residuals and per-rank method state (DGC's velocity) stay each rank's own. So Horovod's
-        checkpoint idiom (rank 0 alone restores, then broadcasts the variables, e.g. Keras'
-        ``BroadcastGlobalVariablesCallback``) resumes in step on every rank: rank 0 with its
-        saved residuals, the others with empty ones. Collective, run eagerly."""
+        (thresholds, partition tables, schedules, LAGS's measurements) for this variable list,
+        at its first exchange; residuals and per-rank method state (DGC's velocity) stay each
+        rank's own. So Horovod's checkpoint idiom (rank 0 alone restores, then broadcasts the
+        variables, e.g. Keras' ``BroadcastGlobalVariablesCallback``) resumes in step on every
+        rank: rank 0 with its saved residuals, the others with empty ones. Collective, run
+        eagerly."""
         if not self.sparse:
             return
         shares = not self.compression.per_rank_state
@@ -425,12 +430,14 @@ class GradientExchanger:
             if self.process_set.rank() == 0:
                 mine = {"steps": 0 if layout.step is None else int(layout.step.numpy()),
                         "mergecomp": _mergecomp_result(layout),
+                        "method": self.compression.method_state(per_rank=False),
                         "states": {g.index: self.compression.export_state(layout.states[g.index])
                                    for g in layout.groups if shares and g.index in layout.states}}
             shared = state_of_rank(0, mine, functools.partial(allgather_bytes, process_set=self.process_set))
             if self.process_set.rank() == 0:
                 return
             self._restore_mergecomp(layout, [shared["mergecomp"]])
+            self.compression.load_method_state(shared["method"])
             layout.step_counter().assign(shared["steps"])
             if shares:
                 layout.states = {index: self.compression.import_state(state)
