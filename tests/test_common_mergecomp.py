@@ -1,10 +1,14 @@
-"""The MergeComp search, framework-free: driven by synthetic step-time functions in one process."""
+"""The MergeComp search and its scheduler, framework-free: driven by synthetic step-time
+functions in one process."""
 import math
 
+import numpy as np
 import pytest
 
+from horovod_sparse.common.grouping import StepTimeline
 from horovod_sparse.common.mergecomp import (MergeCompOptions, MergeCompResult, SplitSearch, Trial,
                                              coarse_candidates, runs_of, threshold_splits)
+from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 
 
 def run_search(sizes, cost, **options):
@@ -154,3 +158,34 @@ def test_result_record_round_trip():
     record = result.as_dict()
     assert record["groups"] == [["c"], ["a", "b"]] and record["splits"] == [1]
     assert MergeCompResult.from_dict(record) == result
+
+
+class OneRank:
+    """A one-rank backend and process set for the scheduler: a gather returns this rank's rows."""
+
+    @staticmethod
+    def allgather_array(array: np.ndarray, process_set: object, name: str) -> np.ndarray:
+        return array
+
+    @staticmethod
+    def rank() -> int:
+        return 0
+
+
+def test_scheduler_announces_a_grouping_only_when_it_changes():
+    """Every candidate the search times runs faster than the ones before, so the search ends on
+    the candidate it timed last, which is its choice. The scheduler announces each candidate once
+    (the front end switches groups and restarts the method's state then) and not the choice
+    again, which is already in use: a stateful method (MiCRO's thresholds) carries on."""
+    sizes = [300, 5, 5, 5, 5, 5, 5, 5]
+    scheduler = MergeCompScheduler(MergeCompOptions(warmup_steps=0, timed_steps=1, refine_budget=2, confirm=1),
+                                   [f"p{i}" for i in range(len(sizes))], sizes, OneRank, OneRank)
+    ready = list(reversed(range(len(sizes))))
+    announced = [scheduler.after_step(StepTimeline(param_order=ready))]
+    seconds = 1.0
+    while scheduler.result is None:
+        seconds /= 2
+        announced.append(scheduler.after_step(StepTimeline(step_seconds=seconds)))
+    trials = scheduler.result.trials
+    assert len(trials) > 3 and scheduler.result.splits == trials[-1].splits
+    assert announced == [runs_of(ready, trial.splits) for trial in trials] + [None]

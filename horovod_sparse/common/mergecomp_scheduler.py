@@ -57,6 +57,8 @@ class MergeCompScheduler:
         self._steps = 0
         self._seconds = 0.0
         self._window: List[float] = []
+        #: The splits of the grouping the front end uses (None: its per-tensor recording groups).
+        self._splits: Optional[Tuple[int, ...]] = None
 
     @property
     def recording(self) -> bool:
@@ -68,7 +70,8 @@ class MergeCompScheduler:
 
         Returns:
             The grouping to use from the next step on, as lists of parameter indices (in ready
-            order), or None to keep the current one.
+            order), or None to keep the current one (also when the search settles on the grouping
+            it timed last: the sparsifier's state then carries on).
         """
         if self.result is not None:
             return None
@@ -86,10 +89,10 @@ class MergeCompScheduler:
         self._window = []
         self._search.record(seconds)
         if self._search.candidate is not None:
-            return self._groups(self._search.candidate)
+            return self._switch(self._search.candidate)
         best = self._search.best
         self._finish(best.splits, best.seconds, self._search.trials, from_cache=False)
-        return self._groups(best.splits)
+        return self._switch(best.splits)
 
     def restore(self, record: Dict[str, Any]) -> List[List[int]]:
         """Take a finished search's result (:meth:`MergeCompResult.as_dict`, e.g. from a
@@ -98,6 +101,7 @@ class MergeCompScheduler:
         self._order = [self.names.index(name) for name in result.order]
         self._steps = result.search_steps
         self.result = result
+        self._splits = result.splits
         return self._groups(result.splits)
 
     def _start(self, record: StepTimeline) -> Optional[List[List[int]]]:
@@ -109,12 +113,19 @@ class MergeCompScheduler:
         if cached is not None:
             self._order = [self.names.index(name) for name in cached.order]
             self._finish(cached.splits, cached.seconds, cached.trials, from_cache=True)
-            return self._groups(cached.splits)
+            return self._switch(cached.splits)
         self._search = SplitSearch([self.sizes[i] for i in self._order], self.options)
         if self._search.candidate is None:
             self._finish((), float("nan"), [], from_cache=False)
-            return self._groups(())
-        return self._groups(self._search.candidate)
+            return self._switch(())
+        return self._switch(self._search.candidate)
+
+    def _switch(self, splits: Tuple[int, ...]) -> Optional[List[List[int]]]:
+        """The grouping of ``splits`` to switch to, or None when it is the one in use."""
+        if splits == self._splits:
+            return None
+        self._splits = splits
+        return self._groups(splits)
 
     def _groups(self, splits: Tuple[int, ...]) -> List[List[int]]:
         return runs_of(self._order, splits)
