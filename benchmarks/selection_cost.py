@@ -56,7 +56,8 @@ import torch
 from horovod_sparse.common.controllers import (HistogramController, ThresholdState, as_float32, candidate_budget,
                                                local_histogram, scan_block_size)
 from horovod_sparse.common.threshold_baselines import hard_threshold
-from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k
+from horovod_sparse.methods.candidates import Candidates
+from horovod_sparse.torch.selection import pick, scan, select, top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.torch import backend
 
@@ -73,7 +74,7 @@ def histogram_selection(x: torch.Tensor, end: int, k: int, workers: int, state: 
     clock = [time.process_time()]
     scanned = scan(x, 0, end, scan_block_size(k / x.numel()))
     clock.append(time.process_time())
-    candidates = Candidates.collect(scanned, candidate_budget(k, workers, state.last_counts, 0))
+    candidates = Candidates.collect(backend, scanned, candidate_budget(k, workers, state.last_counts, 0))
     clock.append(time.process_time())
     window = controller.window(state)
     local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, 0, workers)

@@ -1,7 +1,8 @@
 """The selections the two frameworks used to make differently, now one method's code on two
 backends: each run on PyTorch's and TensorFlow's backend on the inputs where the old halves
 differed (many tied magnitudes, Gaussian-k's corrections, the hard threshold's scan), against a
-plain NumPy reference written here. One process, no Horovod."""
+plain NumPy reference written here; and the histogram controller's candidates, one class on both
+backends. One process, no Horovod."""
 from __future__ import annotations
 
 import numpy as np
@@ -13,6 +14,7 @@ from horovod_sparse.common.butterfly import SparseSet
 from horovod_sparse.common.controllers import as_float32
 from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
 from horovod_sparse.methods.gaussiank import gaussiank_select
+from horovod_sparse.methods.candidates import Candidates
 from horovod_sparse.methods.gtopk import merge
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
@@ -79,3 +81,33 @@ def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(f
     expected = merge_sets(*[{int(i): (v, frozenset()) for i, v in zip(*s)} for s in sets], k)
     np.testing.assert_array_equal(B.to_numpy(merged.idx), sorted(expected))
     np.testing.assert_array_equal(B.to_numpy(merged.val), [expected[i][0] for i in sorted(expected)])
+
+
+@pytest.mark.parametrize("framework,dtype", [("torch", "float32"), ("torch", "float16"), ("torch", "bfloat16"),
+                                             ("tensorflow", "float32"), ("tensorflow", "float16")])
+@pytest.mark.parametrize("budget", [1, 7, 40])
+def test_candidates_filter_to_exactly_the_pick_on_both_backends(framework, dtype, budget):
+    """The histogram controller's candidates (MiCRO, ExDyna) of a slice with a partial last
+    block and many tied magnitudes: every coordinate at or above the bar, with its magnitude
+    (float32 on the host, bfloat16 included), and for thresholds below, at and above the bar
+    and at the tied magnitudes exactly the slice's ``|x| >= threshold``, as a pick selects."""
+    B, tensor = BACKENDS[framework]
+    x = tied(20_011, 6) * np.random.default_rng(7).choice([1.0, 0.5, 0.125], 20_011).astype(np.float32)
+    start, end = 301, 19_950
+    if framework == "torch":
+        buffer = torch.from_numpy(x).to(getattr(torch, dtype))
+        magnitudes = buffer.abs().float().numpy()
+    else:
+        buffer = tf.cast(tf.constant(x), dtype)
+        magnitudes = np.abs(buffer.numpy()).astype(np.float32)
+    scanned = B.scan(buffer, start, end, 64)
+    candidates = Candidates.collect(B, scanned, budget)
+    positions = np.arange(start, end)
+    expected = positions[magnitudes[start:end] >= candidates.bar]
+    np.testing.assert_array_equal(B.to_numpy(candidates.indices), expected)
+    np.testing.assert_array_equal(candidates.magnitudes_numpy(), magnitudes[expected])
+    assert candidates.magnitudes_numpy().dtype == np.float32
+    for threshold in (candidates.bar / 2, candidates.bar, candidates.bar * 1.5, 0.375, 0.75):
+        selected = B.to_numpy(candidates.select(threshold))
+        np.testing.assert_array_equal(selected, positions[magnitudes[start:end] >= threshold], err_msg=str(threshold))
+        np.testing.assert_array_equal(selected, B.to_numpy(B.pick(scanned, threshold)))

@@ -10,7 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_sparse.torch.selection import Candidates, pick_with_magnitudes, scan, select
+from horovod_sparse.methods.candidates import Candidates
+from horovod_sparse.torch import backend
+from horovod_sparse.torch.selection import pick_with_magnitudes, scan, select
 
 
 def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:
@@ -42,7 +44,7 @@ def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed, ti
 def test_candidates_select_what_pick_selects(numel, budget, factor, seed):
     x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
     scanned = scan(x, 0, numel, 32)
-    candidates = Candidates.collect(scanned, budget)
+    candidates = Candidates.collect(backend, scanned, budget)
     threshold = candidates.bar * factor
     assert torch.equal(candidates.select(threshold), naive(x, 0, numel, threshold))
     assert torch.equal(select(x, threshold, 32), naive(x, 0, numel, threshold))

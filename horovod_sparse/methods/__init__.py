@@ -10,7 +10,8 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 * sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``reshape_one``,
   ``chunk_counts``, ``host_call`` (a host decision, deferred to step time when traced);
 * selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
-  ``scan`` (block maxima, optional moments), ``pick``, ``collect`` (histogram candidates);
+  ``scan`` (block maxima, optional moments), ``pick``, ``pick_with_magnitudes``, ``at_least``
+  (the histogram controller's candidates, :mod:`horovod_sparse.methods.candidates`);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
   ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``;

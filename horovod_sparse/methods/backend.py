@@ -40,7 +40,7 @@ class Backend(Protocol):
         """Number of elements of ``t``: a Python int, or an int64 scalar while traced."""
 
     def to_numpy(self, t: Tensor) -> np.ndarray:
-        """``t``'s values on the host."""
+        """``t``'s values on the host (bfloat16 ones as float32 where NumPy lacks the type)."""
 
     def from_numpy(self, array: np.ndarray, like: Optional[Tensor]) -> Tensor:
         """``array`` as a tensor on ``like``'s device (the host's when ``like`` is None)."""
@@ -70,8 +70,11 @@ class Backend(Protocol):
     def pick(self, scanned: Any, threshold: float) -> Tensor:
         """``|x| >= threshold`` within a scanned slice."""
 
-    def collect(self, scanned: Any, budget: int) -> Any:
-        """The ``Candidates`` of a scanned slice above its ``budget``-th block maximum."""
+    def pick_with_magnitudes(self, scanned: Any, threshold: float) -> Tuple[Tensor, Tensor]:
+        """``pick(scanned, threshold)`` and the ``|x|`` at the picked indices."""
+
+    def at_least(self, t: Tensor, threshold: float) -> Tensor:
+        """The mask ``t >= threshold`` (``threshold`` compared in ``t``'s dtype)."""
 
     # -- gathers, scatters and casts ---------------------------------------------------------
     def clone(self, t: Tensor) -> Tensor:

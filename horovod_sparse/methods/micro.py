@@ -37,6 +37,7 @@ from horovod_sparse.common.registry import implements
 from horovod_sparse.common.timing import PhaseTimer
 from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier
+from horovod_sparse.methods.candidates import Candidates
 
 
 @implements("micro", MicroOptions,
@@ -105,7 +106,7 @@ class Micro(Sparsifier):
             with timer("pick"):
                 return B.pick(scanned, threshold), threshold
         plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
-                                   lambda budget: B.collect(scanned, budget))
+                                   lambda budget: Candidates.collect(B, scanned, budget))
         threshold, candidates, rounds = yield from histogram_exchange(
             plan, lambda r: comm.allreduce(B.from_numpy(r.local, x), r.tag, "meta"), B.to_numpy, timer)
         comm.stats.extra["histogram_rounds"] = rounds

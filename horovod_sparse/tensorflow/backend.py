@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import allgather_array, allgather_bytes, index_dtype  # noqa: F401 (backend API)
 from horovod_sparse.tensorflow import selection
-from horovod_sparse.tensorflow.selection import Candidates, pick, scan, top_k  # noqa: F401 (backend API)
+from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
 
 name = "tensorflow"
 
@@ -84,8 +84,8 @@ def select(x: tf.Tensor, threshold: Union[float, tf.Tensor], block: int) -> tf.T
     return selection.select(x, threshold)
 
 
-def collect(scanned: Any, budget: int) -> Candidates:
-    return Candidates.collect(scanned, budget)
+def at_least(t: tf.Tensor, threshold: float) -> tf.Tensor:
+    return t >= tf.cast(threshold, t.dtype)
 
 
 def clone(t: tf.Tensor) -> tf.Tensor:

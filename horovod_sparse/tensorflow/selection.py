@@ -20,7 +20,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.threshold_baselines import mean_std
-from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar
+from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK
 
 
 @dataclass(frozen=True)
@@ -75,34 +75,10 @@ def select(x: tf.Tensor, threshold: Union[float, tf.Tensor]) -> tf.Tensor:
     return tf.where(magnitude >= tf.cast(threshold, magnitude.dtype))[:, 0]
 
 
-@dataclass(frozen=True)
-class Candidates:
-    """Every coordinate of a scanned slice at or above ``bar``, the ``budget``-th largest block
-    maximum (:func:`horovod_sparse.common.controllers.candidate_bar`): ``indices`` into ``x``
-    (ascending) and their ``magnitudes``; any threshold at or above the bar is then a filter of
-    the candidates. As :class:`horovod_sparse.torch.selection.Candidates`."""
-
-    scanned: BlockScan
-    bar: float
-    indices: tf.Tensor
-    magnitudes: tf.Tensor
-
-    @classmethod
-    def collect(cls, scanned: BlockScan, budget: int) -> "Candidates":
-        bar = candidate_bar(scanned.maxima_numpy(), budget)
-        indices = pick(scanned, bar)
-        return cls(scanned, bar, indices, tf.abs(tf.gather(scanned.x, indices)))
-
-    def magnitudes_numpy(self) -> np.ndarray:
-        """The magnitudes as a float32 NumPy array (for histograms)."""
-        return self.magnitudes.numpy().astype(np.float32)
-
-    def select(self, threshold: float) -> tf.Tensor:
-        """Exactly ``pick(scanned, threshold)``: a filter of the candidates when ``threshold`` is
-        at or above the bar, a new pick otherwise."""
-        if threshold >= self.bar:
-            return tf.boolean_mask(self.indices, self.magnitudes >= tf.cast(threshold, self.magnitudes.dtype))
-        return pick(self.scanned, threshold)
+def pick_with_magnitudes(scanned: BlockScan, threshold: float) -> Tuple[tf.Tensor, tf.Tensor]:
+    """:func:`pick` and the ``|x|`` of what it picked."""
+    indices = pick(scanned, threshold)
+    return indices, tf.abs(tf.gather(scanned.x, indices))
 
 
 def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:

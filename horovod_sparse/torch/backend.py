@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from horovod_sparse.torch.collectives import allgather_array, allgather_bytes, index_dtype  # noqa: F401 (backend API)
-from horovod_sparse.torch.selection import Candidates, pick, scan, select, top_k  # noqa: F401 (backend API)
+from horovod_sparse.torch.selection import pick, pick_with_magnitudes, scan, select, top_k  # noqa: F401 (backend API)
 
 name = "torch"
 
@@ -38,7 +38,8 @@ def size(t: torch.Tensor) -> int:
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.cpu().numpy()
+    t = t.cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
 
 
 def from_numpy(array: np.ndarray, like: Optional[torch.Tensor]) -> torch.Tensor:
@@ -58,8 +59,8 @@ def host_call(decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> An
     return decide(*args)
 
 
-def collect(scanned: Any, budget: int) -> Candidates:
-    return Candidates.collect(scanned, budget)
+def at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
+    return t >= threshold
 
 
 def clone(t: torch.Tensor) -> torch.Tensor:

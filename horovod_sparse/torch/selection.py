@@ -9,8 +9,8 @@ whose maximum reaches the threshold. The block maxima also feed the histogram co
 and Gaussian-k retry theirs).
 
 The result is exactly ``{i in [start, end) : |x[i]| >= threshold}``, in ascending order.
-:class:`Candidates` keeps what lies above a lower bar, so that the histogram controller can count
-it before the threshold is known and then filter it.
+:func:`pick_with_magnitudes` also returns the magnitudes, for the histogram controller's
+candidates (:mod:`horovod_sparse.methods.candidates`).
 
 :func:`top_k` is the exact top-k of every method that needs the ``k`` largest ``|x|`` (Top-k,
 gTop-k, LAGS, DGC's final pick), with one tie rule that
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from horovod_sparse.common.threshold_baselines import mean_std
-from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, candidate_bar, scan_block_size
+from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
 
 
 @dataclass(frozen=True)
@@ -136,35 +136,6 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float,
         found.append(in_tail + full * block)
         found_magnitudes.append(tail[in_tail])
     return torch.cat(found) + start, torch.cat(found_magnitudes)
-
-
-@dataclass(frozen=True)
-class Candidates:
-    """Every coordinate of a scanned slice at or above ``bar``, the ``budget``-th largest block
-    maximum (:func:`horovod_sparse.common.controllers.candidate_bar`): ``indices`` into ``x``
-    (ascending) and their ``magnitudes``. Reading them costs one more pass over ``budget``
-    blocks; afterwards any threshold at or above the bar is a filter of the candidates."""
-
-    scanned: BlockScan
-    bar: float
-    indices: torch.Tensor
-    magnitudes: torch.Tensor
-
-    @classmethod
-    def collect(cls, scanned: BlockScan, budget: int) -> "Candidates":
-        bar = candidate_bar(scanned.maxima_numpy(), budget)
-        return cls(scanned, bar, *pick_with_magnitudes(scanned, bar))
-
-    def magnitudes_numpy(self) -> np.ndarray:
-        """The magnitudes as a float32 NumPy array (for histograms)."""
-        return self.magnitudes.float().cpu().numpy()
-
-    def select(self, threshold: float) -> torch.Tensor:
-        """Exactly ``pick(scanned, threshold)``: a filter of the candidates when ``threshold`` is
-        at or above the bar, a new pick otherwise."""
-        if threshold >= self.bar:
-            return self.indices[self.magnitudes >= threshold]
-        return pick(self.scanned, threshold)
 
 
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
