@@ -2,15 +2,19 @@
 both front ends (TensorFlow's tape eagerly and inside a ``tf.function``) on real three-worker
 horovodrun jobs, give the same groups, the same selected coordinates, the same aggregated gradients
 and residuals (up to float rounding) and the same statistics (counts, bytes, and every method-
-specific figure such as thresholds or partition tables). Bad arguments are refused with the same
-messages by both."""
+specific figure such as thresholds or partition tables). MergeComp joins with its grouping from a
+cache file (a search's timings, and so its choice, differ between frameworks and runs). Bad
+arguments are refused with the same messages by both."""
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from horovod_sparse.common.mergecomp import MergeCompResult
 from tests.checks import Observed
 from tests.launch import run_configs
 
@@ -39,9 +43,30 @@ CONFIGS = [
     config("dgc_per_tensor", "dgc", density=0.05),
     config("dgc_momentum_model", "dgc", groups="model", density=0.05, momentum=0.9),
     config("gaussiank_two_groups", "gaussiank", groups=2, density=0.05),
+    # groups="mergecomp" becomes MergeCompOptions(cache=...) with MERGECOMP_CACHED (see with_cache)
+    config("topk_mergecomp", "topk", groups="mergecomp", density=0.05),
+    config("exdyna_mergecomp", "exdyna", groups="mergecomp", density=0.05, steps=8, num_blocks=16),
 ]
+#: The cached MergeComp grouping: the ready order p3, p2, p1, p0 (PyTorch's) cut after p3; each
+#: group's buffer holds its members in parameter order.
+MERGECOMP_ORDER, MERGECOMP_SPLITS = [3, 2, 1, 0], (1,)
+MERGECOMP_CACHED = [[3], [0, 1, 2]]
 #: Figures that measure this machine, not the algorithm (at any depth of a record).
 UNCOMPARED = {"seconds", "select_seconds"}
+
+
+def with_cache(cfg, folder: Path, tensorflow: bool):
+    """``cfg``, and with ``groups="mergecomp"`` MergeComp reading the grouping MERGECOMP_CACHED
+    from a cache file written here for the framework's parameter names (TensorFlow's variables
+    named ``p<i>`` like PyTorch's parameters, plus ``:0``); the first step is still dense."""
+    if cfg["groups"] != "mergecomp":
+        return cfg
+    names = [f"p{i}:0" if tensorflow else f"p{i}" for i in MERGECOMP_ORDER]
+    result = MergeCompResult(order=names, sizes=[int(np.prod(SHAPES[i])) for i in MERGECOMP_ORDER],
+                             splits=MERGECOMP_SPLITS, seconds=1.0, trials=[], search_steps=1, search_seconds=0.0)
+    cache = folder / f"{cfg['name']}.mergecomp.json"
+    cache.write_text(json.dumps(result.as_dict()))
+    return dict(cfg, groups={"mergecomp": {"cache": str(cache)}}, **({"prefix": "p"} if tensorflow else {}))
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +75,8 @@ def runs(tmp_path_factory):
     for run, worker, api in (("torch", "torch_exchange.py", None), ("tensorflow", "tf_exchange.py", "tape"),
                              ("tensorflow_traced", "tf_exchange.py", "tape_function")):
         outputs[run] = tmp_path_factory.mktemp(f"parity_{run}")
-        run_configs(worker, SIZE, outputs[run], [dict(c, api=api) for c in CONFIGS] if api else CONFIGS)
+        configs = [dict(with_cache(c, outputs[run], api is not None), api=api) for c in CONFIGS]
+        run_configs(worker, SIZE, outputs[run], configs)
     return outputs
 
 
@@ -83,6 +109,8 @@ def assert_same_figures(torch_value, tf_value, where):
 def test_same_groups_coordinates_and_aggregates(runs, cfg, tf_run):
     pt, tf = observed(runs, cfg["name"], tf_run)
     assert pt.groups == tf.groups
+    if cfg["groups"] == "mergecomp":
+        assert pt.groups == MERGECOMP_CACHED
     for step in range(cfg["steps"]):
         for rank in range(SIZE):
             for members in pt.groups:
