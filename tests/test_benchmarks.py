@@ -261,7 +261,12 @@ def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
     assert re.search(r"^MergeComp search \(topk:density=0.05\): \d+ candidates, \d+ steps", text, re.M)
     rows = json.loads((tmp_path / "grouping.json").read_text())["results"]["rows"]
     assert [r["grouping"] for r in rows] == ["tensor", "size:8192", "model", "mergecomp"]
-    assert min(r["ratio_to_best_fixed"] for r in rows[:3]) == 1.0
+    # The best fixed grouping (by median step time) is the ratios' yardstick. Another grouping's
+    # median of per-round ratios may fall below 1 on a noisy machine, so only its own is checked.
+    best = rows[0]["best_fixed"]
+    assert all(r["best_fixed"] == best for r in rows)
+    assert best == min(rows[:3], key=lambda r: r["step_seconds"])["grouping"]
+    assert next(r for r in rows if r["grouping"] == best)["ratio_to_best_fixed"] == 1.0
 
 
 def test_lags_overlap_reports_the_model_and_the_chosen_densities(tmp_path):
