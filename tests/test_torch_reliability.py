@@ -41,7 +41,7 @@ def conserved(recs, shapes, steps, dtype, skipped=lambda step, rank, i: False):
 
 
 #: A mismatch in every field of the wrapper's configuration fingerprint (``tests/mismatch.py``).
-MISMATCHES = wrapper_cases(lambda case, i: f"p{i}", lambda name: f"torch.{name}", "0", "1") + [
+MISMATCHES = wrapper_cases(lambda case, i: f"p{i}", lambda name: f"torch.{name}", "average", "sum") + [
     {"name": "backward_passes_per_step", "rank0": {}, "rank1": {"wrapper": {"backward_passes_per_step": 2}},
      "expect": "backward_passes_per_step=2 (rank 0: 1)"},
     {"name": "dense_compression", "rank0": {"method": "none"}, "rank1": {"method": "fp16"},

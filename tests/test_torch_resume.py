@@ -164,8 +164,8 @@ def test_another_grouping_is_refused_on_every_rank_naming_both(out):
         raised, message = record(out, "regroup", "regroup", rank)["raised"]
         assert raised == "ValueError", f"rank {rank}: {raised}: {message}"
         assert "the checkpoint has {'p0': 1920, 'p1': 40, 'p2': 1200, 'p3': 7}" in message
-        assert "the optimizer {'group0.p0': 3167}" in message
-        assert "build the optimizer with the model and groups= the checkpoint was saved with" in message
+        assert "the model {'group0.p0': 3167}" in message
+        assert "build the optimizer (or tape) with the model and groups= the checkpoint was saved with" in message
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -7,6 +7,16 @@ import warnings
 from typing import Any
 
 
+#: Horovod's reduction ops, by their attribute names in ``horovod.torch`` / ``horovod.tensorflow``.
+_OPS = ("Average", "Sum", "Adasum", "Min", "Max", "Product")
+
+
+def op_name(op: Any, hvd: Any) -> str:
+    """``op``'s name as :func:`check_wrapper_arguments` takes it (``"average"``, ``"sum"``, ...),
+    looked up in the framework's Horovod module ``hvd``; ``str(op)`` for an unknown op."""
+    return next((name.lower() for name in _OPS if getattr(hvd, name) == op), str(op))
+
+
 def check_wrapper_arguments(compression: Any, sparse: bool, sparsifier_base: type, op_name: str,
                             gradient_predivide_factor: float, framework: str) -> None:
     """Refuse combinations a sparse exchange cannot honour, naming what to use instead.

@@ -7,8 +7,9 @@ lists the modules. It never imports a framework: each instance holds its framewo
 
 The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 
-* sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``reshape_one``,
-  ``chunk_counts``, ``host_call`` (a host decision, deferred to step time when traced);
+* sizes and host values: ``numel``, ``size``, ``to_numpy``, ``from_numpy``, ``saved`` and
+  ``from_saved`` (a tensor's checkpoint form), ``reshape_one``, ``chunk_counts``, ``host_call``
+  (a host decision, deferred to step time when traced);
 * selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
   ``scan`` (block maxima, optional moments), ``pick``, ``pick_with_magnitudes``, ``at_least``
   (the histogram controller's candidates, :mod:`horovod_sparse.methods.candidates`);

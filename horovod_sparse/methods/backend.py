@@ -45,6 +45,13 @@ class Backend(Protocol):
     def from_numpy(self, array: np.ndarray, like: Optional[Tensor]) -> Tensor:
         """``array`` as a tensor on ``like``'s device (the host's when ``like`` is None)."""
 
+    def saved(self, t: Tensor) -> Any:
+        """``t`` as a checkpoint holds it: the tensor itself in PyTorch (``torch.load`` with
+        ``weights_only=True`` reads tensors), a NumPy copy in TensorFlow."""
+
+    def from_saved(self, saved: Any) -> Tensor:
+        """The tensor :meth:`saved` made ``saved`` from."""
+
     def reshape_one(self, n: Any, like: Tensor) -> Tensor:
         """A 1-element int64 tensor holding ``n`` (an int, or a scalar tensor while traced)."""
 

@@ -54,16 +54,15 @@ class DGC(Sparsifier):
         return state
 
     def export_state(self, state: Optional[MomentumState]) -> Optional[MomentumState]:
-        """The momentum buffers as NumPy arrays."""
+        """The momentum buffers in the backend's checkpoint form."""
         if state is None or state.velocity is None:
             return None if state is None else MomentumState()
-        return MomentumState(self.B.to_numpy(state.velocity), self.B.to_numpy(state.accumulated))
+        return MomentumState(self.B.saved(state.velocity), self.B.saved(state.accumulated))
 
     def import_state(self, saved: Optional[MomentumState]) -> Optional[MomentumState]:
         if saved is None or saved.velocity is None:
             return None if saved is None else MomentumState()
-        like = saved.velocity
-        return MomentumState(self.B.from_numpy(saved.velocity, like), self.B.from_numpy(saved.accumulated, like))
+        return MomentumState(self.B.from_saved(saved.velocity), self.B.from_saved(saved.accumulated))
 
     def exchange(self, x: Tensor, comm: Any, state: Optional[MomentumState], step: Step) -> Exchange:
         B, options = self.B, self.options

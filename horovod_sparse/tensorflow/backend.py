@@ -46,6 +46,14 @@ def from_numpy(array: np.ndarray, like: Optional[tf.Tensor]) -> tf.Tensor:
     return tf.constant(array)
 
 
+def saved(t: tf.Tensor) -> np.ndarray:
+    return t.numpy()
+
+
+def from_saved(saved: np.ndarray) -> tf.Tensor:
+    return tf.constant(saved)
+
+
 def reshape_one(n: Union[int, tf.Tensor], like: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.cast(n, tf.int64), [1])
 

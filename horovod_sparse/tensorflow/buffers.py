@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import op_name
@@ -58,6 +59,10 @@ class FlatGroup:
     def store_residual(self, residual: tf.Tensor) -> None:
         """Keep ``residual`` for the next step."""
         self._ensure_residual().assign(residual)
+
+    def load_residual(self, saved: np.ndarray) -> None:
+        """Restore the residual from a checkpoint (``Backend.saved``'s NumPy form)."""
+        self.store_residual(tf.constant(saved, dtype=self.dtype))
 
     def unflatten(self, flat: tf.Tensor) -> List[tf.Tensor]:
         """Split a flat buffer back into tensors of the members' shapes, in member order."""

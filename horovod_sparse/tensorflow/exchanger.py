@@ -72,11 +72,11 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.common.arguments import check_wrapper_arguments
-from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
+from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
+from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.tensorflow import backend, recording
@@ -85,29 +85,31 @@ from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgath
 from horovod_sparse.tensorflow.elastic import refuse_elastic
 from horovod_sparse.methods.base import Exchange, Result, Sparsifier, Step
 
-OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min",
-            hvd.Max: "max", hvd.Product: "product"}
 
 
 @dataclass
 class Layout:
     """One list of variables (one model): what grouping knows of each (``infos``, ``shapes``,
-    ``dtypes``, in list order), its groups, each group's sparsifier state, and the number of
-    exchanges this list has gone through (the ``step`` the sparsifiers see)."""
+    ``dtypes``, in list order), its groups, its :class:`ModelState` (method state per group,
+    MergeComp, checkpoints), and the number of exchanges this list has gone through (the
+    ``step`` the sparsifiers see)."""
 
     infos: List[ParamInfo]
     shapes: List[tf.TensorShape]
     dtypes: List[tf.DType]
+    model: ModelState
     groups: List[FlatGroup] = field(default_factory=list)
-    states: Dict[int, Any] = field(default_factory=dict)
     step: Optional[tf.Variable] = None
     #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
     timeline: ReadyTimeline = field(default_factory=ReadyTimeline)
-    #: The MergeComp scheduler choosing the groups (``groups="mergecomp"``), else None.
-    mergecomp: Optional[MergeCompScheduler] = None
     #: Whether every step runs eagerly on the host, also inside a ``tf.function`` (a method that
     #: decides from the step's values, or groups that change between steps).
     host: bool = False
+
+    @property
+    def mergecomp(self) -> Optional[MergeCompScheduler]:
+        """The MergeComp scheduler choosing the groups (``groups="mergecomp"``), else None."""
+        return self.model.mergecomp
 
     def step_counter(self) -> tf.Variable:
         """The step counter, created on first use outside any ``tf.function``."""
@@ -116,9 +118,9 @@ class Layout:
                 self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hs_step")
         return self.step
 
-    def signature(self) -> List[Tuple[str, int]]:
-        """Name and size of every group, in group order: what a checkpoint must match."""
-        return [(g.name, g.numel) for g in self.groups]
+    def steps(self) -> int:
+        """The step counter's value (0 before the first exchange), eagerly."""
+        return 0 if self.step is None else int(self.step.numpy())
 
 
 class _Inflight:
@@ -170,11 +172,6 @@ def _horovod_groups(groups: Any) -> Any:
     named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={groups!r}"
     raise ValueError(f"{named} sets the flat buffers of a sparsifier; with Horovod's dense compressors "
                      "pass an int, lists of variables, 'tensor' or 'model'")
-
-
-def _mergecomp_result(layout: Layout) -> Optional[Dict[str, Any]]:
-    """The grouping MergeComp chose for ``layout`` (:meth:`MergeCompResult.as_dict`), or None."""
-    return None if layout.mergecomp is None or layout.mergecomp.result is None else layout.mergecomp.result.as_dict()
 
 
 def _unique_names(names: List[str]) -> List[str]:
@@ -244,7 +241,7 @@ class GradientExchanger:
                  nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1) -> None:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
-        check_wrapper_arguments(compression, self.sparse, Sparsifier, OP_NAMES.get(op, str(op)),
+        check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
                                 gradient_predivide_factor, "tensorflow")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse)
         if self.nonfinite is not None and not self.sparse:
@@ -255,6 +252,7 @@ class GradientExchanger:
         #: Local aggregation before each exchange (the Keras wrapper's; in the fingerprint only).
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
         self.groups_spec = groups
         self.process_set = process_set
         self.device_dense = device_dense
@@ -277,8 +275,7 @@ class GradientExchanger:
     @property
     def steps(self) -> int:
         """Exchanges run so far by the variable list exchanged last (on this rank)."""
-        layout = self._last_layout
-        return 0 if layout is None or layout.step is None else int(layout.step.numpy())
+        return 0 if self._last_layout is None else self._last_layout.steps()
 
     def _record(self, stats: StepStats) -> None:
         stats.groups.sort(key=lambda g: g.name)
@@ -312,86 +309,65 @@ class GradientExchanger:
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,
-        unaffected by later steps): per variable list exchanged so far, its step counter and,
-        per group, the residual and the sparsifier's state (thresholds and controller state,
-        partition tables, momentum buffers), and the number of workers that state was built for;
-        and the method's own state (``"method"``: LAGS's measurements). Residuals are per rank:
-        save every rank's state to resume exactly. The wrapped optimizer's own state is saved
-        the usual TensorFlow way."""
-        return {"layouts": [self._layout_state(layout) for layout in self._layouts.values()],
-                "method": self.compression.method_state(per_rank=True) if self.sparse else None}
-
-    def _layout_state(self, layout: Layout) -> Dict[str, Any]:
-        return {"steps": 0 if layout.step is None else int(layout.step.numpy()),
-                "world_size": self.process_set.size(), "mergecomp": _mergecomp_result(layout),
-                "groups": {g.name: {"numel": g.numel,
-                                    "residual": None if g.residual is None else g.residual.numpy(),
-                                    "state": (self.compression.export_state(layout.states[g.index])
-                                              if g.index in layout.states else None)}
-                           for g in layout.groups}}
+        unaffected by later steps): under ``"layouts"``, per variable list exchanged so far, its
+        :meth:`ModelState.record` (step counter, MergeComp's grouping, the method's own state
+        such as LAGS's measurements, and per group the residual and the method state with the
+        number of workers it was built for). Residuals are per rank: save every rank's state to
+        resume exactly. The wrapped optimizer's own state is saved the usual TensorFlow way."""
+        return {"layouts": [layout.model.record(layout.groups, layout.steps(), per_rank=True)
+                            for layout in self._layouts.values()]}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`. Each saved variable list is restored into the variable
         list exchanged now, or at its first exchange, whose groups have the same names and sizes
         (so load it in a fresh process before the first step, or after). Saved by a different
         number of workers, the residuals and the step counter are restored and the method state
-        built for that number (partition tables, thresholds, gTop-k's schedule, DGC's velocity)
-        is rebuilt for this one (the PyTorch optimizer keeps DGC's velocity). A variable list whose groups match
-        no saved one, while some are still waiting, raises ``ValueError``: at its first
-        exchange, on every rank, even when only some ranks loaded a checkpoint."""
-        if self.sparse and state_dict.get("method") is not None:
-            self.compression.load_method_state(state_dict["method"])
+        built for that number is rebuilt for this one at the next exchange, as on the PyTorch
+        side (partition tables, thresholds, gTop-k's schedule; DGC keeps its velocity). A
+        variable list whose groups match no saved one, while some are still waiting, raises
+        ``ValueError``: at its first exchange, on every rank, even when only some ranks loaded
+        a checkpoint."""
         self._pending_layouts = list(state_dict["layouts"])
         for layout in self._layouts.values():
             problem = self._restore(layout)
-            if problem is not None:
+            if problem:
                 raise ValueError(problem)
 
-    def _restore(self, layout: Layout) -> Optional[str]:
-        """Load the waiting checkpointed layout that matches ``layout``, if any; what is wrong
-        when none matches while some are waiting (None when all is well)."""
+    def _restore(self, layout: Layout) -> str:
+        """Load the waiting checkpointed record that matches ``layout`` (same groups, or for a
+        MergeComp layout the grouping of the same variables), if any; what is wrong when none
+        matches while some are waiting (empty when all is well)."""
         if not self._pending_layouts:
-            return None
-        self._restore_mergecomp(layout, [saved.get("mergecomp") for saved in self._pending_layouts])
-        signature = layout.signature()
-        position = next((i for i, saved in enumerate(self._pending_layouts)
-                         if [(name, record["numel"]) for name, record in saved["groups"].items()] == signature),
-                        None)
+            return ""
+        names = sorted(info.name for info in layout.infos)
+        signature = {g.name: g.numel for g in layout.groups}
+
+        def matches(saved: Record) -> bool:
+            if layout.mergecomp is not None and saved.get("mergecomp") is not None:
+                return sorted(saved["mergecomp"]["order"]) == names
+            return {name: entry["numel"] for name, entry in saved["groups"].items()} == signature
+
+        position = next((i for i, saved in enumerate(self._pending_layouts) if matches(saved)), None)
         if position is None:
             return (f"checkpoint does not match the exchanger's groups: groups {signature} "
-                    f"(name, elements) are not among the saved ones "
-                    f"{[[(n, r['numel']) for n, r in s['groups'].items()] for s in self._pending_layouts]}; "
+                    f"(name: elements) are not among the saved ones "
+                    f"{[{n: r['numel'] for n, r in s['groups'].items()} for s in self._pending_layouts]}; "
                     "load it with the same model and groups= it was saved with")
         saved = self._pending_layouts.pop(position)
-        same_world = saved["world_size"] == self.process_set.size()
         with tf.init_scope():
-            for group in layout.groups:
-                record = saved["groups"][group.name]
-                if record["residual"] is not None:
-                    group.store_residual(tf.constant(record["residual"], dtype=group.dtype))
-                if record["state"] is not None and same_world:
-                    layout.states[group.index] = self.compression.import_state(record["state"])
-            layout.step_counter().assign(saved["steps"])
-        return None
-
-    def _restore_mergecomp(self, layout: Layout, results: Sequence[Optional[Dict[str, Any]]]) -> None:
-        """Give a MergeComp layout that has not decided yet the grouping of the first of
-        ``results`` (saved or shared :meth:`MergeCompResult.as_dict`, or None) made for its
-        variables."""
-        if layout.mergecomp is None or layout.mergecomp.result is not None:
-            return
-        names = sorted(info.name for info in layout.infos)
-        for result in results:
-            if result is not None and sorted(result["order"]) == names:
-                self._use_groups(layout, layout.mergecomp.restore(result))
-                return
+            try:
+                steps = layout.model.restore(saved, layout.groups, functools.partial(self._use_groups, layout))
+            except ValueError as error:
+                return str(error)
+            layout.step_counter().assign(steps)
+        return ""
 
     def _restore_everywhere(self, layout: Layout) -> None:
         """:meth:`_restore` on every rank, then a ``ValueError`` on every rank if it failed on
         any (with Horovod's idiom only rank 0 loads a checkpoint: the others must not wait for
         it in the next collective). Collective, run eagerly."""
         problem = self._restore(layout)
-        problems = allgather_bytes(b"" if problem is None else problem.encode(), "hs.restore",
+        problems = allgather_bytes(problem.encode(), "hs.restore",
                                    process_set=self.process_set)
         failed = [f"rank {rank}: {text.decode()}" for rank, text in enumerate(problems) if text]
         if failed:
@@ -406,8 +382,7 @@ class GradientExchanger:
         layout = self._layouts.get(key)
         if layout is None:
             layout = self._new_layout(grads, sources)
-            require_same_configuration(self._configuration(layout),
-                                       functools.partial(allgather_bytes, process_set=self.process_set))
+            self._require_same_configuration(layout)
             self._restore_everywhere(layout)
             self._agree(layout)
             self._layouts[key] = layout
@@ -424,40 +399,21 @@ class GradientExchanger:
         eagerly."""
         if not self.sparse:
             return
-        shares = not self.compression.per_rank_state
         with tf.init_scope():
-            mine = None
-            if self.process_set.rank() == 0:
-                mine = {"steps": 0 if layout.step is None else int(layout.step.numpy()),
-                        "mergecomp": _mergecomp_result(layout),
-                        "method": self.compression.method_state(per_rank=False),
-                        "states": {g.index: self.compression.export_state(layout.states[g.index])
-                                   for g in layout.groups if shares and g.index in layout.states}}
-            shared = state_of_rank(0, mine, functools.partial(allgather_bytes, process_set=self.process_set))
-            if self.process_set.rank() == 0:
-                return
-            self._restore_mergecomp(layout, [shared["mergecomp"]])
-            self.compression.load_method_state(shared["method"])
-            layout.step_counter().assign(shared["steps"])
-            if shares:
-                layout.states = {index: self.compression.import_state(state)
-                                 for index, state in shared["states"].items()}
+            steps = layout.model.agree(0, layout.groups, layout.steps(), functools.partial(self._use_groups, layout))
+            layout.step_counter().assign(steps)
 
-    def _configuration(self, layout: Layout) -> Dict[str, Any]:
-        """Everything that must agree across ranks for the collectives to match. Sparse
-        collectives are named after the groups, so their names count; Horovod's dense path
-        names its ops itself, so only sizes and dtypes count there."""
-        compression = (self.compression.options.as_dict() if self.sparse
-                       else getattr(self.compression, "__name__", type(self.compression).__name__))
-        return {"compression": compression, "op": OP_NAMES.get(self.op, str(self.op)), "nonfinite": self.nonfinite,
-                "sparse_as_dense": self.sparse_as_dense, "backward_passes_per_step": self.backward_passes_per_step,
-                "groups": {(g.name if self.sparse else str(g.index)): f"{g.numel} x {g.dtype.name}"
-                           for g in layout.groups},
-                # Same sizes are not enough: a sparse group is flat, so a variable of another
-                # shape but as many elements would mix up coordinates without an error.
-                "shapes": {(g.name if self.sparse else str(g.index)): [s.as_list() for s in g.shapes]
-                           for g in layout.groups},
-                "mergecomp": None if layout.mergecomp is None else repr(layout.mergecomp.options)}
+    def _require_same_configuration(self, layout: Layout) -> None:
+        """Every rank raises the same ``ValueError`` unless all have the same configuration
+        (:meth:`ModelState.require_same_configuration`). Sparse collectives are named after
+        the groups, so their names count; Horovod's dense path names its ops itself, so only
+        sizes and dtypes count there. Collective."""
+        layout.model.require_same_configuration(
+            {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
+             "nonfinite": self.nonfinite, "sparse_as_dense": self.sparse_as_dense,
+             "backward_passes_per_step": self.backward_passes_per_step},
+            [(g.name if self.sparse else str(g.index), g.numel, g.dtype.name, [s.as_list() for s in g.shapes])
+             for g in layout.groups])
 
     def _new_layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
         names = _unique_names([_source_name(s, i) for i, s in enumerate(sources)])
@@ -466,18 +422,18 @@ class GradientExchanger:
             if not shape.is_fully_defined():
                 raise ValueError(f"gradient of {name!r} has shape {shape}, which is not fully defined; "
                                  "horovod_sparse needs static shapes to lay out its flat buffers")
-        layout = Layout([ParamInfo(name, int(shape.num_elements()), g.dtype.name)
-                         for name, shape, g in zip(names, shapes, grads)], shapes, [g.dtype for g in grads],
-                        timeline=ReadyTimeline(self.clock))
         spec = self.groups_spec
         if isinstance(spec, (list, tuple)):
             position = {s.ref(): i for i, s in enumerate(sources)}
             spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
         mergecomp = MergeCompOptions.from_spec(spec) if self.sparse else None
+        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
+                 for name, shape, g in zip(names, shapes, grads)]
+        scheduler = None if mergecomp is None else MergeCompScheduler(
+            mergecomp, names, [info.numel for info in infos], self.process_set, backend)
+        model = ModelState(self.compression, backend, self.process_set, scheduler)
+        layout = Layout(infos, shapes, [g.dtype for g in grads], model, timeline=ReadyTimeline(self.clock))
         layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)
-        if mergecomp is not None:
-            layout.mergecomp = MergeCompScheduler(mergecomp, names, [info.numel for info in layout.infos],
-                                                  self.process_set, backend)
         layout.host = self.sparse and (self.compression.host_exchange or mergecomp is not None)
         return layout
 
@@ -487,9 +443,9 @@ class GradientExchanger:
                           [layout.shapes[j] for j in members], layout.dtypes[members[0]])
                 for i, members in enumerate(form_groups(layout.infos, spec, default))]
 
-    def _use_groups(self, layout: Layout, members: List[List[int]]) -> None:
+    def _use_groups(self, layout: Layout, members: List[List[int]]) -> List[FlatGroup]:
         """Switch ``layout`` to new groups (lists of positions in the variable list) between
-        steps, eagerly: residuals carry over exactly, sparsifier states restart."""
+        steps, eagerly: residuals carry over exactly, sparsifier states restart. Returns them."""
         pieces: Dict[int, tf.Tensor] = {}
         for group in layout.groups:
             if group.residual is not None:
@@ -499,7 +455,8 @@ class GradientExchanger:
             if any(p in pieces for p in group.positions):
                 group.store_residual(tf.concat([pieces.get(p, tf.zeros([n], group.dtype))
                                                 for p, n in zip(group.positions, group.numels)], axis=0))
-        layout.states.clear()
+        layout.model.states.clear()
+        return layout.groups
 
     # -- the exchange -----------------------------------------------------------------------------
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool = False) -> List[Any]:
@@ -672,17 +629,9 @@ class GradientExchanger:
         """Close a step run eagerly or on the host (every rank, after its collectives): hand its
         timeline to the method (LAGS measures here) and to MergeComp, apply MergeComp's
         ``residual_decay`` and switch groups when it says so."""
-        record = layout.timeline.end_step()
-        self.compression.on_step_end(self.process_set, record)
-        if layout.mergecomp is None:
-            return
-        decay = layout.mergecomp.options.residual_decay
-        for group in layout.groups if decay != 1.0 else []:
-            if group.residual is not None:
-                group.store_residual(group.residual_value() * decay)
-        members = layout.mergecomp.after_step(record)
-        if members is not None:
-            self._use_groups(layout, members)
+        layout.model.end_step(layout.timeline.end_step(), layout.groups,
+                              lambda group, factor: group.store_residual(group.residual_value() * factor),
+                              functools.partial(self._use_groups, layout))
 
     def _report_nonfinite(self, names: List[str], eager: bool, flags: Any, finite: Any, step: Any) -> None:
         """Apply the ``nonfinite`` policy when some rank (``flags[r]``: rank r saw a NaN/Inf)
@@ -719,15 +668,14 @@ class GradientExchanger:
                     continue
                 group_stats = GroupStats(group.name, group.numel, 0)
                 stats.groups.append(group_stats)
-                if group.index not in layout.states:
-                    with tf.init_scope():
-                        layout.states[group.index] = self.compression.new_state(group.numel, size)
+                with tf.init_scope():
+                    state = layout.model.method_state(group, size)
                 with phase_timer(group_stats, "flatten"):
                     x = group.load_gradients(kept)
                 # The index keeps collective names distinct after op-name normalisation.
                 comm = Communicator(self.process_set, f"{group.index}.{group.name}", group_stats, scale, anchor=x)
                 group_stats.target = self.compression.count(group.numel, step)
-                exchange = self.compression.exchange(x, comm, layout.states[group.index], step)
+                exchange = self.compression.exchange(x, comm, state, step)
                 inflight.append(_Inflight(exchange, comm, group))
                 inflight[-1].advance(None)
             self._exchange_dense_groups(dense_groups, kept, results, stats)

@@ -12,7 +12,6 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import abc
-import functools
 import os
 import warnings
 import weakref
@@ -23,23 +22,19 @@ import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
 
-from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups
-from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
+from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
+from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.plain import from_plain, to_plain
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
-from horovod_sparse.torch.collectives import Communicator, Pending, allgather_bytes
+from horovod_sparse.torch.collectives import Communicator, Pending
 from horovod_sparse.methods.base import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
-#: Horovod's reduction ops by the names :func:`check_wrapper_arguments` takes.
-_OP_NAMES = {hvd.Average: "average", hvd.Sum: "sum", hvd.Adasum: "adasum", hvd.Min: "min", hvd.Max: "max",
-             hvd.Product: "product"}
 
 
 class _Inflight:
@@ -133,15 +128,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._ordered = ordered
         self._position = {p: i for i, (_, p) in enumerate(ordered)}
         mergecomp = MergeCompOptions.from_spec(groups)
-        #: The MergeComp scheduler choosing the grouping (``groups="mergecomp"``), else None.
-        self.mergecomp = None if mergecomp is None else MergeCompScheduler(
-            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend)
+        #: Method state per group, the MergeComp scheduler, checkpoints and agreement.
+        self._model = ModelState(compression, backend, process_set, None if mergecomp is None else MergeCompScheduler(
+            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend))
         #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
         self.timeline = ReadyTimeline()
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
-        #: Per-group sparsifier state and the world size it was built for.
-        self._states: Dict[int, Tuple[int, Any]] = {}
         self._nonfinite_groups: List[str] = []
         self._skip_step = False
         self._delay = {p: backward_passes_per_step for _, p in ordered}
@@ -178,23 +171,18 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _require_same_configuration(self) -> None:
         """Every rank of the process set raises the same ``ValueError`` unless they all have the
-        same :meth:`_configuration`. Collective."""
-        require_same_configuration(self._configuration(),
-                                   functools.partial(allgather_bytes, process_set=self.process_set))
+        same configuration (:meth:`ModelState.require_same_configuration`). Collective."""
+        self._model.require_same_configuration(
+            {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
+             "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
+             "sparse_as_dense": self.sparse_as_dense},
+            [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self._groups])
 
-    def _configuration(self) -> Dict[str, Any]:
-        """Everything that must agree across ranks for the collectives to match."""
-        compression = (self._compression.options.as_dict() if self._sparse
-                       else getattr(self._compression, "__name__", type(self._compression).__name__))
-        return {"compression": compression, "op": str(self.op),
-                "gradient_predivide_factor": self.gradient_predivide_factor,
-                "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
-                "sparse_as_dense": self.sparse_as_dense,
-                "groups": {g.name: f"{g.numel} x {g.dtype}" for g in self._groups},
-                # Same sizes are not enough: a sparse group is flat, so a parameter of another
-                # shape but as many elements would mix up coordinates without an error.
-                "shapes": {g.name: [list(p.shape) for p in g.params] for g in self._groups},
-                "mergecomp": None if self.mergecomp is None else repr(self.mergecomp.options)}
+    @property
+    def mergecomp(self) -> Optional[MergeCompScheduler]:
+        """The MergeComp scheduler choosing the grouping (``groups="mergecomp"``: its ``result``
+        holds the choice once the search decided), else None."""
+        return self._model.mergecomp
 
     # -- grouping ---------------------------------------------------------------------------------
     def _form_groups(self, ordered: List[Tuple[str, torch.Tensor]], spec: Any) -> List[FlatGroup]:
@@ -210,15 +198,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members])
                 for i, members in enumerate(form_groups(infos, spec, default))]
 
-    def _use_groups(self, members: List[List[int]]) -> None:
+    def _use_groups(self, members: List[List[int]]) -> List[FlatGroup]:
         """Switch to new groups (lists of positions in the parameter order) between steps:
-        residuals carry over exactly, sparsifier states restart."""
+        residuals carry over exactly, sparsifier states restart. Returns the new groups."""
         groups = self._form_groups(self._ordered, [[self._ordered[j][1] for j in m] for m in members])
         carry_residuals(self._groups, groups)
         self._groups = groups
         self._group_of = {p: g for g in groups for p in g.params}
         self._ready_count = {g.index: 0 for g in groups}
-        self._states.clear()
+        self._model.states.clear()
+        return groups
 
     @property
     def groups(self) -> List[List[str]]:
@@ -283,14 +272,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             prescale = postscale = scale = 1.0
         comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
         if sparse:
-            built_for, state = self._states.get(group.index, (None, None))
-            if built_for != size:
-                # First step, or the world changed size (elastic, or a checkpoint from another
-                # worker count): rebuild partition tables, schedules and thresholds for the new
-                # size; the residual is kept.
-                state = (self._compression.new_state(group.numel, size) if built_for is None
-                         else self._compression.resized_state(state, group.numel, size))
-                self._states[group.index] = (size, state)
+            state = self._model.method_state(group, size)
             with comm.timer("flatten"):
                 x = group.load_gradients(usable)
                 comm.output_buffer = group.zeroed_output()
@@ -395,17 +377,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _after_step(self) -> None:
         """Hand the finished step's timeline to the sparsifier and to the MergeComp scheduler (on
         every rank, outside the hooks) and switch groups when the scheduler says so."""
-        record = self.timeline.end_step()
-        if self._sparse:
-            self._compression.on_step_end(self.process_set, record)
-        if self.mergecomp is not None:
-            decay = self.mergecomp.options.residual_decay
-            for group in self._groups if decay != 1.0 else []:
-                if group.residual is not None:
-                    group.residual.mul_(decay)
-            members = self.mergecomp.after_step(record)
-            if members is not None:
-                self._use_groups(members)
+        self._model.end_step(self.timeline.end_step(), self._groups, lambda group, factor: group.residual.mul_(factor),
+                             self._use_groups)
 
     def _close_step(self) -> None:
         self._step_stats.groups.sort(key=lambda s: s.name)
@@ -456,7 +429,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         and plain containers (``torch.load`` reads it with ``weights_only=True``). Residuals
         are per rank: save every rank's state dict to resume exactly."""
         state = super(self.__class__, self).state_dict()  # type: ignore[misc]
-        state["horovod_sparse"] = self._sparse_state(per_rank=True)
+        state["horovod_sparse"] = self._model.record(self._groups, self.steps, per_rank=True)
         return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -476,66 +449,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         if ours is not None:
-            self._load_sparse_state(ours)
+            self.steps = self._model.restore(ours, self._groups, self._use_groups)
+            self._step_stats = StepStats(step=self.steps)
         super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
-
-    def _sparse_state(self, per_rank: bool) -> Dict[str, Any]:
-        """The step counter, MergeComp's grouping, the method's own state (LAGS's measurements)
-        and each group's method state; with ``per_rank`` also what differs between ranks
-        (residuals, and the state of methods whose state is per rank), else only what every
-        rank must hold alike."""
-        groups = {}
-        for g in self._groups:
-            record: Dict[str, Any] = {"numel": g.numel}
-            if per_rank:
-                record["residual"] = g.residual
-            if per_rank or not (self._sparse and self._compression.per_rank_state):
-                built = self._states.get(g.index)
-                record["state"] = None if built is None else {"world_size": built[0], "state": to_plain(built[1])}
-            groups[g.name] = record
-        return {"steps": self.steps, "groups": groups,
-                "method": self._compression.method_state(per_rank) if self._sparse else None,
-                "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
-                else self.mergecomp.result.as_dict()}
-
-    def _load_sparse_state(self, ours: Dict[str, Any]) -> None:
-        """Take the state :meth:`_sparse_state` returned (here or on another rank): what it holds
-        replaces this rank's, what it leaves out (residuals, per-rank state) stays."""
-        if self.mergecomp is not None and ours.get("mergecomp") is not None:
-            self._use_groups(self.mergecomp.restore(ours["mergecomp"]))
-        saved = ours["groups"]
-        self._check_groups({name: record["numel"] for name, record in saved.items()},
-                           decided=ours.get("mergecomp") is not None)
-        if self._sparse and ours.get("method") is not None:
-            self._compression.load_method_state(ours["method"])
-        for group in self._groups:
-            record = saved[group.name]
-            if record.get("residual") is not None:
-                group.load_residual(record["residual"])
-            if "state" in record:
-                built = record["state"]
-                if built is None:
-                    self._states.pop(group.index, None)
-                else:
-                    size = built["world_size"]
-                    template = self._compression.new_state(group.numel, size)
-                    self._states[group.index] = (size, from_plain(template, built["state"]))
-        self.steps = ours["steps"]
-        self._step_stats = StepStats(step=self.steps)
-
-    def _check_groups(self, saved: Dict[str, int], decided: bool) -> None:
-        """Refuse a saved state whose groups (name -> elements) are not this optimizer's,
-        naming the difference and the fix, before any residual or state is loaded."""
-        mine = {g.name: g.numel for g in self._groups}
-        if saved == mine:
-            return
-        only_saved = {name: numel for name, numel in saved.items() if mine.get(name) != numel}
-        only_mine = {name: numel for name, numel in mine.items() if saved.get(name) != numel}
-        hint = ("; a MergeComp optimizer must be saved after its search decided "
-                "(optimizer.mergecomp.result set)" if self.mergecomp is not None and not decided else "")
-        raise ValueError(f"checkpoint does not match this optimizer's groups (name: elements): the "
-                         f"checkpoint has {only_saved}, the optimizer {only_mine} instead; build the "
-                         f"optimizer with the model and groups= the checkpoint was saved with{hint}")
 
     def _agree_if_due(self) -> None:
         """Before this optimizer's first exchange, and again after the world changed size
@@ -571,10 +487,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._require_same_configuration()
         if not self._groups:
             return  # nothing is exchanged, so there is nothing to agree on
-        mine = self._sparse_state(per_rank=False) if self.process_set.rank() == root_rank else None
-        shared = state_of_rank(root_rank, mine, functools.partial(allgather_bytes, process_set=self.process_set))
+        self.steps = self._model.agree(root_rank, self._groups, self.steps, self._use_groups)
         if self.process_set.rank() != root_rank:
-            self._load_sparse_state(shared)
+            self._step_stats = StepStats(step=self.steps)
 
 
 class SparseDistributedOptimizer(abc.ABC):  # noqa: B024 (a marker: classes register, nothing is abstract)
@@ -694,8 +609,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     sparse = isinstance(compression, Sparsifier)
     # The same checks and messages as the TensorFlow front end: a sparsifier sums, so it takes
     # Average or Sum only (Min, Max or Product would silently become a sum).
-    check_wrapper_arguments(compression, sparse, Sparsifier, _OP_NAMES.get(op, str(op)), gradient_predivide_factor,
-                            "torch")
+    check_wrapper_arguments(compression, sparse, Sparsifier, op_name(op, hvd), gradient_predivide_factor, "torch")
     if op == hvd.Adasum:
         return hvd.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                         op, gradient_predivide_factor, 0, groups, sparse_as_dense, process_set)

@@ -103,7 +103,7 @@ def scenario_tape_checkpoint(config):
         for group in layout.groups:
             group.store_residual(tf.zeros([group.numel], group.dtype))
         if exchanger.compression.per_rank_state:
-            layout.states.clear()
+            layout.model.states.clear()
     expected = []
     for index in range(steps, steps + more):
         train(index)

@@ -78,7 +78,7 @@ def empty_per_rank_state(opt):
         if group.residual is not None:
             group.residual.zero_()
     if getattr(opt._compression, "per_rank_state", False):
-        opt._states.clear()
+        opt._model.states.clear()
 
 
 def scenario_checkpoint(config):

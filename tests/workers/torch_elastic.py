@@ -64,9 +64,9 @@ class Recorder:
         meta = {"kind": kind, "process": self.process, "rank": hvd.rank(), "size": hvd.size(), "step": step,
                 "opt_steps": {m: opt.steps for m, opt in self.optimizers.items()}}
         if kind != "step":
-            meta["shared"] = {m: json_bytes(opt._sparse_state(per_rank=False)).decode()
+            meta["shared"] = {m: json_bytes(opt._model.record(opt._groups, opt.steps, per_rank=False)).decode()
                               for m, opt in self.optimizers.items()}
-            meta["built_for"] = {m: {g.name: opt._states.get(g.index, (None, None))[0] for g in opt._groups}
+            meta["built_for"] = {m: {g.name: opt._model.states.get(g.index, (None, None))[0] for g in opt._groups}
                                  for m, opt in self.optimizers.items()}
             for m, opt in self.optimizers.items():
                 for name, residual in opt.residuals().items():

@@ -1,0 +1,189 @@
+"""What every front end keeps of one model between steps, written once for all of them.
+
+The PyTorch optimizer holds one :class:`ModelState`; the TensorFlow exchanger one per variable
+list. Beside the residuals (kept in each framework's ``FlatGroup``), it holds each group's
+method state with the world size it was built for, and the MergeComp scheduler; it writes and
+reads the checkpoint record (step counter, MergeComp's grouping, the method's own state, per
+group the residual and method state), checks a record's groups against the model's, agrees the
+shared state from one rank, builds the configuration every rank must share, and closes a step
+(the method's measurements, MergeComp's decay and regrouping).
+
+A group is either framework's ``FlatGroup``: ``index``, ``name``, ``numel``, ``residual`` (None
+before its first sparse step) and ``load_residual(saved)``, where ``saved`` is the backend's
+checkpoint form of a tensor (``Backend.saved``: a tensor for PyTorch, a NumPy array for
+TensorFlow). The step counter's storage is the front end's (a Python int in PyTorch, an int64
+variable in TensorFlow, read inside traced steps); its value travels in the record.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tuple
+
+from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
+from horovod_sparse.common.grouping import StepTimeline
+from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
+from horovod_sparse.common.plain import from_plain, to_plain
+from horovod_sparse.methods.backend import Backend
+from horovod_sparse.methods.base import Sparsifier
+
+#: A record of :meth:`ModelState.record`: plain containers and checkpoint-form tensors.
+Record = Dict[str, Any]
+
+
+class Group(Protocol):
+    """What this module reads of a framework's ``FlatGroup``."""
+
+    index: int
+    name: str
+    numel: int
+    residual: Any
+
+    def load_residual(self, saved: Any) -> None: ...
+
+
+#: Switches the model to new groups (lists of positions in the parameter order), carrying the
+#: residuals over, and returns the new groups.
+Regroup = Callable[[List[List[int]]], Sequence[Group]]
+
+
+class ModelState:
+    """One model's sparsification state beside its residuals.
+
+    Args:
+        compression: a horovod_sparse sparsifier, or Horovod's dense compressor (then no group
+            has method state and no method measures anything).
+        backend: the framework's backend (checkpoint form of tensors, the bytes allgather).
+        process_set: the Horovod process set of the front end.
+        mergecomp: the scheduler choosing the groups (``groups="mergecomp"``), else None.
+    """
+
+    def __init__(self, compression: Any, backend: Backend, process_set: Any,
+                 mergecomp: Optional[MergeCompScheduler]) -> None:
+        self.compression = compression
+        self.sparse = isinstance(compression, Sparsifier)
+        self.B = backend
+        self.process_set = process_set
+        self.mergecomp = mergecomp
+        #: Each group's method state by group index, with the world size it was built for.
+        self.states: Dict[int, Tuple[int, Any]] = {}
+
+    def method_state(self, group: Group, world_size: int) -> Any:
+        """``group``'s method state for ``world_size`` ranks: built on the group's first sparse
+        step, rebuilt (``Sparsifier.resized_state``: partition tables, thresholds, schedules;
+        DGC keeps its velocity) when it was built for another world size (an elastic change, or
+        a checkpoint of another worker count). The residual is never touched."""
+        built_for, state = self.states.get(group.index, (None, None))
+        if built_for != world_size:
+            state = (self.compression.new_state(group.numel, world_size) if built_for is None
+                     else self.compression.resized_state(state, group.numel, world_size))
+            self.states[group.index] = (world_size, state)
+        return state
+
+    # -- checkpoints and agreement --------------------------------------------------------------
+    def record(self, groups: Sequence[Group], steps: int, per_rank: bool) -> Record:
+        """The step counter, MergeComp's grouping, the method's own state (LAGS's measurements)
+        and, per group, its size and method state; with ``per_rank`` also what differs between
+        ranks (residuals, and the state of methods whose state is per rank), else only what
+        every rank holds alike. Plain containers (``torch.load(weights_only=True)`` reads them)."""
+        per_rank_state = self.sparse and self.compression.per_rank_state
+        records = {}
+        for g in groups:
+            entry: Dict[str, Any] = {"numel": g.numel}
+            if per_rank:
+                entry["residual"] = None if g.residual is None else self.B.saved(g.residual)
+            if per_rank or not per_rank_state:
+                built = self.states.get(g.index)
+                entry["state"] = None if built is None else {
+                    "world_size": built[0], "state": to_plain(self.compression.export_state(built[1]))}
+            records[g.name] = entry
+        return {"steps": steps, "groups": records,
+                "method": self.compression.method_state(per_rank) if self.sparse else None,
+                "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
+                else self.mergecomp.result.as_dict()}
+
+    def restore(self, record: Record, groups: Sequence[Group], regroup: Regroup) -> int:
+        """Take a :meth:`record` made here or on another rank: what it holds replaces this
+        rank's, what it leaves out (residuals, per-rank state) stays. MergeComp's grouping is
+        taken first; a record of other groups raises ``ValueError`` (:func:`groups_mismatch`)
+        before anything is loaded. Returns the step counter."""
+        if self.mergecomp is not None and record.get("mergecomp") is not None:
+            groups = regroup(self.mergecomp.restore(record["mergecomp"]))
+        problem = self.groups_mismatch({name: entry["numel"] for name, entry in record["groups"].items()},
+                                       groups, decided=record.get("mergecomp") is not None)
+        if problem:
+            raise ValueError(problem)
+        if self.sparse and record.get("method") is not None:
+            self.compression.load_method_state(record["method"])
+        for group in groups:
+            entry = record["groups"][group.name]
+            if entry.get("residual") is not None:
+                group.load_residual(entry["residual"])
+            if "state" not in entry:
+                continue
+            if entry["state"] is None:
+                self.states.pop(group.index, None)
+            else:
+                size = entry["state"]["world_size"]
+                template = self.compression.new_state(group.numel, size)
+                self.states[group.index] = (size, self.compression.import_state(
+                    from_plain(template, entry["state"]["state"])))
+        return int(record["steps"])
+
+    def groups_mismatch(self, saved: Dict[str, int], groups: Sequence[Group], decided: bool) -> str:
+        """What differs between a record's groups (name -> elements) and ``groups``, with the
+        fix; empty when they match."""
+        mine = {g.name: g.numel for g in groups}
+        if saved == mine:
+            return ""
+        only_saved = {name: numel for name, numel in saved.items() if mine.get(name) != numel}
+        only_mine = {name: numel for name, numel in mine.items() if saved.get(name) != numel}
+        hint = ("; a MergeComp model must be saved after its search decided (.mergecomp.result set)"
+                if self.mergecomp is not None and not decided else "")
+        return (f"checkpoint does not match the model's groups (name: elements): the checkpoint has "
+                f"{only_saved}, the model {only_mine} instead; build the optimizer (or tape) with the "
+                f"model and groups= the checkpoint was saved with{hint}")
+
+    def agree(self, root_rank: int, groups: Sequence[Group], steps: int, regroup: Regroup) -> int:
+        """Every rank of the process set takes ``root_rank``'s shared :meth:`record` (step
+        counter, MergeComp grouping, method state every rank holds alike); residuals and
+        per-rank state stay each rank's own. Returns the step counter. Collective."""
+        mine = self.record(groups, steps, per_rank=False) if self.process_set.rank() == root_rank else None
+        shared = state_of_rank(root_rank, mine, self._allgather_bytes())
+        return steps if self.process_set.rank() == root_rank else self.restore(shared, groups, regroup)
+
+    def require_same_configuration(self, settings: Dict[str, Any],
+                                   groups: Sequence[Tuple[str, int, str, List[List[int]]]]) -> None:
+        """Every rank raises the same ``ValueError`` naming what differs unless all have the
+        same configuration: the compression (method and options, or the dense compressor's
+        name), the front end's ``settings`` (op, ``nonfinite``, ...), each group's key, size,
+        dtype and member shapes (same sizes are not enough: a sparse group is flat, so another
+        shape of as many elements would mix up coordinates), and MergeComp's options. Collective."""
+        compression = (self.compression.options.as_dict() if self.sparse
+                       else getattr(self.compression, "__name__", type(self.compression).__name__))
+        config = {"compression": compression, **settings,
+                  "groups": {key: f"{numel} x {dtype}" for key, numel, dtype, _ in groups},
+                  "shapes": {key: shapes for key, _, _, shapes in groups},
+                  "mergecomp": None if self.mergecomp is None else repr(self.mergecomp.options)}
+        require_same_configuration(config, self._allgather_bytes())
+
+    def _allgather_bytes(self) -> Callable[[bytes, str], List[bytes]]:
+        return functools.partial(self.B.allgather_bytes, process_set=self.process_set)
+
+    # -- the end of a step ------------------------------------------------------------------------
+    def end_step(self, timeline: StepTimeline, groups: Sequence[Group], decay: Callable[[Group, float], None],
+                 regroup: Regroup) -> None:
+        """Close a step on every rank, after its collectives and outside the backward hooks:
+        hand its ``timeline`` to the method (LAGS measures here) and to MergeComp, apply
+        MergeComp's ``residual_decay`` (``decay(group, factor)`` scales a group's residual)
+        and switch groups when MergeComp says so."""
+        if self.sparse:
+            self.compression.on_step_end(self.process_set, timeline)
+        if self.mergecomp is None:
+            return
+        factor = self.mergecomp.options.residual_decay
+        for group in groups if factor != 1.0 else []:
+            if group.residual is not None:
+                decay(group, factor)
+        members = self.mergecomp.after_step(timeline)
+        if members is not None:
+            regroup(members)
