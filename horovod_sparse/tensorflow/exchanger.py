@@ -74,6 +74,7 @@ import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState, Record
@@ -81,9 +82,9 @@ from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonf
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
-from horovod_sparse.tensorflow.collectives import Communicator, Pending, allgather_bytes, nbytes, phase_timer
+from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, nbytes, phase_timer
 from horovod_sparse.tensorflow.elastic import refuse_elastic
-from horovod_sparse.methods.base import Exchange, Result, Sparsifier, Step
+from horovod_sparse.methods.base import Sparsifier, Step
 
 
 
@@ -121,43 +122,6 @@ class Layout:
     def steps(self) -> int:
         """The step counter's value (0 before the first exchange), eagerly."""
         return 0 if self.step is None else int(self.step.numpy())
-
-
-class _Inflight:
-    """A group's exchange that has been started and not yet finished."""
-
-    def __init__(self, exchange: Exchange, comm: Communicator, group: FlatGroup) -> None:
-        self.exchange = exchange
-        self.comm = comm
-        self.group = group
-        self.pendings: Optional[Sequence[Pending]] = None
-        self.result: Optional[Result] = None
-
-    def advance(self, outputs: Optional[List[Any]]) -> None:
-        """Run the exchange up to its next wait (or its end, keeping its result)."""
-        try:
-            self.pendings = next(self.exchange) if outputs is None else self.exchange.send(outputs)
-        except StopIteration as stop:
-            self.pendings = None
-            self.result = stop.value
-
-    def finish(self) -> Result:
-        """Drive the exchange to completion and return ``(update, residual)``.
-
-        When traced, the update depends on every collective the exchange launched: a graph
-        prunes ops whose outputs are unused, and a collective that one rank prunes (say an
-        alltoall that receives nothing there) would leave the other ranks waiting forever.
-        """
-        while self.pendings is not None:
-            self.advance(self.comm.wait(self.pendings))
-        if self.result is None:
-            raise RuntimeError(f"{type(self.exchange).__name__} of group {self.group.name!r} ended "
-                               "without returning (update, residual)")
-        update, residual = self.result
-        if not tf.executing_eagerly():
-            with tf.control_dependencies(self.comm.launched):
-                update = tf.identity(update)
-        return update, residual
 
 
 def _horovod_groups(groups: Any) -> Any:
@@ -654,7 +618,7 @@ class GradientExchanger:
         stats = StepStats(step=step)
         size = self.process_set.size()
         scale = 1.0 / size if self.op == hvd.Average else 1.0
-        inflight: List[_Inflight] = []
+        inflight: List[Inflight] = []
         dense_groups: List[FlatGroup] = []
         host = isinstance(step, int)
         for position in range(len(kept) if host else 0):
@@ -676,11 +640,16 @@ class GradientExchanger:
                 comm = Communicator(self.process_set, f"{group.index}.{group.name}", group_stats, scale, anchor=x)
                 group_stats.target = self.compression.count(group.numel, step)
                 exchange = self.compression.exchange(x, comm, state, step)
-                inflight.append(_Inflight(exchange, comm, group))
-                inflight[-1].advance(None)
+                inflight.append(Inflight(exchange, comm, group))
+                inflight[-1].advance()
             self._exchange_dense_groups(dense_groups, kept, results, stats)
             for flight in inflight:
                 update, residual = flight.finish()
+                if not tf.executing_eagerly():
+                    # A graph prunes ops whose outputs are unused, and a collective one rank prunes
+                    # (say an alltoall that receives nothing there) would hang the other ranks.
+                    with tf.control_dependencies(flight.comm.launched):
+                        update = tf.identity(update)
                 flight.group.store_residual(residual)
                 for position, value in zip(flight.group.positions, flight.group.unflatten(update)):
                     results[position] = tf.cast(value, kept[position].dtype)

@@ -16,7 +16,7 @@ import os
 import warnings
 import weakref
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 import horovod.torch as hvd
 import torch
@@ -24,6 +24,7 @@ from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState
@@ -31,38 +32,10 @@ from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonf
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
-from horovod_sparse.torch.collectives import Communicator, Pending
+from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.methods.base import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
-
-
-class _Inflight:
-    """A group's exchange that has been launched and not yet finished."""
-
-    def __init__(self, exchange: Exchange, comm: Communicator, group: FlatGroup, sparse: bool) -> None:
-        self.exchange = exchange
-        self.comm = comm
-        self.group = group
-        self.sparse = sparse
-        self.pendings: Optional[Sequence[Pending]] = None
-
-    def advance(self, outputs: Optional[List[Any]]) -> bool:
-        """Run the exchange up to its next wait; False once it has finished."""
-        try:
-            self.pendings = next(self.exchange) if outputs is None else self.exchange.send(outputs)
-            return True
-        except StopIteration as stop:
-            self.pendings = None
-            if self.sparse:
-                self.group.take_result(*stop.value)
-            return False
-
-    def finish(self) -> None:
-        """Drive the exchange to completion, waiting for each round's collectives."""
-        while self.pendings is not None:
-            outputs = self.comm.wait(self.pendings)
-            self.advance(outputs)
 
 
 def _all_finite(tensor: torch.Tensor) -> bool:
@@ -139,7 +112,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._skip_step = False
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
-        self._inflight: Dict[int, _Inflight] = {}
+        self._inflight: Dict[int, Inflight] = {}
         self._step_stats = StepStats(step=0)
         self.last_stats: Optional[StepStats] = None
         self.steps = 0
@@ -280,10 +253,11 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         else:
             compression = hvd.Compression.none if self._sparse else self._compression
             exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale, usable)
-        inflight = _Inflight(exchange, comm, group, sparse)
-        if inflight.advance(None):
+        inflight = Inflight(exchange, comm, group, sparse)
+        if inflight.advance():
             self._inflight[group.index] = inflight
         elif sparse:
+            group.take_result(*inflight.finish())
             group.publish()
 
     def _launch_sparse_rows(self, p: torch.Tensor) -> None:
@@ -319,7 +293,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 self._launch(group)
         finished = [self._inflight[index] for index in sorted(self._inflight)]
         for inflight in finished:
-            inflight.finish()
+            result = inflight.finish()
+            if inflight.sparse:
+                inflight.group.take_result(*result)
         self._inflight.clear()
         rows = {p: handle() for p, handle in self._sparse_rows.items()}
         self._sparse_rows.clear()
@@ -353,7 +329,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)
         return [rank for rank, count in enumerate(counts.tolist()) if count]
 
-    def _abandon_step(self, finished: List[_Inflight]) -> None:
+    def _abandon_step(self, finished: List[Inflight]) -> None:
         """Undo this step everywhere: residuals get back what they delivered (so they hold
         ``e + g``: this step's finite gradient is kept), and every aggregated gradient is zero."""
         for inflight in finished:
