@@ -5,13 +5,30 @@
 
     opt = hs.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   compression=hs.Compression.topk(density=0.01))
-"""
-from horovod_sparse.torch import elastic
-from horovod_sparse.torch.compression import Compression
-from horovod_sparse.torch.functions import broadcast_optimizer_state
-from horovod_sparse.torch.optimizer import DistributedOptimizer
-from horovod_sparse.methods.base import Sparsifier
 
-elastic.register()  # hvd.elastic.TorchState syncs our optimizers' shared state too
+Horovod is imported when one of the names below is first used, not with the package: its
+Horovod-free modules (``tensor_backend``, ``selection``, ``buffers``, ``communicator``) also
+serve :mod:`horovod_sparse.ddp`, which runs without Horovod.
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: The front end's names and the modules that define them.
+_FRONT_END = {"Compression": "compression", "DistributedOptimizer": "optimizer",
+              "broadcast_optimizer_state": "functions", "elastic": None}
 
 __all__ = ["Compression", "DistributedOptimizer", "Sparsifier", "broadcast_optimizer_state"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Sparsifier":
+        from horovod_sparse.methods.base import Sparsifier
+        return Sparsifier
+    if name not in _FRONT_END:
+        raise AttributeError(f"module 'horovod_sparse.torch' has no attribute {name!r}")
+    elastic = importlib.import_module("horovod_sparse.torch.elastic")
+    elastic.register()  # hvd.elastic.TorchState syncs our optimizers' shared state too
+    module = _FRONT_END[name]
+    return elastic if module is None else getattr(importlib.import_module(f"horovod_sparse.torch.{module}"), name)

@@ -33,18 +33,10 @@ from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
+from horovod_sparse.torch.tensor_backend import all_finite
 from horovod_sparse.methods.base import Exchange, Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
-
-
-def _all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every element of ``tensor`` is finite. A NaN or Inf anywhere makes the sum
-    non-finite, so one summing pass settles the usual case (``torch.isfinite(t).all()`` costs
-    about 20 times more on a CPU: it writes a bool tensor of the full size); only a non-finite
-    sum, which finite values near the dtype's maximum can also produce, takes the exact check."""
-    accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-    return bool(torch.isfinite(tensor.sum(dtype=accumulate))) or bool(torch.isfinite(tensor).all())
 
 
 def _dense_exchange(group: FlatGroup, compression: Any, comm: Communicator, op: Any,
@@ -227,7 +219,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad is None and p not in self._sparse_rows:
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
                 p.grad = torch.zeros_like(p)
-        usable = self.nonfinite is None or all(p.grad is None or _all_finite(p.grad) for p in group.params)
+        usable = self.nonfinite is None or all(p.grad is None or all_finite(p.grad) for p in group.params)
         if not usable:
             # This rank's gradient contributes nothing this step and never reaches the residual
             # (it stays in .grad until synchronize()); synchronize() tells every rank and applies
@@ -269,7 +261,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         # each rank's duplicates before the ranks' rows, another order, other float rounding.
         grad = p.grad
         p.grad = None
-        if self.nonfinite is not None and not _all_finite(grad._values()):
+        if self.nonfinite is not None and not all_finite(grad._values()):
             self._nonfinite_groups.append(self._parameter_names[p])
             grad = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.shape)
         self._sparse_rows[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._parameter_names[p]}",

@@ -1,0 +1,108 @@
+"""What every PyTorch front end's communicator shares, whoever runs the collectives.
+
+A sparsifier never calls a collective library directly. It asks its ``comm`` to *launch* a
+collective, which returns a :class:`Pending`, and yields the pendings it needs to the front end,
+which waits for them (:meth:`TorchCommunicator.wait`) and sends the outputs back. Every
+collective is named ``hs.<group>.<tag>`` (identical on every rank, unique per step) and its
+payload bytes and wait time land in the group's :class:`~horovod_sparse.common.stats.GroupStats`.
+Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collectives`) or
+``torch.distributed``'s (:mod:`horovod_sparse.ddp.collectives`). Nothing here imports Horovod.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
+
+import torch
+
+from horovod_sparse.common.communicator import CommunicatorBase
+from horovod_sparse.common.stats import GroupStats
+
+
+@dataclass
+class Pending:
+    """A launched collective: the subclass's handle plus what is needed to account for it."""
+
+    handle: Any
+    kind: str
+    #: bytes of the output that this rank contributed itself (not received from others).
+    own_bytes: int
+
+
+def nbytes(tensor: torch.Tensor) -> int:
+    """Payload size of ``tensor`` in bytes."""
+    return tensor.numel() * tensor.element_size()
+
+
+class TorchCommunicator(CommunicatorBase):
+    """Launches one group's collectives in one step and accounts for them (arguments:
+    :class:`~horovod_sparse.common.communicator.CommunicatorBase`). Subclasses provide
+    ``allgather(tensor, tag, kind)`` (variable length along dim 0), ``allreduce(tensor, tag,
+    kind)`` (a sum, in place), ``alltoall(tensor, splits, tag, kind)`` (output and received
+    splits) and :meth:`_complete`."""
+
+    def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float,
+                 size: Optional[int] = None, rank: Optional[int] = None) -> None:
+        super().__init__(process_set, name, stats, scale, size, rank)
+        self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
+        self.output_buffer: Optional[torch.Tensor] = None
+
+    def output(self, x: torch.Tensor) -> torch.Tensor:
+        """The zeroed buffer the aggregated update of ``x``'s group is written into."""
+        return torch.zeros_like(x) if self.output_buffer is None else self.output_buffer
+
+    def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
+        self._account(kind, sent)
+        return Pending(handle, kind, own)
+
+    def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Any, kind: str) -> Pending:
+        """Account for an alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``
+        (what this rank sends itself stays off the wire)."""
+        row_bytes = nbytes(tensor) // tensor.shape[0] if tensor.shape[0] else 0
+        own = int(splits[self.rank]) * row_bytes
+        return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
+
+    def _complete(self, handle: Any) -> Any:
+        """Wait for one launched collective; its output (alltoall: ``(output, received_splits)``)."""
+        raise NotImplementedError
+
+    def wait(self, pendings: Sequence[Pending]) -> List[Any]:
+        """Wait for ``pendings`` and return their outputs (alltoall: ``(output, received_splits)``)."""
+        outputs = []
+        with self.timer("communicate"):
+            for pending in pendings:
+                output = self._complete(pending.handle)
+                outputs.append(output)
+                tensor = output[0] if isinstance(output, tuple) else output
+                self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
+        return outputs
+
+    def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> torch.Tensor:
+        """Residual update: subtract from ``x`` what this rank delivered at ``idx`` (distinct
+        indices). Every change a sparsifier makes to its residual goes through here.
+
+        Subtracting the wire values (rather than zeroing) keeps float16 rounding error in the
+        residual, so error feedback loses nothing even with ``fp16_values``. Deliveries are
+        recorded so that :meth:`undo_deliveries` can put them back when a step is abandoned.
+        Returns ``x``, changed in place.
+        """
+        self._deliveries.append((x, idx, wire_values))
+        return x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
+
+    def undo_deliveries(self) -> None:
+        """Add back everything :meth:`remove_delivered` took out of the residual this step."""
+        for x, idx, wire_values in reversed(self._deliveries):
+            x.index_add_(0, idx, wire_values.to(x.dtype))
+        self._deliveries.clear()
+
+    @contextmanager
+    def timer(self, phase: str) -> Iterator[None]:
+        """Accumulate the wall time of the enclosed block under ``phase`` in the group's stats."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stats.add_time(phase, time.perf_counter() - start)

@@ -1,0 +1,175 @@
+"""PyTorch's tensor primitives of :class:`horovod_sparse.methods.backend.Backend`, for every
+PyTorch front end: :mod:`horovod_sparse.torch.backend` (Horovod) and
+:mod:`horovod_sparse.ddp.backend` (``torch.distributed``) add their host collectives to these.
+Nothing here imports Horovod.
+
+Primitives named for an ``out`` or ``x`` argument write into it and return it, so a step
+allocates nothing of a buffer's size (the front end reuses each group's residual and output).
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from horovod_sparse.torch.selection import pick, pick_with_magnitudes, scan, select, top_k
+
+__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "chunk_counts", "clone", "coalesce", "concat",
+           "distinct", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
+           "mask", "momentum_step", "numel", "pick", "pick_with_magnitudes", "reshape_one", "saved", "scan",
+           "scatter_chunks", "scatter_set", "select", "size", "splits_to", "to_numpy", "to_wire", "top_k",
+           "wire_index", "zero_at"]
+
+#: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
+#: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
+#: bytes).
+UNION_BY_MARKS = 16
+
+
+def numel(x: torch.Tensor) -> int:
+    return x.numel()
+
+
+def size(t: torch.Tensor) -> int:
+    return t.numel()
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.cpu()
+    return (t.float() if t.dtype == torch.bfloat16 else t).numpy()
+
+
+def from_numpy(array: np.ndarray, like: Optional[torch.Tensor]) -> torch.Tensor:
+    tensor = torch.from_numpy(array)
+    return tensor if like is None else tensor.to(like.device)
+
+
+def saved(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def from_saved(saved: torch.Tensor) -> torch.Tensor:
+    return saved
+
+
+def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor([n], dtype=torch.int64, device=like.device)
+
+
+def chunk_counts(counts: Any, size: int, fixed: bool) -> List[int]:
+    return [counts] * size if fixed else counts.tolist()
+
+
+def host_call(decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
+    return decide(*args)
+
+
+def at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
+    return t >= threshold
+
+
+def clone(t: torch.Tensor) -> torch.Tensor:
+    return t.clone()
+
+
+def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    return x[idx]
+
+
+def to_wire(values: torch.Tensor, fp16: bool) -> torch.Tensor:
+    if fp16:
+        return values.to(torch.float16)
+    return values.float() if values.dtype == torch.bfloat16 else values
+
+
+def wire_index(idx: torch.Tensor, numel: int) -> torch.Tensor:
+    return idx.to(index_dtype(numel))
+
+
+def as_index(t: torch.Tensor) -> torch.Tensor:
+    return t.long()
+
+
+def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, counts: Sequence[int],
+                   scale: float) -> torch.Tensor:
+    """One race-free ``index_add_`` per rank's chunk, in rank order: bitwise identical on every
+    rank, on CPU and on GPU (where one ``index_add_`` with repeated indices adds in a
+    non-deterministic order)."""
+    values = values.to(out.dtype)
+    for index_chunk, value_chunk in zip(indices.split(list(counts)), values.split(list(counts))):
+        out.index_add_(0, index_chunk, value_chunk, alpha=scale)
+    return out
+
+
+def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    values = values.to(out.dtype)
+    return out.index_copy_(0, idx, values * scale if scale != 1 else values)
+
+
+def distinct(indices: torch.Tensor, numel: int) -> int:
+    """By sorting when the indices are few, else by marking a buffer's coordinates (one read
+    of ``numel`` bytes instead of sorting ``n k`` indices)."""
+    if indices.numel() * UNION_BY_MARKS < numel:
+        return int(torch.unique(indices).numel())
+    marks = torch.zeros(numel, dtype=torch.bool, device=indices.device)
+    marks[indices] = True
+    return int(marks.sum())
+
+
+def coalesce(idx: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    unique, position = torch.unique(idx, sorted=True, return_inverse=True)
+    summed = torch.zeros(unique.numel(), dtype=values.dtype, device=values.device)
+    return unique, summed.index_add_(0, position, values)
+
+
+def isin(values: torch.Tensor, ascending: torch.Tensor) -> torch.Tensor:
+    return torch.isin(values, ascending)
+
+
+def mask(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    return t[keep]
+
+
+def concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(list(tensors))
+
+
+def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.Tensor:
+    splits = torch.zeros(size, dtype=torch.int32)
+    if target is not None:
+        splits[target] = tensor.shape[0]
+    return splits
+
+
+def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    t[idx] = 0
+    return t
+
+
+def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated: Optional[torch.Tensor],
+                  momentum: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if velocity is None or accumulated is None:
+        velocity, accumulated = torch.zeros_like(x), torch.zeros_like(x)
+    x.sub_(accumulated)
+    velocity.mul_(momentum).add_(x)
+    accumulated.add_(velocity)
+    return x.copy_(accumulated), velocity, accumulated
+
+
+def kth_magnitude(values: torch.Tensor, k: int) -> float:
+    return float(torch.topk(values.abs(), k, sorted=False).values.min())
+
+
+def index_dtype(numel: int) -> torch.dtype:
+    """int32 for buffers below 2**31 elements, int64 beyond."""
+    return torch.int32 if numel < 2 ** 31 else torch.int64
+
+
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element of ``tensor`` is finite. A NaN or Inf anywhere makes the sum
+    non-finite, so one summing pass settles the usual case (``torch.isfinite(t).all()`` costs
+    about 20 times more on a CPU: it writes a bool tensor of the full size); only a non-finite
+    sum, which finite values near the dtype's maximum can also produce, takes the exact check."""
+    accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
+    return bool(torch.isfinite(tensor.sum(dtype=accumulate))) or bool(torch.isfinite(tensor).all())
