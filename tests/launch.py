@@ -17,6 +17,7 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 #: launch takes even on a 2-core machine shared with other suites (a few minutes at worst).
 HANG_TIMEOUT = 900.0
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
+TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 
 
 def worker_env() -> Dict[str, str]:
@@ -29,16 +30,20 @@ def worker_env() -> Dict[str, str]:
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
-    :func:`worker_env`); raise with the output on failure."""
+    :func:`worker_env`) with ``horovodrun`` over ``backend``, or with ``torchrun`` for
+    ``backend="torchrun"`` (its own rendezvous on a free port); raise with the output on failure."""
     env = {**worker_env(), **(env or {})}
-    command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
-               sys.executable, str(WORKERS / script), *args]
+    if backend == "torchrun":
+        command = [TORCHRUN, "--standalone", "--nproc-per-node", str(np), str(WORKERS / script), *args]
+    else:
+        command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
+                   sys.executable, str(WORKERS / script), *args]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
-        # horovodrun prefixes worker lines with [rank]<stream>; show the workers' errors first,
-        # then the tail of everything else.
+        # Both launchers prefix worker lines with the rank ([1]<stderr> or [rank1]:); show the
+        # workers' errors first, then the tail of everything else.
         workers = [line for line in (result.stdout + result.stderr).splitlines()
-                   if "<stderr>" in line and "tensorflow" not in line]
+                   if ("<stderr>" in line or "]: " in line) and "tensorflow" not in line]
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- worker stderr ---\n"
                              + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}")
     return result

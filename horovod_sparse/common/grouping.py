@@ -220,6 +220,11 @@ class ReadyTimeline:
         self._current.group_ready[name] = self._clock()
         self._current.launch_order.append(name)
 
+    def backward_ended(self) -> None:
+        """Every gradient of the step is final: for a front end that sees groups, not parameters
+        (DDP's buckets), in place of :meth:`param_ready`."""
+        self._current.backward_end = self._clock()
+
     def end_step(self) -> StepTimeline:
         """Close the step: its record becomes :attr:`last` and a new one starts."""
         record, self._current = self._current, StepTimeline()

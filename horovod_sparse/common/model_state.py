@@ -123,11 +123,15 @@ class ModelState:
             if entry["state"] is None:
                 self.states.pop(group.index, None)
             else:
-                size = entry["state"]["world_size"]
-                template = self.compression.new_state(group.numel, size)
-                self.states[group.index] = (size, self.compression.import_state(
-                    from_plain(template, entry["state"]["state"])))
+                self.states[group.index] = self.saved_group_state(entry["state"], group.numel)
         return int(record["steps"])
+
+    def saved_group_state(self, saved: Dict[str, Any], numel: int) -> Tuple[int, Any]:
+        """A group's method state from a record's ``state`` entry, with the world size it was
+        built for."""
+        size = saved["world_size"]
+        template = self.compression.new_state(numel, size)
+        return size, self.compression.import_state(from_plain(template, saved["state"]))
 
     def groups_mismatch(self, saved: Dict[str, int], groups: Sequence[Group], decided: bool) -> str:
         """What differs between a record's groups (name -> elements) and ``groups``, with the
@@ -170,16 +174,18 @@ class ModelState:
         return functools.partial(self.B.allgather_bytes, process_set=self.process_set)
 
     # -- the end of a step ------------------------------------------------------------------------
-    def end_step(self, timeline: StepTimeline, groups: Sequence[Group], decay: Callable[[Group, float], None],
-                 regroup: Regroup) -> None:
+    def end_step(self, timeline: StepTimeline, groups: Sequence[Group] = (),
+                 decay: Optional[Callable[[Group, float], None]] = None, regroup: Optional[Regroup] = None) -> None:
         """Close a step on every rank, after its collectives and outside the backward hooks:
         hand its ``timeline`` to the method (LAGS measures here) and to MergeComp, apply
         MergeComp's ``residual_decay`` (``decay(group, factor)`` scales a group's residual)
-        and switch groups when MergeComp says so."""
+        and switch groups when MergeComp says so (``groups``, ``decay`` and ``regroup`` are
+        needed with MergeComp only)."""
         if self.sparse:
             self.compression.on_step_end(self.process_set, timeline)
         if self.mergecomp is None:
             return
+        assert decay is not None and regroup is not None, "MergeComp regroups through the front end"
         factor = self.mergecomp.options.residual_decay
         for group in groups if factor != 1.0 else []:
             if group.residual is not None:

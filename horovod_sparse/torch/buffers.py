@@ -17,15 +17,16 @@ class FlatGroup:
         index: position of the group in the optimizer's group list (same on every rank).
         names: parameter names, in flattening order.
         params: the parameters, same order; one dtype and device.
+        name: the group's name (default: the parameter's name, or ``group<index>.<first name>``).
 
     After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy).
     """
 
-    def __init__(self, index: int, names: List[str], params: List[torch.Tensor]) -> None:
+    def __init__(self, index: int, names: List[str], params: List[torch.Tensor], name: Optional[str] = None) -> None:
         self.index = index
         self.names = names
         self.params = params
-        self.name = names[0] if len(names) == 1 else f"group{index}.{names[0]}"
+        self.name = name or (names[0] if len(names) == 1 else f"group{index}.{names[0]}")
         self.numels = [p.numel() for p in params]
         self.numel = sum(self.numels)
         self.residual: Optional[torch.Tensor] = None
@@ -56,6 +57,14 @@ class FlatGroup:
             if p.grad is not None:
                 chunk.add_(p.grad.reshape(-1))
         return self.residual
+
+    def load_flat(self, gradient: Optional[torch.Tensor]) -> torch.Tensor:
+        """Add the group's flat ``gradient`` (a DDP bucket) into the residual and return it:
+        ``x = g + e`` (only ``e`` when ``gradient`` is None)."""
+        if self.residual is None:
+            self._allocate()
+        assert self.residual is not None
+        return self.residual if gradient is None else self.residual.add_(gradient)
 
     def load_residual(self, residual: torch.Tensor) -> None:
         """Restore the residual from a checkpoint (copied into this group's own buffer)."""

@@ -33,22 +33,16 @@ from horovod_sparse.common.cost_model import AlphaBeta
 from horovod_sparse.common.lags import LocalCost
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
-from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out
+from tests.workers.given_gradients import make_params, part_weights, step_gradients
 from tests.workers.virtual_time import VirtualClock, step_seconds
 
 
-def make_params(shapes, seed, dtype):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.nn.Parameter(torch.randn(*s, generator=generator, dtype=dtype)) for s in shapes]
-
-
 def backward(params, seed, step, rank, stream="normal", passes=1):
-    """Accumulate the step's gradient over ``passes`` backward passes, in parts 1:2:...:passes."""
-    grads = [torch.from_numpy(raw_gradient(seed, step, rank, p.shape, i, stream)).to(p.dtype)
-             for i, p in enumerate(params)]
-    for part in range(1, passes + 1):
-        loss = sum((p * g).sum() for p, g in zip(params, grads)) * (part / (passes * (passes + 1) / 2))
+    """Accumulate the step's gradient over ``passes`` backward passes (:func:`part_weights`)."""
+    grads = step_gradients(params, seed, step, rank, stream)
+    for weight in part_weights(passes):
+        loss = sum((p * g).sum() for p, g in zip(params, grads)) * weight
         loss.backward()
 
 

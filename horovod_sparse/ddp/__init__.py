@@ -1,0 +1,14 @@
+"""horovod_sparse for ``torch.distributed``: every method as a DDP comm hook, without Horovod.
+
+    import horovod_sparse.ddp as hsd
+
+    state = hsd.State(compression=hsd.Compression.micro(density=0.01))
+    ddp_model.register_comm_hook(state, hsd.hook)
+
+See :mod:`horovod_sparse.ddp.hook` for what the hook does and how it differs from the Horovod
+front ends.
+"""
+from horovod_sparse.ddp.compression import Compression
+from horovod_sparse.ddp.hook import State, hook
+
+__all__ = ["Compression", "State", "hook"]

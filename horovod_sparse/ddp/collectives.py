@@ -1,0 +1,112 @@
+"""``torch.distributed`` collectives as a sparsifier sees them, and as the shared code sees a
+process group.
+
+:class:`ProcessGroup` gives a ``torch.distributed`` group the three questions the shared code
+asks of a Horovod process set (``size()``, ``rank()``, ``included()``). :class:`Communicator`
+launches a group's collectives asynchronously, under the contract of
+:class:`~horovod_sparse.torch.communicator.TorchCommunicator`. ``torch.distributed`` has no
+variable-length allgather and its alltoall needs the received splits up front, so each of those
+first exchanges the lengths (one small blocking collective), then moves the payload padded to
+the longest (allgather) or with explicit splits (alltoall). Collectives carry no names here:
+every rank issues them in the same order, which the front end guarantees.
+"""
+from __future__ import annotations
+
+import pickle
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
+
+
+class ProcessGroup:
+    """A ``torch.distributed`` process group (None: the default, every process).
+
+    Collectives on NCCL groups take CUDA tensors: :attr:`device` is where host payloads go."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
+        self.group = group
+        self.device = (torch.device("cuda", torch.cuda.current_device())
+                       if dist.get_backend(group) == dist.Backend.NCCL else torch.device("cpu"))
+
+    def size(self) -> int:
+        return dist.get_world_size(self.group)
+
+    def rank(self) -> int:
+        return dist.get_rank(self.group)
+
+    def included(self) -> bool:
+        """Whether this process belongs to the group (``torch.distributed`` gives others rank -1)."""
+        return self.rank() >= 0
+
+
+def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
+    """Every rank's ``value``, in rank order (one blocking allgather of one int64 each)."""
+    mine = torch.tensor([value], dtype=torch.int64, device=process_group.device)
+    lengths = [torch.empty_like(mine) for _ in range(process_group.size())]
+    dist.all_gather(lengths, mine, group=process_group.group)
+    return [int(n) for n in lengths]
+
+
+def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup) -> Tuple[Any, Any]:
+    """Start an allgather along dim 0 of rank-dependent lengths: the lengths first (blocking),
+    then every rank's rows padded to the longest. Returns ``(work, finish)``: ``finish()``,
+    after ``work.wait()``, gives the rows of every rank, concatenated in rank order."""
+    lengths = gather_ints(tensor.shape[0], process_group)
+    longest = max(max(lengths), 1)  # every rank sends at least one row, even when none has any
+    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+    padded[:tensor.shape[0]] = tensor
+    chunks = [torch.empty_like(padded) for _ in lengths]
+    work = dist.all_gather(chunks, padded, group=process_group.group, async_op=True)
+    return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(chunks, lengths)])
+
+
+def allgather_array(array: np.ndarray, process_set: ProcessGroup, name: str) -> np.ndarray:
+    """Every rank's ``array`` concatenated along the first axis, in rank order (blocking;
+    ``name`` is Horovod's, unused here)."""
+    tensor = torch.from_numpy(np.ascontiguousarray(array)).to(process_set.device)
+    work, finish = launch_allgather(tensor, process_set)
+    work.wait()
+    return finish().cpu().numpy()
+
+
+def allgather_bytes(payload: bytes, name: str, process_set: ProcessGroup) -> List[bytes]:
+    """Every rank's ``payload``, in rank order (blocking; for rare metadata only)."""
+    gathered: List[Any] = [None] * process_set.size()
+    dist.all_gather_object(gathered, pickle.dumps(payload), group=process_set.group)
+    return [pickle.loads(item) for item in gathered]
+
+
+class Communicator(TorchCommunicator):
+    """Launches ``torch.distributed`` collectives for one group in one step (arguments:
+    :class:`~horovod_sparse.common.communicator.CommunicatorBase`, with a :class:`ProcessGroup`)."""
+
+    def allgather(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
+        work, finish = launch_allgather(tensor, self.process_set)
+        return self._launched((work, finish), kind, sent=nbytes(tensor), own=nbytes(tensor))
+
+    def allreduce(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
+        """In-place sum of ``tensor`` over the group."""
+        work = dist.all_reduce(tensor, group=self.process_set.group, async_op=True)
+        return self._launched((work, lambda: tensor), kind, sent=nbytes(tensor), own=0)
+
+    def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``; the output is
+        ``(rows received in rank order, received splits)``."""
+        group, device = self.process_set.group, self.process_set.device
+        sending = splits.to(torch.int64).to(device)
+        receiving = torch.empty_like(sending)
+        dist.all_to_all_single(receiving, sending, group=group)
+        received = receiving.cpu()
+        output = tensor.new_empty((int(received.sum()), *tensor.shape[1:]))
+        work = dist.all_to_all_single(output, tensor, received.tolist(), splits.tolist(), group=group, async_op=True)
+        return self._alltoall_launched((work, lambda: (output, received.to(splits.dtype))), tensor, splits, kind)
+
+    def _complete(self, handle: Any) -> Any:
+        work, finish = handle
+        work.wait()
+        return finish()

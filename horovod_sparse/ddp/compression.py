@@ -1,0 +1,32 @@
+"""``horovod_sparse.ddp.Compression``: DDP's dense bucket allreduce plus the sparsifiers.
+
+``Compression.none`` is DDP's default hook (the bucket summed, then averaged), ``Compression.fp16``
+PyTorch's ``fp16_compress_hook`` (the same in float16 on the wire). Every registered method is a
+factory, as in the Horovod front ends: ``Compression.micro(density=0.01)`` validates its options
+and returns a :class:`~horovod_sparse.methods.base.Sparsifier` on the ``torch.distributed``
+backend (:mod:`horovod_sparse.ddp.backend`).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import horovod_sparse.methods  # noqa: F401  (registers the methods)
+from horovod_sparse.common.compression_namespace import compression_namespace
+
+
+class DenseCompression:
+    """A dense bucket allreduce, in ``wire_dtype`` on the wire (None: the bucket's own dtype)."""
+
+    def __init__(self, name: str, wire_dtype: Optional[torch.dtype]) -> None:
+        self.__name__ = name
+        self.wire_dtype = wire_dtype
+
+    def __repr__(self) -> str:
+        return f"Compression.{self.__name__}"
+
+
+Compression = compression_namespace(
+    "ddp", {"none": DenseCompression("none", None), "fp16": DenseCompression("fp16", torch.float16)},
+    "Gradient compression for DDP's comm hook: dense bucket allreduce and horovod_sparse's sparsifiers.")

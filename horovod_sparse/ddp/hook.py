@@ -1,0 +1,244 @@
+"""The DDP comm hook: every horovod_sparse method on ``torch.distributed``, used like PowerSGD.
+
+    state = hsd.State(compression=hsd.Compression.micro(density=0.01))
+    ddp_model.register_comm_hook(state, hsd.hook)
+
+DDP's buckets are the groups. DDP calls :func:`hook` once per bucket, in bucket order, on every
+rank; the hook adds the bucket to its error-feedback residual (``x = g + e``), starts the
+method's exchange (its first collectives overlap the rest of the backward pass) and returns a
+future. The last bucket's call finishes every exchange in bucket order (as the Horovod front
+end's ``synchronize()`` does), agrees on non-finite gradients, closes the step and completes the
+futures; DDP then writes the aggregated buckets into ``.grad``.
+
+DDP rebuilds its buckets after the first synchronised backward pass (in torch 2.x its first
+iteration puts every parameter in one bucket), so the first step of every :class:`State` is a
+dense allreduce, as PowerSGD's ``start_powerSGD_iter``. Groups are kept per set of parameters,
+not per bucket index (:mod:`horovod_sparse.ddp.buckets`): when buckets change, residuals follow
+their parameters (nothing is lost), and the first iteration after loading a checkpoint, whose
+single bucket holds every saved group, is exchanged as those groups, so the resume is exact.
+"""
+from __future__ import annotations
+
+from typing import IO, Any, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from horovod_sparse.common.grouping import ReadyTimeline
+from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.common.model_state import ModelState
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.ddp import backend
+from horovod_sparse.ddp.buckets import BucketGroups, join, split
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
+from horovod_sparse.ddp.compression import Compression, DenseCompression
+from horovod_sparse.methods.base import Exchange, Sparsifier
+from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.tensor_backend import all_finite
+
+def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: bool) -> Exchange:
+    """DDP's own averaging of a bucket (``Compression.none``: PyTorch's ``allreduce_hook``;
+    ``fp16``: its ``fp16_compress_hook``): divided by the world size, then summed, in float16
+    on the wire with ``fp16`` and bfloat16 as float32 (Gloo sums no bfloat16). Zeros instead
+    of this rank's bucket when it is not ``usable`` (non-finite)."""
+    wire_dtype = compression.wire_dtype if isinstance(compression, DenseCompression) else None
+    wire_dtype = wire_dtype or (torch.float32 if buffer.dtype == torch.bfloat16 else buffer.dtype)
+    wire = buffer.to(wire_dtype) if buffer.dtype != wire_dtype else buffer
+    if usable:
+        wire.div_(comm.size)
+    else:
+        wire.zero_()
+    comm.stats.selected = comm.stats.union = buffer.numel()
+    (summed,) = yield [comm.allreduce(wire, "values", "values")]
+    return summed.to(buffer.dtype), None
+
+
+class State:
+    """The hook's state: the method, its per-bucket residuals and state, and the step counter.
+
+    Args:
+        compression: ``horovod_sparse.ddp.Compression.<method>(...)``, or ``Compression.none``
+            / ``Compression.fp16`` (DDP's dense averaging).
+        process_group: the ``torch.distributed`` group DDP reduces over (None: the default).
+        nonfinite: what a NaN/Inf gradient on any rank does, as in the Horovod front ends:
+            ``"raise"`` (default with a sparsifier) or ``"skip"``; None (default densely)
+            checks nothing. Either way an affected step is abandoned on every rank: every
+            aggregated gradient is zero, the residuals get back what the step delivered (each
+            healthy rank keeps its gradient there: nothing lost) and a non-finite gradient
+            never reaches a residual. ``"raise"`` then makes ``loss.backward()`` raise on every
+            rank (a ``RuntimeError`` carrying the ``FloatingPointError`` message); ``"skip"``
+            warns. DDP does not call the optimizer: skip ``optimizer.step()`` when
+            ``state.last_stats.abandoned`` (zero gradients still move parameters under momentum
+            or weight decay).
+        stats_log: optional text stream; one JSON line of statistics per step.
+
+    Every rank compares the configuration (method and options, ``nonfinite``, step counter)
+    at its first exchange and after :meth:`load_state_dict`, and raises the same
+    ``ValueError`` naming what differs before anything is exchanged.
+    """
+
+    def __init__(self, compression: Any = Compression.none, process_group: Optional[dist.ProcessGroup] = None,
+                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> None:
+        sparse = isinstance(compression, Sparsifier)
+        if sparse and compression.B is not backend:
+            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
+                             f"horovod_sparse.ddp.Compression.{compression.method_name}(...)")
+        if not sparse and not isinstance(compression, DenseCompression):
+            raise ValueError(f"compression={compression!r}: pass horovod_sparse.ddp.Compression.<method>(...), "
+                             "Compression.none or Compression.fp16")
+        self.compression = compression
+        self.sparse = sparse
+        self.process_group = ProcessGroup(process_group)
+        self.nonfinite = resolve_nonfinite(nonfinite, sparse)
+        self._model = ModelState(compression, backend, self.process_group, None)
+        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
+        #: When the buckets became ready, step after step (read by LAGS's adaptive rule).
+        self.timeline = ReadyTimeline()
+        #: Synchronised steps so far (hooks run, ``no_sync`` passes not counted).
+        self.steps = 0
+        #: The statistics of the last step (``abandoned`` after a non-finite gradient).
+        self.last_stats: Optional[StepStats] = None
+        self._step_stats = StepStats(step=0)
+        #: The groups, found from DDP's buckets.
+        self.buckets = BucketGroups(self._model)
+        self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
+        self._nonfinite_groups: List[str] = []
+        self._check_due = True
+
+    # -- the hook -----------------------------------------------------------------------------
+    def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
+        """Start the exchange of ``bucket``'s groups; the future completes once the last
+        bucket's call finished the step. What :func:`hook` runs."""
+        if self._check_due:
+            self._check_due = False
+            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
+        buffer, params = bucket.buffer(), bucket.parameters()
+        groups = self.buckets.of_bucket(bucket.index(), params)
+        usable = self.nonfinite is None or all_finite(buffer)
+        gradients = split(buffer, params, groups)
+        started = [self._start(group, gradient, usable) for group, gradient in zip(groups, gradients)]
+        future: torch.futures.Future = torch.futures.Future()
+        self._inflight.append((future, params, started))
+        if bucket.is_last():
+            self._finish_step()
+        return future
+
+    def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: bool) -> Inflight:
+        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
+        self.timeline.group_ready(group.name)
+        if not usable:
+            self._nonfinite_groups.append(group.name)
+        sparse = self.sparse and self._sparse_step() and group.numel >= self.compression.options.min_numel
+        size, rank = self.process_group.size(), self.process_group.rank()
+        target = self.compression.options.count(group.numel, self.steps) if sparse else group.numel
+        stats = GroupStats(group.name, group.numel, target, dense=not sparse)
+        self._step_stats.groups.append(stats)
+        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank)
+        if sparse:
+            state = self._model.method_state(group, size)
+            with comm.timer("flatten"):
+                x = group.load_flat(gradient if usable else None)
+                comm.output_buffer = group.zeroed_output()
+            exchange = self.compression.exchange(x, comm, state, self.steps)
+        else:
+            exchange = _dense_exchange(gradient, comm, self.compression, usable)
+        inflight = Inflight(exchange, comm, group, sparse)
+        inflight.advance()
+        return inflight
+
+    def _sparse_step(self) -> bool:
+        """Whether this step is sparse: not the first (DDP's buckets are final after it) and
+        past ``warmup_steps``."""
+        return self.steps >= max(1, self.compression.options.warmup_steps)
+
+    def _finish_step(self) -> None:
+        """Finish every group's exchange in bucket order, abandon the step everywhere if a rank
+        saw a non-finite gradient, close the step and complete the futures."""
+        self.timeline.backward_ended()
+        finished, self._inflight = self._inflight, []
+        results = []
+        for _, params, started in finished:
+            updates = []
+            for inflight in started:
+                update, residual = inflight.finish()
+                if inflight.sparse:
+                    inflight.group.take_result(update, residual)
+                    update = inflight.group.output
+                updates.append(update)
+            results.append(join(updates, params, [inflight.group for inflight in started]))
+        bad_ranks = self._ranks_with_nonfinite_gradients()
+        if bad_ranks:
+            for (_, _, started), update in zip(finished, results):
+                for inflight in started:
+                    inflight.comm.undo_deliveries()
+                update.zero_()
+            self._step_stats.abandoned = True
+        self._close_step()
+        error = self._nonfinite_error(bad_ranks)
+        futures = [future for future, _, _ in finished]
+        for future, update in zip(futures if error is None else futures[:-1], results):
+            future.set_result(update)
+        # DDP recovers from a failed future (its next step runs normally), not from a hook
+        # that raises: the error goes to the last bucket's future, which backward() waits for.
+        if error is not None:
+            futures[-1].set_exception(error)
+
+    def _nonfinite_error(self, bad_ranks: List[int]) -> Optional[FloatingPointError]:
+        """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient: warn
+        (``"skip"``), or return the ``FloatingPointError`` to raise (``"raise"``)."""
+        if not bad_ranks:
+            return None
+        groups, self._nonfinite_groups = self._nonfinite_groups, []
+        assert self.nonfinite is not None
+        try:
+            apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, groups)
+        except FloatingPointError as error:
+            return error
+        return None
+
+    def _ranks_with_nonfinite_gradients(self) -> List[int]:
+        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather)."""
+        if self.nonfinite is None:
+            return []
+        counts = gather_ints(len(self._nonfinite_groups), self.process_group)
+        return [rank for rank, count in enumerate(counts) if count]
+
+    def _close_step(self) -> None:
+        self.buckets.end_step()
+        self._model.end_step(self.timeline.end_step())
+        self._step_stats.groups.sort(key=lambda s: s.name)
+        self.last_stats = self._step_stats
+        if self._stats_log is not None:
+            self._stats_log.write(self._step_stats)
+        self.steps += 1
+        self._step_stats = StepStats(step=self.steps)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """This rank's state: the step counter, the method's own state (LAGS's measurements)
+        and per group its residual and method state, with the numbers and sizes of its
+        parameters; tensors and plain containers (``torch.load(weights_only=True)`` reads it).
+        Residuals are per rank: save every rank's state to resume exactly."""
+        return self.buckets.record(self.steps)
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict`, on any number of workers (state built for another
+        world size is rebuilt at the next exchange; only the same number resumes exactly). The
+        residuals and method states are taken as DDP hands over the buckets; a parameter of
+        another size raises ``ValueError`` then, on every rank."""
+        self.buckets.load(state_dict)
+        if self.sparse and state_dict.get("method") is not None:
+            self.compression.load_method_state(state_dict["method"])
+        self.steps = int(state_dict["steps"])
+        self._step_stats = StepStats(step=self.steps)
+        self._check_due = True
+
+
+def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The comm hook: ``ddp_model.register_comm_hook(state, hook)`` (see :class:`State`)."""
+    return state.exchange(bucket)
+
+
+# DDP compares the hook's annotations with the objects themselves, not with their names.
+hook.__annotations__ = {"state": State, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor]}

@@ -1,0 +1,183 @@
+"""The DDP comm hook (``horovod_sparse.ddp``) on real ``torchrun`` jobs over Gloo.
+
+Every method trains the parameters of ``tests/workers/ddp_exchange.py`` on known per-rank
+gradients, the same the Horovod optimizer's worker (``torch_exchange.py``) uses, so the two
+front ends are compared step by step on the same groups.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from horovod_sparse.common.options import target_count
+from horovod_sparse.ddp import Compression
+from tests.checks import Observed, assert_conservation, assert_identical_replicas, raw_group_stream
+from tests.launch import run_configs, worker_env
+
+SHAPES = [[30, 20], [20], [40, 30], [30], [7]]
+METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags"]
+#: ``warmup_steps=1``: DDP's first step is dense (its buckets are final after it); the Horovod
+#: optimizer is given the same warm-up.
+OPTIONS = {"density": 0.05, "min_numel": 0, "warmup_steps": 1}
+#: About 800 float32 elements a bucket: two buckets, parameters 3-4 and 0-2.
+BUCKET_MB = 0.003
+
+
+def config(name, method, steps=6, **extra):
+    return {"name": name, "method": method, "options": dict(OPTIONS), "steps": steps, "seed": 11,
+            "shapes": SHAPES, "bucket_cap_mb": BUCKET_MB, **extra}
+
+
+#: LAGS's adaptive rule decides from times measured on the running job, which differ between two
+#: jobs: the parity runs take its uniform rule (the adaptive one runs in the other tests).
+PARITY = ([config(m, m) if m != "lags" else {**config(m, m), "options": {**OPTIONS, "adaptive": False}}
+           for m in METHODS]
+          + [config(f"{m}_no_sync", m, passes=2) for m in ("topk", "micro")])
+RESUME = [c for m in METHODS for c in (config(f"{m}_whole", m, steps=7), config(f"{m}_resumed", m, steps=7,
+                                                                                   resume_at=4))]
+NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[3, 1], nonfinite=policy) for policy in ("skip", "raise")]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Every parity, resume and non-finite config on 2 processes, and the Horovod optimizer on
+    the parity configs with the groups DDP formed."""
+    out = tmp_path_factory.mktemp("ddp2")
+    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE, backend="torchrun")
+    horovod = []
+    for c in PARITY:
+        groups = Observed(out, c["name"], 2).groups
+        horovod.append({**c, "name": "hvd_" + c["name"], "groups": groups,
+                        "backward_passes": c.get("passes", 1)})
+    run_configs("torch_exchange.py", 2, out, horovod)
+    return out
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """Every method on 3 processes, and a configuration that differs between ranks."""
+    out = tmp_path_factory.mktemp("ddp3")
+    mismatch = config("mismatch", "micro", options_of_rank={"2": {**OPTIONS, "density": 0.1}})
+    run_configs("ddp_exchange.py", 3, out, [config(m, m) for m in METHODS] + [mismatch], backend="torchrun")
+    return out
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in PARITY])
+def test_same_aggregate_as_the_horovod_front_end(two, name):
+    """Every step's aggregated gradient and the final residuals equal the Horovod optimizer's
+    on the same groups (with ``no_sync`` accumulation against ``backward_passes_per_step=2``):
+    bitwise on the sparse steps (two ranks: every sum has one order); within 1e-6 on the dense
+    first step, which DDP averages as its own hook does (each rank's bucket divided by the
+    world size, then summed) and Horovod as it does (summed, then scaled)."""
+    ddp, hvd = Observed(two, name, 2), Observed(two, "hvd_" + name, 2)
+    assert hvd.groups == ddp.groups and len(ddp.groups) == 2
+    steps = PARITY[[c["name"] for c in PARITY].index(name)]["steps"]
+    for rank in range(2):
+        for i in range(len(SHAPES)):
+            first = ddp.arrays[rank][f"agg_0_{i}"]
+            np.testing.assert_allclose(first, hvd.arrays[rank][f"agg_0_{i}"], rtol=1e-6,
+                                       atol=1e-6 * np.abs(first).max())
+            for step in range(1, steps):
+                np.testing.assert_array_equal(ddp.arrays[rank][f"agg_{step}_{i}"], hvd.arrays[rank][f"agg_{step}_{i}"],
+                                              err_msg=f"{name}: step {step} parameter {i} rank {rank}")
+        for g in range(len(ddp.groups)):
+            np.testing.assert_array_equal(ddp.residual(rank, g), hvd.residual(rank, g))
+    assert not any(meta["horovod_imported"] for meta in ddp.meta), "the DDP worker imported Horovod"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_replicas_identical_nothing_lost_and_the_union(three, method):
+    """Three processes: identical replicas, conservation (what was delivered plus the mean
+    residual is the mean of every gradient), every sparse group on target, and the union:
+    exactly k for gTop-k, the sum of the ranks' disjoint selections for MiCRO and ExDyna."""
+    obs = Observed(three, method, 3)
+    cfg = config(method, method)
+    assert_identical_replicas(obs)
+    assert_conservation(obs, cfg)
+    options = Compression.create(method, **OPTIONS).options
+    for step in range(1, cfg["steps"]):
+        per_rank = [obs.stats(r)[step]["groups"] for r in range(3)]
+        for groups in zip(*per_rank):
+            assert not groups[0]["dense"]
+            if method == "lags":  # the adaptive rule picks each group's density in [density, max_density]
+                assert options.count(groups[0]["numel"], step) <= groups[0]["target"] <= target_count(
+                    options.max_density, groups[0]["numel"])
+            else:
+                assert groups[0]["target"] == options.count(groups[0]["numel"], step)
+            if method == "gtopk":
+                assert groups[0]["union"] == groups[0]["target"]
+            if method in ("micro", "exdyna"):
+                assert groups[0]["union"] == sum(g["selected"] for g in groups)
+    assert all(g["dense"] for g in obs.stats(0)[0]["groups"]), "the first step is dense"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exact_resume(two, method):
+    """Saved after 4 steps and loaded into a fresh model, DDP and State (DDP's first iteration,
+    one bucket, again), training goes on bitwise as without the interruption: every aggregated
+    gradient, the parameters and the residuals."""
+    whole, resumed = Observed(two, f"{method}_whole", 2), Observed(two, f"{method}_resumed", 2)
+    for rank in range(2):
+        assert sorted(whole.arrays[rank]) == sorted(resumed.arrays[rank])
+        for key, value in whole.arrays[rank].items():
+            np.testing.assert_array_equal(resumed.arrays[rank][key], value, err_msg=f"{method} rank {rank} {key}")
+    groups = [[g["name"] for g in step["groups"]] for step in resumed.stats(0)]
+    assert groups[4] == groups[3], "the resumed step exchanged the saved groups"
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+def test_nonfinite_gradient_abandons_the_step_everywhere(two, policy):
+    """Rank 1's NaN at step 3: the step is abandoned on both ranks (zero gradients, no update),
+    ``"raise"`` fails ``backward()`` on both with the policy's message and training goes on
+    (DDP is left usable), and nothing is lost: rank 0's finite gradient of step 3 stays in its
+    residual, so its mass still arrives."""
+    obs = Observed(two, f"nan_{policy}", 2)
+    cfg = NONFINITE[["skip", "raise"].index(policy)]
+    assert_identical_replicas(obs)
+    for rank in range(2):
+        assert [s["abandoned"] for s in obs.stats(rank)] == [False, False, False, True, False, False]
+        errors = obs.meta[rank]["errors"]
+        if policy == "raise":
+            assert len(errors) == 1 and errors[0][0] == 3
+            assert "non-finite (NaN/Inf) gradient on rank(s) [1]" in errors[0][1]
+        else:
+            assert errors == []
+            assert all(not obs.arrays[rank][f"agg_3_{i}"].any() for i in range(len(SHAPES)))
+    for g, members in enumerate(obs.groups):
+        stream = raw_group_stream(cfg, 2, members)
+        if 0 in members:
+            stream[3][1] = np.zeros_like(stream[3][1])  # the NaN never reaches rank 1's residual
+        expected = sum(sum(per_rank) for per_rank in stream) / 2
+        delivered = sum(obs.aggregated(0, t, members) for t in range(cfg["steps"]) if t != 3)
+        kept = (obs.residual(0, g) + obs.residual(1, g)) / 2
+        np.testing.assert_allclose(delivered + kept, expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max() * 6)
+
+
+def test_a_configuration_that_differs_between_ranks_raises_everywhere(three):
+    """Rank 2's other density is found at the first exchange: every rank raises the same
+    ``ValueError`` naming the setting and the ranks, before any sparse exchange."""
+    for rank in range(3):
+        errors = Observed(three, "mismatch", 3).meta[rank]["errors"]
+        assert len(errors) == 1 and errors[0][0] == 0
+        assert "density" in errors[0][1] and "rank" in errors[0][1]
+
+
+def test_imports_and_builds_without_horovod():
+    """``horovod_sparse.ddp`` works where Horovod cannot be imported."""
+    code = ("import sys; sys.modules['horovod'] = None\n"
+            "import horovod_sparse.ddp as hsd\n"
+            "print(hsd.Compression.micro(density=0.01), hsd.Compression.none)")
+    result = subprocess.run([sys.executable, "-c", code], env=worker_env(), capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "Compression.micro(density=0.01" in result.stdout
+
+
+def test_refuses_a_sparsifier_built_for_horovod():
+    import horovod_sparse.ddp as hsd
+    import horovod_sparse.torch as hs
+
+    with pytest.raises(ValueError, match=r"horovod_sparse.ddp.Compression.topk\(...\)"):
+        hsd.State(compression=hs.Compression.topk(density=0.01))
+    with pytest.raises(ValueError, match="Compression.none or Compression.fp16"):
+        hsd.State(compression=hs.Compression.none)

@@ -1,0 +1,131 @@
+"""Worker (``torchrun``): trains a parameter set on known per-rank gradients through DDP with
+horovod_sparse's comm hook and writes what it observed, in the layout of
+``tests/workers/torch_exchange.py`` (same parameters, same gradients), so ``tests.checks`` reads
+both and the two front ends compare bitwise.
+
+Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "stream",
+"bucket_cap_mb", "passes", "resume_at", "nan_at", "nonfinite", "options_of_rank"}:
+
+- ``passes``: each step's gradient arrives over that many backward passes, all but the last
+  under ``ddp.no_sync()`` (parts 1:2:..., as torch_exchange's ``backward_passes``);
+- ``resume_at``: after that many steps this rank's ``State.state_dict()``, the parameters and the
+  optimizer's state go through ``torch.save`` / ``torch.load(weights_only=True)`` into a fresh
+  model, DDP and State (DDP's first iteration again), and training goes on;
+- ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that step (the policy is
+  ``nonfinite``); the step's error, if any, is recorded and ``optimizer.step()`` is skipped
+  when ``state.last_stats.abandoned``;
+- ``options_of_rank``: ``{rank: options}`` replacing ``options`` on that rank (a configuration
+  that differs between ranks: the first exchange must raise everywhere).
+
+The JSON record has the groups (lists of parameter indices), per-step statistics and errors,
+and whether Horovod was imported (it must not be).
+"""
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import horovod_sparse.ddp as hsd
+from tests.workers.cli import configs_and_out
+from tests.workers.given_gradients import make_params, part_weights, step_gradients
+
+
+class GivenGradients(torch.nn.Module):
+    """A model whose gradient is what the caller passes: ``loss = weight * sum(p * g)``. The
+    parameters are registered last first, so that DDP's buckets, which take them in reverse,
+    hold them in ascending order, as the Horovod optimizer's groups do (their flat layout
+    decides partitions and ties)."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.reversed = torch.nn.ParameterList(params[::-1])
+
+    def forward(self, grads, weight):
+        return sum((p * g).sum() for p, g in zip(self.reversed, grads[::-1])) * weight
+
+
+def build(config, params, rank):
+    """DDP over ``params`` with horovod_sparse's hook, its State and an optimizer."""
+    options = config.get("options_of_rank", {}).get(str(rank), config.get("options", {}))
+    state = hsd.State(compression=hsd.Compression.create(config["method"], **options),
+                      nonfinite=config.get("nonfinite", "default"))
+    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
+                                                    bucket_cap_mb=config.get("bucket_cap_mb", 25))
+    ddp.register_comm_hook(state, hsd.hook)
+    return ddp, state, torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def resumed(config, params, state, opt, rank):
+    """A fresh model, DDP, State and optimizer continuing from this one's saved state."""
+    buffer = io.BytesIO()
+    torch.save({"state": state.state_dict(), "params": [p.detach() for p in params],
+                "opt": opt.state_dict()}, buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    fresh = make_params(config["shapes"], config["seed"] + 1, params[0].dtype)
+    with torch.no_grad():
+        for p, value in zip(fresh, saved["params"]):
+            p.copy_(value)
+    ddp, state, opt = build(config, fresh, rank)
+    state.load_state_dict(saved["state"])
+    opt.load_state_dict(saved["opt"])
+    return fresh, ddp, state, opt
+
+
+def run(config, out: Path):
+    rank, dtype = dist.get_rank(), getattr(torch, config.get("dtype", "float32"))
+    seed, passes = config["seed"], config.get("passes", 1)
+    params = make_params(config["shapes"], seed, dtype)
+    ddp, state, opt = build(config, params, rank)
+    aggregated, stats, errors = [], [], []
+    for step in range(config["steps"]):
+        if step == config.get("resume_at"):
+            params, ddp, state, opt = resumed(config, params, state, opt, rank)
+        opt.zero_grad()
+        grads = step_gradients(params, seed, step, rank, config.get("stream", "normal"))
+        if config.get("nan_at") == [step, rank]:
+            grads[0] = grads[0] * float("nan")
+        try:
+            for part, weight in enumerate(part_weights(passes), start=1):
+                if part < passes:
+                    with ddp.no_sync():
+                        ddp(grads, weight).backward()
+                else:
+                    ddp(grads, weight).backward()
+        except RuntimeError as error:  # the nonfinite policy "raise", through DDP
+            errors.append([step, str(error)])
+        except ValueError as error:  # a configuration error: DDP's reducer is left mid-step
+            errors.append([step, str(error)])
+            break
+        aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
+        stats.append(state.last_stats.as_dict())
+        if not state.last_stats.abandoned:
+            opt.step()
+    index = {id(p): i for i, p in enumerate(params)}
+    groups = state.buckets.groups
+    arrays = {f"agg_{t}_{i}": a for t, grads in enumerate(aggregated) for i, a in enumerate(grads)}
+    arrays.update({f"param_{i}": p.detach().double().numpy() for i, p in enumerate(params)})
+    arrays.update({f"residual_{j}": (np.zeros(g.numel) if g.residual is None else g.residual.double().numpy())
+                   for j, g in enumerate(groups)})
+    np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
+        {"groups": [[index[id(p)] for p in g.params] for g in groups], "stats": stats, "errors": errors,
+         "horovod_imported": "horovod" in sys.modules}))
+
+
+def main() -> None:
+    configs, out = configs_and_out()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    for config in configs:
+        run(config, out)
+    dist.barrier()  # destroying the group while a peer still uses it aborts that peer
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
