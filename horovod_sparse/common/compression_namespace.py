@@ -1,10 +1,11 @@
 """The ``Compression`` namespace both front ends expose, built from the shared registry.
 
-``Compression.none`` and ``Compression.fp16`` are Horovod's own compressors of the framework.
+``Compression.none`` and ``Compression.fp16`` are the front end's dense compressors (Horovod's own, or
+DDP's averaging for :mod:`horovod_sparse.ddp`).
 Every registered method is a factory: ``Compression.topk(density=0.01, min_numel=1024)``
 validates its options and returns that framework's implementation; ``Compression.create(name,
 **options)`` does the same from a name (benchmarks, configuration files). Framework-free: the
-framework packages pass in their Horovod compressors.
+front-end packages pass in their dense compressors.
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def compression_namespace(framework: str, dense: Dict[str, Any], doc: str) -> ty
     """Build the ``Compression`` class of ``framework``.
 
     Args:
-        framework: the registry's framework key (``"torch"``, ``"tensorflow"``).
+        framework: the registry's framework key (``"torch"``, ``"tensorflow"``, ``"ddp"``).
         dense: Horovod's dense compressors of that framework, ``{"none": ..., "fp16": ...}``.
         doc: the class docstring.
     """

@@ -75,7 +75,7 @@ def make_options(name: str, **kwargs: Any) -> SparsifierOptions:
 
 def create(framework: str, name: str, **kwargs: Any) -> Any:
     """Instantiate method ``name`` with validated options for ``framework`` (``"torch"`` or
-    ``"tensorflow"``: its backend is ``horovod_sparse.<framework>.backend``)."""
+    ``"tensorflow"`` or ``"ddp"``: its backend is ``horovod_sparse.<framework>.backend``)."""
     spec = method(name)
     options = make_options(name, **kwargs)
     return spec.implementation(options, importlib.import_module(f"horovod_sparse.{framework}.backend"))

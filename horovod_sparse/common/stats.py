@@ -131,3 +131,12 @@ class StatsLog:
         record = stats.as_dict() if self._per_group else stats.summary()
         self._stream.write(json.dumps(record) + "\n")
         self._stream.flush()
+
+
+def finish_step(stats: StepStats, log: Optional[StatsLog]) -> StepStats:
+    """A finished step's statistics as a front end publishes them (its ``last_stats``): groups
+    sorted by name, and written to ``log`` when there is one."""
+    stats.groups.sort(key=lambda g: g.name)
+    if log is not None:
+        log.write(stats)
+    return stats

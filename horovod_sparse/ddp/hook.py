@@ -28,7 +28,7 @@ from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
 from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
@@ -36,6 +36,7 @@ from horovod_sparse.ddp.compression import Compression, DenseCompression
 from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.tensor_backend import all_finite
+
 
 def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: bool) -> Exchange:
     """DDP's own averaging of a bucket (``Compression.none``: PyTorch's ``allreduce_hook``;
@@ -207,10 +208,7 @@ class State:
     def _close_step(self) -> None:
         self.buckets.end_step()
         self._model.end_step(self.timeline.end_step())
-        self._step_stats.groups.sort(key=lambda s: s.name)
-        self.last_stats = self._step_stats
-        if self._stats_log is not None:
-            self._stats_log.write(self._step_stats)
+        self.last_stats = finish_step(self._step_stats, self._stats_log)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 

@@ -19,7 +19,8 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 * host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
   metadata: ``allgather_array``, ``allgather_bytes``.
 
-The communicator (``horovod_sparse.<framework>.collectives.Communicator``) gives ``allgather``,
+The communicator (``horovod_sparse.<front end>.collectives.Communicator``: ``torch``, ``tensorflow``,
+``ddp``) gives ``allgather``,
 ``allreduce`` (may write into its input), ``alltoall`` (each named ``hs.<group>.<tag>``, counted
 and timed in the group's statistics), ``output(x)`` (the zeroed update buffer), ``remove_delivered``
 (the one way to change the residual) and ``timer(phase)``.

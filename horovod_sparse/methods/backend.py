@@ -1,8 +1,8 @@
 """The backend protocol: the tensor primitives every method is written against.
 
 A method (:mod:`horovod_sparse.methods`) never imports a framework. It receives a backend, one
-module per framework (:mod:`horovod_sparse.torch.backend`, :mod:`horovod_sparse.tensorflow.backend`)
-that provides the functions below, and a communicator for the collectives
+module per front end (:mod:`horovod_sparse.torch.backend`, :mod:`horovod_sparse.tensorflow.backend`,
+:mod:`horovod_sparse.ddp.backend`) that provides the functions below, and a communicator for the collectives
 (:class:`horovod_sparse.common.communicator.CommunicatorBase`'s subclasses).
 
 Contracts shared by every primitive:
@@ -24,8 +24,8 @@ Tensor = Any
 
 
 class Backend(Protocol):
-    """What :mod:`horovod_sparse.torch.backend` and :mod:`horovod_sparse.tensorflow.backend`
-    provide (module attributes; see the module docstring for the shared contracts)."""
+    """What every front end's backend module provides (module attributes; see the module
+    docstring for the shared contracts)."""
 
     #: The framework's name, as the registry and the ``Compression`` namespaces know it.
     name: str

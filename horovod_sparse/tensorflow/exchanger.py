@@ -79,7 +79,7 @@ from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
 from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, nbytes, phase_timer
@@ -242,10 +242,7 @@ class GradientExchanger:
         return 0 if self._last_layout is None else self._last_layout.steps()
 
     def _record(self, stats: StepStats) -> None:
-        stats.groups.sort(key=lambda g: g.name)
-        self.last_stats = stats
-        if self._stats_log is not None:
-            self._stats_log.write(stats)
+        self.last_stats = finish_step(stats, self._stats_log)
 
     def groups(self) -> List[List[str]]:
         """Variable names of every group of the variable list exchanged last, in group order."""

@@ -29,7 +29,7 @@ from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
@@ -349,10 +349,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              self._use_groups)
 
     def _close_step(self) -> None:
-        self._step_stats.groups.sort(key=lambda s: s.name)
-        self.last_stats = self._step_stats
-        if self._stats_log is not None:
-            self._stats_log.write(self._step_stats)
+        self.last_stats = finish_step(self._step_stats, self._stats_log)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 
