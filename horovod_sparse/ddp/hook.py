@@ -56,7 +56,8 @@ def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, 
 
 
 class State:
-    """The hook's state: the method, its per-bucket residuals and state, and the step counter.
+    """The hook's state: the method, its per-bucket residuals and state, and the step counter
+    (one ``State`` per DDP model, as PowerSGD's).
 
     Args:
         compression: ``horovod_sparse.ddp.Compression.<method>(...)``, or ``Compression.none``
