@@ -1,12 +1,14 @@
 """The digits training the torch benchmarks share: the digits MLP trained data-parallel on
-scikit-learn's digits with ``hs.DistributedOptimizer`` over SGD with momentum, one rank's shard of
-the training set per worker (``benchmarks.digits``, ``benchmarks.convergence``, ``benchmarks.gtopk``),
-and what the drivers of such jobs share: their options (:func:`add_arguments`), the local
-``horovodrun`` launch (:func:`horovodrun`) and the main job's measurement of a run
-(:class:`Recorder`, framework-free: :mod:`benchmarks.digits_tf` records Keras runs with it).
+scikit-learn's digits with SGD with momentum, one rank's shard of the training set per worker,
+either with ``hs.DistributedOptimizer`` in a Horovod job (``benchmarks.digits``,
+``benchmarks.convergence``, ``benchmarks.gtopk``) or as ``DistributedDataParallel`` with a comm hook
+in a ``torchrun`` job (:class:`DdpExchange`, ``benchmarks.convergence --ddp``); and what the
+drivers of such jobs share: their options (:func:`add_arguments`), the local launches
+(:func:`horovodrun`, :func:`torchrun`) and the main job's measurement of a run (:class:`Recorder`,
+framework-free: :mod:`benchmarks.digits_tf` records Keras runs with it).
 
-Torch and Horovod are imported when a job is built, so a driver that only launches jobs can take
-:func:`add_arguments` and :func:`horovodrun` without them.
+Torch, and Horovod for a Horovod job, are imported when a job is built, so a driver that only
+launches jobs can take :func:`add_arguments`, :func:`horovodrun` and :func:`torchrun` without them.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ EPOCH_PREFIX = "epoch-done "
 #: epochs: 1 warm-up and 3 timed steps per candidate (the reference's 5 + 20 would outlast the
 #: training); the other options are the defaults.
 MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
+#: The DDP configuration with PyTorch's PowerSGD hook (:class:`DdpExchange`).
+POWERSGD = "powersgd"
 
 
 def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epochs: int, name: str) -> None:
@@ -53,13 +57,33 @@ def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epoc
     parser.add_argument("--results", type=Path, help=argparse.SUPPRESS)
 
 
-def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None], timeout: float) -> None:
-    """Run ``argv`` as a ``horovodrun --gloo`` job of ``workers`` ranks on this machine (the
-    repository on ``PYTHONPATH``, one thread per rank, TensorFlow's C++ logging silenced);
-    ``on_line`` sees rank 0's stdout lines. Raises with the job's output when it fails or runs past
-    ``timeout`` seconds (it is killed then)."""
-    command = [str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
-               "--gloo", *argv]
+def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None],
+               timeout: Optional[float] = None) -> None:
+    """Run the command ``argv`` as a ``horovodrun --gloo`` job of ``workers`` ranks on this machine;
+    ``on_line`` sees rank 0's stdout lines. As :func:`_run_job` otherwise."""
+    def rank0(line: str) -> None:
+        if line.startswith("[0]<stdout>:"):
+            on_line(line.split(":", 1)[1].rstrip("\n"))
+
+    _run_job([str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
+              "--gloo", *argv], rank0, timeout)
+
+
+def torchrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None],
+             timeout: Optional[float] = None) -> None:
+    """Run the command ``argv`` as a ``torchrun --standalone`` job of ``workers`` processes on this
+    machine (its own rendezvous on a free port); ``on_line`` sees every line the job prints, the
+    processes' stdout and stderr unprefixed (a worker that is to be followed prints on rank 0
+    only). As :func:`_run_job` otherwise."""
+    _run_job([str(Path(sys.executable).with_name("torchrun")), "--standalone", "--nproc-per-node", str(workers),
+              "--no-python", *argv], lambda line: on_line(line.rstrip("\n")), timeout)
+
+
+def _run_job(command: Sequence[str], on_line: Callable[[str], None], timeout: Optional[float]) -> None:
+    """Run a launcher ``command`` (the repository on ``PYTHONPATH``, one thread per rank,
+    TensorFlow's C++ logging silenced), handing ``on_line`` every line of its stdout and stderr.
+    Raises with the job's output when it fails or runs past ``timeout`` seconds (it is killed
+    then; None: no limit)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2",
                PYTHONPATH=os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent.parent),
                                                          os.environ.get("PYTHONPATH")])))
@@ -70,17 +94,18 @@ def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None]
         late.set()
         process.kill()
 
-    deadline = threading.Timer(timeout, stop)
-    deadline.start()
+    deadline = threading.Timer(timeout, stop) if timeout is not None else None
+    if deadline is not None:
+        deadline.start()
     output: List[str] = []
     assert process.stdout is not None
     try:
         for line in process.stdout:
             output.append(line)
-            if line.startswith("[0]<stdout>:"):
-                on_line(line.split(":", 1)[1].rstrip("\n"))
+            on_line(line)
     finally:
-        deadline.cancel()
+        if deadline is not None:
+            deadline.cancel()
         if process.poll() is None:
             process.kill()
         process.wait()
@@ -144,22 +169,100 @@ class Recorder:
                 "parameters": parameters, "workers": workers, **extra}
 
 
-def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None) -> Any:
-    """``hs.DistributedOptimizer`` with compressor ``spec`` (``name:key=value,...``) over SGD with
-    momentum 0.9 on ``model``'s parameters; ``lr`` is per worker, scaled by the worker count.
-    ``spec`` :data:`LOCAL` returns that SGD itself: no exchange (the compute-only baseline)."""
-    import horovod.torch as hvd
+def scaled_sgd(model: Any, lr: float, workers: int) -> Any:
+    """SGD with momentum 0.9 on ``model``'s parameters; ``lr`` is per worker, scaled by ``workers``."""
     import torch
+
+    return torch.optim.SGD(model.parameters(), lr=lr * workers, momentum=0.9)
+
+
+def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None) -> Any:
+    """``hs.DistributedOptimizer`` with compressor ``spec`` (``name:key=value,...``) over
+    :func:`scaled_sgd` on ``model``'s parameters (the Horovod job's size). ``spec`` :data:`LOCAL`
+    returns that SGD itself: no exchange (the compute-only baseline)."""
+    import horovod.torch as hvd
 
     import horovod_sparse.torch as hs
     from horovod_sparse.common.registry import parse_spec
 
-    sgd = torch.optim.SGD(model.parameters(), lr=lr * hvd.size(), momentum=0.9)
+    sgd = scaled_sgd(model, lr, hvd.size())
     if spec == LOCAL:
         return sgd
     name, options = parse_spec(spec)
     return hs.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
                                    compression=hs.Compression.create(name, **options), groups=groups)
+
+
+class DdpExchange:
+    """``DistributedDataParallel`` around ``model`` (DDP's default buckets) exchanging with the DDP
+    configuration ``spec``, and the payload a rank sends per step. Call after
+    ``dist.init_process_group``.
+
+    ``spec`` is ``none`` (DDP's own bucket allreduce, no comm hook), :data:`POWERSGD`
+    ``powersgd:rank=R,start=S`` (PyTorch's ``powerSGD_hook`` with ``matrix_approximation_rank`` R
+    and ``start_powerSGD_iter`` S, its other options at their defaults: error feedback, warm
+    start), or a horovod_sparse method spec ``name:key=value,...`` (:func:`horovod_sparse.ddp.hook`;
+    each bucket is one group, so a model in one bucket is exchanged as one group).
+    """
+
+    def __init__(self, spec: str, model: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+        from torch.nn.parallel import DistributedDataParallel
+
+        import horovod_sparse.ddp as hsd
+        from horovod_sparse.common.registry import parse_spec
+
+        self.module = DistributedDataParallel(model)
+        #: Bytes of every gradient: what a dense allreduce sends per step.
+        self.dense_bytes: int = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        #: horovod_sparse's hook state (a method spec), else None.
+        self.state: Optional[hsd.State] = None
+        #: PowerSGD's hook state (:data:`POWERSGD`), else None.
+        self.powersgd: Optional[powerSGD_hook.PowerSGDState] = None
+        self._powersgd_bytes = 0
+        name, options = parse_spec(spec)
+        if name == POWERSGD:
+            self.powersgd = powerSGD_hook.PowerSGDState(process_group=None,
+                                                        matrix_approximation_rank=options["rank"],
+                                                        start_powerSGD_iter=options["start"])
+            self.module.register_comm_hook(self, _counted_powersgd)
+        elif name != "none":
+            self.state = hsd.State(compression=hsd.Compression.create(name, **options))
+            self.module.register_comm_hook(self.state, hsd.hook)
+
+    def traffic(self) -> Tuple[int, Optional[float]]:
+        """The last step's payload bytes this rank sent and its union density, as the Horovod
+        optimizer's ``last_stats.bytes_sent()`` and ``union_density`` count them (a collective's
+        input, once): horovod_sparse's hook reports them itself; DDP's allreduce sends every
+        gradient (union density 1); PowerSGD sends its P and Q matrices and the tensors it does
+        not compress (1-D ones among them), and every gradient before its start iteration, and has
+        no union density (None: its update is low-rank, not a set of coordinates)."""
+        if self.state is not None:
+            assert self.state.last_stats is not None
+            return self.state.last_stats.bytes_sent(), self.state.last_stats.union_density
+        if self.powersgd is not None:
+            return self._powersgd_bytes, None
+        return self.dense_bytes, 1.0
+
+
+# DDP refuses a hook whose ``bucket`` or return annotation is not the object itself (postponed
+# annotations are strings): they are left out here.
+def _counted_powersgd(exchange: DdpExchange, bucket):
+    """PyTorch's ``powerSGD_hook`` on ``exchange.powersgd`` for ``bucket`` (a ``dist.GradBucket``;
+    returns its future), counting the bytes it allreduces: in a compressed step the elements it
+    adds to ``total_numel_after_compression`` (P, Q and the uncompressed tensors), before its start
+    iteration the whole bucket. DDP calls hooks in bucket order, so bucket 0 starts a step's count."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+
+    state = exchange.powersgd
+    assert state is not None
+    if bucket.index() == 0:
+        exchange._powersgd_bytes = 0
+    before = state.total_numel_after_compression
+    future = powerSGD_hook(state, bucket)
+    sent = state.total_numel_after_compression - before or bucket.buffer().numel()
+    exchange._powersgd_bytes += sent * bucket.buffer().element_size()
+    return future
 
 
 def parse_configuration(label: str) -> Tuple[str, Optional[str]]:
@@ -194,24 +297,46 @@ class Step(NamedTuple):
 
 class DigitsJob:
     """This rank's part of a digits run: the data split with ``split_seed`` (the same on every
-    rank), this rank's shard of the training set, the MLP initialised with ``model_seed`` and
-    broadcast from rank 0, and its :func:`distributed_sgd` optimizer. Call after ``hvd.init()``.
+    rank), this rank's shard of the training set, the MLP initialised with ``model_seed`` (the same
+    on every rank, and broadcast from rank 0) and its optimizer. In a Horovod job (call after
+    ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec`` and ``groups``; with
+    ``ddp`` (call after ``dist.init_process_group``) the model is trained as
+    ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
+    (:class:`DdpExchange`, kept in ``exchange``) and :func:`scaled_sgd` steps it; ``groups`` must
+    then be None (DDP's buckets are the groups). Both train the same: the same data, batches, model
+    and learning rate, the gradients averaged over the workers.
     """
 
     def __init__(self, spec: str, *, hidden: int, lr: float, batch_size: int, model_seed: int, split_seed: int,
-                 groups: Any = None) -> None:
-        import horovod.torch as hvd
+                 groups: Any = None, ddp: bool = False) -> None:
         import torch
 
         from benchmarks.data import digits_split, shard
         from benchmarks.models import digits_mlp, seeded
 
-        x_train, y_train, self.x_test, self.y_test = digits_split(seed=split_seed)
-        self.x_local = torch.from_numpy(shard(x_train, hvd.rank(), hvd.size()))
-        self.y_local = torch.from_numpy(shard(y_train, hvd.rank(), hvd.size()))
         self.model = seeded(digits_mlp, model_seed, hidden)
-        self.opt = distributed_sgd(spec, self.model, lr, groups)
-        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        #: The DDP job's exchange (``ddp``), else None.
+        self.exchange: Optional[DdpExchange] = None
+        if ddp:
+            import torch.distributed as dist
+
+            if groups is not None:
+                raise ValueError(f"groups={groups!r}: a DDP job's groups are DDP's buckets")
+            self.rank, self.size = dist.get_rank(), dist.get_world_size()
+            self.exchange = DdpExchange(spec, self.model)
+            self.opt = scaled_sgd(self.model, lr, self.size)
+            #: What the training steps call: the DDP module, or the model itself.
+            self.network: torch.nn.Module = self.exchange.module
+        else:
+            import horovod.torch as hvd
+
+            self.rank, self.size = hvd.rank(), hvd.size()
+            self.opt = distributed_sgd(spec, self.model, lr, groups)
+            hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+            self.network = self.model
+        x_train, y_train, self.x_test, self.y_test = digits_split(seed=split_seed)
+        self.x_local = torch.from_numpy(shard(x_train, self.rank, self.size))
+        self.y_local = torch.from_numpy(shard(y_train, self.rank, self.size))
         self.batch_size = batch_size
         #: Full batches of this rank's shard per epoch (the last, partial one is dropped).
         self.steps_per_epoch = len(self.x_local) // batch_size
@@ -219,7 +344,8 @@ class DigitsJob:
     def steps(self, epochs: int, order_seed: int) -> Iterator[Step]:
         """Train ``epochs`` epochs with cross-entropy, the batches in an order drawn afresh every
         epoch from a generator seeded with ``order_seed``; yields after every ``opt.step()``, so
-        the caller reads ``opt.last_stats`` (or evaluates, at an epoch's last step) in between."""
+        the caller reads :meth:`traffic` or the Horovod optimizer's ``opt.last_stats`` (or
+        evaluates, at an epoch's last step) in between."""
         import torch
         from torch import nn
 
@@ -230,10 +356,18 @@ class DigitsJob:
             for step in range(self.steps_per_epoch):
                 batch = order[step * self.batch_size:(step + 1) * self.batch_size]
                 self.opt.zero_grad()
-                loss = loss_fn(self.model(self.x_local[batch]), self.y_local[batch])
+                loss = loss_fn(self.network(self.x_local[batch]), self.y_local[batch])
                 loss.backward()
                 self.opt.step()
                 yield Step(epoch, step, loss.detach())
+
+    def traffic(self) -> Tuple[int, Optional[float]]:
+        """The last step's payload bytes this rank sent and union density: the optimizer's
+        ``last_stats`` in a Horovod job (not :data:`LOCAL`, which has none), else
+        :meth:`DdpExchange.traffic`."""
+        if self.exchange is not None:
+            return self.exchange.traffic()
+        return self.opt.last_stats.bytes_sent(), self.opt.last_stats.union_density
 
     def test_accuracy(self) -> float:
         """Share of the test set the model classifies correctly."""
