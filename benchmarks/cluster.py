@@ -11,10 +11,15 @@ ping-pong latency), and one Horovod job over Gloo runs :mod:`benchmarks.syntheti
 density, one after the other in the same job, so every figure of a row of the table is measured
 side by side with its baselines (``--repeats R`` runs the whole sweep R times in turn and keeps
 the median throughput of each configuration, so a load spike of a shared machine does not
-decide a ratio). Then the namespaces are removed.
+decide a ratio). With ``--ddp``, a ``torch.distributed`` job on the same cluster then runs
+:mod:`benchmarks.synthetic_ddp` through dense DDP (PyTorch's bucket allreduce), PyTorch's
+PowerSGD hook (rank 4) and each method at each density through ``horovod_sparse.ddp.hook``
+(rows labelled ``ddp ...``). Then the namespaces are removed.
 
-Columns: images/s per worker and in total (Horovod's figures), *speed-up* = throughput / dense
-throughput of the same job, *efficiency* = throughput / ``local`` throughput of the same job.
+Columns: images/s per worker and in total (Horovod's figures), *speed-up* (``vs dense``) =
+throughput / dense throughput of the same job (dense Horovod, or dense DDP for the DDP rows),
+``vs hvd`` = throughput / dense Horovod throughput, *efficiency* = throughput / ``local``
+throughput (of the Horovod job; no exchange, so the same for DDP).
 The workers share this machine's cores, so the compute-only baseline is measured with the same
 sharing; efficiency is then the fraction of the compute-only speed that survives communication,
 which is what an n-host cluster with the same links would see per host.
@@ -31,20 +36,30 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from benchmarks import plots
-from benchmarks.netem import EmulatedCluster, measure_link, run_horovod
+from benchmarks.netem import EmulatedCluster, JobOutput, measure_link, run_horovod, run_torch_distributed
 from benchmarks.results import RESULTS_DIR, Progress, command_line, read_results, write_results
 from benchmarks.synthetic import available_methods
+from benchmarks.synthetic_ddp import POWERSGD_START_ITER
+
+
+def _methods(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
+    return [{"compressor": m, "density": d} for m in methods for d in densities]
 
 
 def sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
     """The configurations of one job: compute-only, dense, then every method at every density."""
-    return ([{"optimizer": "local"}, {"compressor": "none"}]
-            + [{"compressor": m, "density": d} for m in methods for d in densities])
+    return [{"optimizer": "local"}, {"compressor": "none"}] + _methods(methods, densities)
+
+
+def ddp_sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
+    """The configurations of one DDP job (:mod:`benchmarks.synthetic_ddp`): dense DDP, PyTorch's
+    PowerSGD, then every method at every density through horovod_sparse's comm hook."""
+    return [{"compressor": "none"}, {"compressor": "powersgd"}] + _methods(methods, densities)
 
 
 def merge_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -64,83 +79,116 @@ def merge_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return merged
 
 
+def frontend(row: Dict[str, Any]) -> str:
+    """The front end a row was measured with: ``ddp``, or ``horovod`` (rows that do not say)."""
+    return row.get("frontend", "horovod")
+
+
 def add_ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Speed-up over dense and efficiency against compute-only, within one job's rows."""
+    """Within one (workers, rate)'s rows: speed-up over the dense row of the same front end
+    (dense Horovod, or DDP's own allreduce), speed-up over dense Horovod, and efficiency against
+    compute-only (Horovod's ``local`` row: no exchange, whatever the front end)."""
     local = next(r for r in rows if r["optimizer"] == "local")["total_img_sec"]
-    dense = next(r for r in rows if r["optimizer"] == "hs" and r["compressor"] == "none")["total_img_sec"]
+    dense = {frontend(r): r["total_img_sec"] for r in rows
+             if r["optimizer"] in ("hs", "ddp") and r["compressor"] == "none"}
     for row in rows:
-        row["speedup_vs_dense"] = row["total_img_sec"] / dense
+        row["speedup_vs_dense"] = row["total_img_sec"] / dense[frontend(row)]
+        row["speedup_vs_horovod_dense"] = row["total_img_sec"] / dense["horovod"]
         row["efficiency"] = row["total_img_sec"] / local
     return rows
 
 
 def table(rows: Sequence[Dict[str, Any]]) -> str:
-    """The human-readable table of all rows."""
+    """The human-readable table of all rows (``vs dense``: against the dense row of the same front
+    end; ``vs hvd``: against dense Horovod)."""
     head = (f"{'n':>2} {'rate':>7} {'compressor':28s} {'img/s/worker':>12} {'total img/s':>11} {'vs dense':>8} "
-            f"{'efficiency':>10} {'sent/step':>10} {'select ms':>9} {'comm ms':>8}")
+            f"{'vs hvd':>6} {'efficiency':>10} {'sent/step':>10} {'select ms':>9} {'comm ms':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         stats = r.get("stats") or {}
         seconds = stats.get("seconds", {})
         sent = f"{stats['bytes_sent'] / 1e6:.2f} MB" if stats else "-"
         lines.append(f"{r['workers']:>2} {r['rate']:>7} {r['label'][:28]:28s} {r['img_sec_per_worker']:12.2f} "
-                     f"{r['total_img_sec']:11.2f} {r['speedup_vs_dense']:8.2f} {r['efficiency']:10.2f} "
+                     f"{r['total_img_sec']:11.2f} {r['speedup_vs_dense']:8.2f} {r['speedup_vs_horovod_dense']:6.2f} "
+                     f"{r['efficiency']:10.2f} "
                      f"{sent:>10} {1e3 * seconds.get('select', 0):9.1f} {1e3 * seconds.get('communicate', 0):8.1f}")
     return "\n".join(lines)
 
 
 def plot(rows: Sequence[Dict[str, Any]], out: Path, name: str, model: str) -> List[Path]:
-    """Speed-up and efficiency bars, one panel per (workers, rate)."""
-    panels: Dict[str, Dict[str, Dict[str, float]]] = {"speedup_vs_dense": {}, "efficiency": {}}
+    """Speed-up (over dense Horovod, the one yardstick of both front ends) and efficiency bars,
+    one panel per (workers, rate)."""
+    panels: Dict[str, Dict[str, Dict[str, float]]] = {"speedup_vs_horovod_dense": {}, "efficiency": {}}
     for r in rows:
         if r["optimizer"] == "local":
             continue
         panel = f"n={r['workers']}, {r['rate']}"
         for key in panels:
             panels[key].setdefault(panel, {})[r["label"]] = r[key]
-    return [plots.grouped_bars(out / f"{name}_speedup.png", f"{model}: throughput / dense throughput",
-                               panels["speedup_vs_dense"], "speed-up over dense", reference=1.0),
+    return [plots.grouped_bars(out / f"{name}_speedup.png", f"{model}: throughput / dense Horovod throughput",
+                               panels["speedup_vs_horovod_dense"], "speed-up over dense", reference=1.0),
             plots.grouped_bars(out / f"{name}_efficiency.png", f"{model}: throughput / compute-only throughput",
                                panels["efficiency"], "scaling efficiency", reference=1.0)]
 
 
-def run_job(args: argparse.Namespace, workers: int, rate: Optional[str], configs: List[Dict[str, Any]],
-            progress: Progress) -> Dict[str, Any]:
-    """Build the cluster, measure a link, run the sweep; returns the link and the rows."""
-    with tempfile.TemporaryDirectory(prefix="hs-cluster-") as tmp, EmulatedCluster(workers, rate) as cluster:
-        link = measure_link(cluster).as_dict() if workers > 1 else None
+def run_sweep(cluster: EmulatedCluster, launch: Callable[..., JobOutput], module: str, args: argparse.Namespace,
+              configs: List[Dict[str, Any]], progress: Progress,
+              extra: Sequence[str] = ()) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Run ``configs`` as one job of ``module`` (:mod:`benchmarks.synthetic` or
+    :mod:`benchmarks.synthetic_ddp`, with ``extra`` arguments) across ``cluster`` with ``launch``
+    (:func:`~benchmarks.netem.run_horovod` or :func:`~benchmarks.netem.run_torch_distributed`).
+    Returns the rows it wrote (also those before a failure) and the failure, if any."""
+    where = f"n={cluster.workers} {cluster.rate or 'unshaped'}"
+    label = ""
+
+    def follow(line: str) -> None:
+        nonlocal label
+        if line.startswith("Compressor: "):
+            label = line.split(": ", 1)[1]
+            progress.starting(f"{where} {label}")
+        elif line.startswith("Total img/sec"):
+            progress.done(f"{where} {label}", line)
+
+    with tempfile.TemporaryDirectory(prefix="hs-cluster-") as tmp:
         sweep_file, result_file = Path(tmp, "sweep.json"), Path(tmp, "rows.json")
         sweep_file.write_text(json.dumps(configs))
-        argv = [sys.executable, "-m", "benchmarks.synthetic", "--model", args.model,
-                "--batch-size", str(args.batch_size), "--num-warmup-batches", str(args.num_warmup_batches),
+        argv = [sys.executable, "-m", module, "--model", args.model, "--batch-size", str(args.batch_size),
+                "--num-warmup-batches", str(args.num_warmup_batches),
                 "--num-batches-per-iter", str(args.num_batches_per_iter), "--num-iters", str(args.num_iters),
-                "--sweep", str(sweep_file), "--results", str(result_file)]
+                "--sweep", str(sweep_file), "--results", str(result_file), *extra]
         if args.size:
             argv += ["--size", str(args.size)]
-        if args.groups is not None:
-            argv += ["--groups", str(args.groups)]
-        where = f"n={workers} {rate or 'unshaped'}"
-        label = ""
-
-        def follow(line: str) -> None:
-            nonlocal label
-            if line.startswith("Compressor: "):
-                label = line.split(": ", 1)[1]
-                progress.starting(f"{where} {label}")
-            elif line.startswith("Total img/sec"):
-                progress.done(f"{where} {label}", line)
-
         error = None
         try:
-            run_horovod(cluster, argv, timeout=args.timeout, on_line=follow)
+            launch(cluster, argv, timeout=args.timeout, on_line=follow)
         except RuntimeError as failure:  # keep what was measured before it; report the rest
-            error = f"n={workers} {rate}: {label} failed: {str(failure)[-2000:]}"
+            error = f"{where}: {label} failed: {str(failure)[-2000:]}"
             print(error, file=sys.stderr)
-        rows = read_results(result_file) if result_file.exists() else []
+        return (read_results(result_file) if result_file.exists() else []), error
+
+
+def run_job(args: argparse.Namespace, workers: int, rate: Optional[str], configs: List[Dict[str, Any]],
+            ddp_configs: List[Dict[str, Any]], progress: Progress) -> Dict[str, Any]:
+    """Build the cluster, measure a link, run the Horovod sweep ``configs``, then (when
+    ``ddp_configs`` is not empty) the DDP sweep on the same cluster; returns the link, the rows
+    with their ratios and the errors. Without their job's dense row (or Horovod's ``local``
+    and dense rows) a job's rows are left out."""
+    with EmulatedCluster(workers, rate) as cluster:
+        link = measure_link(cluster).as_dict() if workers > 1 else None
+        groups = ["--groups", str(args.groups)] if args.groups is not None else []
+        rows, error = run_sweep(cluster, run_horovod, "benchmarks.synthetic", args, configs, progress, groups)
+        errors = [error] if error else []
+        if ddp_configs:
+            ddp_rows, error = run_sweep(cluster, run_torch_distributed, "benchmarks.synthetic_ddp", args,
+                                        ddp_configs, progress)
+            errors += [error] if error else []
+            if any(r["compressor"] == "none" for r in ddp_rows):
+                rows += ddp_rows
     for row in rows:
         row.update(rate=rate or "unshaped", link=link)
-    complete = any(r["optimizer"] == "local" for r in rows) and any(r["compressor"] == "none" for r in rows)
-    return {"link": link, "rows": add_ratios(merge_repeats(rows)) if complete else [], "error": error}
+    complete = (any(r["optimizer"] == "local" for r in rows)
+                and any(r["optimizer"] == "hs" and r["compressor"] == "none" for r in rows))
+    return {"link": link, "rows": add_ratios(merge_repeats(rows)) if complete else [], "errors": errors}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -154,31 +202,37 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01])
     parser.add_argument("--methods", nargs="+", help="methods to run (default: every one with a torch "
                         "implementation now)")
-    parser.add_argument("--groups", help="grouping passed to every method (--groups of benchmarks.synthetic)")
+    parser.add_argument("--groups", help="grouping passed to every method of the Horovod job (--groups of "
+                        "benchmarks.synthetic; DDP's buckets are its groups)")
     parser.add_argument("--num-warmup-batches", type=int, default=2)
     parser.add_argument("--num-batches-per-iter", type=int, default=2)
     parser.add_argument("--num-iters", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=1,
                         help="run the whole sweep this many times in the job (interleaved); report medians")
+    parser.add_argument("--ddp", action="store_true",
+                        help="also run the DDP sweep (dense DDP, PowerSGD, every method through horovod_sparse's "
+                        "comm hook) on each cluster, after the Horovod job (benchmarks.synthetic_ddp)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per job")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="cluster", help="result file name stem")
     args = parser.parse_args(argv)
+    if args.ddp and args.num_warmup_batches < POWERSGD_START_ITER:
+        parser.error(f"--ddp needs --num-warmup-batches >= {POWERSGD_START_ITER} (PowerSGD's dense start)")
     methods = args.methods or available_methods()
     configs = sweep(methods, args.densities) * args.repeats
+    ddp_configs = ddp_sweep(methods, args.densities) * args.repeats if args.ddp else []
     jobs = [(n, None if rate == "unshaped" else rate) for rate in args.rates for n in args.workers]
     rows: List[Dict[str, Any]] = []
     links: List[Dict[str, Any]] = []
     errors: List[str] = []
     command = command_line(argv, "benchmarks.cluster")
-    with Progress(len(jobs) * len(configs), "cluster") as progress:
+    with Progress(len(jobs) * (len(configs) + len(ddp_configs)), "cluster") as progress:
         for workers, rate in jobs:
-            job = run_job(args, workers, rate, configs, progress)
+            job = run_job(args, workers, rate, configs, ddp_configs, progress)
             rows += job["rows"]
             if job["link"]:
                 links.append({"workers": workers, **job["link"]})
-            if job["error"]:
-                errors.append(job["error"])
+            errors += job["errors"]
             write_results(args.out / f"{args.name}.json", "cluster",
                           {"model": args.model, "batch_size": args.batch_size, "links": links, "rows": rows,
                            "errors": errors}, command)

@@ -1,9 +1,10 @@
 """An emulated slow cluster on one machine: Linux network namespaces joined by rate-limited links,
-and Horovod jobs (Gloo) run across them.
+and Horovod or ``torch.distributed`` jobs (Gloo) run across them.
 
     with EmulatedCluster(workers=2, rate="1gbit") as cluster:
         link = measure_link(cluster)                       # bandwidth and latency of a link
         outputs = run_horovod(cluster, [sys.executable, "-m", "benchmarks.synthetic", ...])
+        outputs = run_torch_distributed(cluster, [sys.executable, "-m", "benchmarks.synthetic_ddp", ...])
 
 Topology: a *switch* namespace holding a bridge, and one namespace per worker joined to the
 bridge by a veth pair. Both ends of every veth are shaped with ``tc qdisc ... tbf``: the worker
@@ -52,6 +53,8 @@ IFACE = "eth0"
 NETNS_ETC = Path("/etc/netns")
 #: Port of the link probe, inside the namespaces.
 PROBE_PORT = 5201
+#: Port of a ``torch.distributed`` job's store, on worker 0's address (``MASTER_PORT``).
+TORCH_MASTER_PORT = 29500
 REPO = Path(__file__).resolve().parent.parent
 
 _RATE_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -298,7 +301,7 @@ def _probe_client(address: str, total: int, pings: int = 200) -> None:
     print(json.dumps({"bits_per_second": 8 * total / elapsed, "latency_seconds": latency}))
 
 
-# -- Horovod over the cluster --------------------------------------------------------------------------
+# -- jobs over the cluster -------------------------------------------------------------------------------
 def _serve_rendezvous(workers: int) -> None:
     """Start Horovod's rendezvous server for one slot per host ``w0 .. w<n-1>``; print the port and
     each slot's environment as JSON, then serve until stdin closes."""
@@ -332,20 +335,49 @@ def run_horovod(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 
     every worker's output when one fails or ``timeout`` passes; all workers are stopped then."""
     rendezvous = subprocess.Popen(cluster.switch_argv(_module_argv("rendezvous", str(cluster.workers))),
                                   env=_python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert rendezvous.stdout is not None
+        plan = json.loads(rendezvous.stdout.readline())
+        common = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": cluster.switch_address,
+                  "HOROVOD_GLOO_RENDEZVOUS_PORT": str(plan["port"]), "HOROVOD_CONTROLLER": "gloo",
+                  "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": IFACE,
+                  "HOROVOD_GLOO_TIMEOUT_SECONDS": "120", **(extra_env or {})}
+        envs = [{**common, **{k: str(v) for k, v in slot.items()}} for slot in plan["slots"]]
+        return _run_job(cluster, argv, envs, timeout, on_line)
+    finally:
+        rendezvous.kill()
+        rendezvous.wait()
+
+
+def run_torch_distributed(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 1800.0,
+                          on_line: Optional[Callable[[str], None]] = None,
+                          extra_env: Optional[Dict[str, str]] = None) -> JobOutput:
+    """Run ``argv`` as a ``torch.distributed`` job with one process per namespace, as ``torchrun
+    --nnodes N --nproc-per-node 1`` on each host would: the environment of
+    ``init_process_group(init_method="env://")`` (``MASTER_ADDR`` = worker 0's address on its
+    shaped link, whose process serves the store on :data:`TORCH_MASTER_PORT`; ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``) and Gloo bound to the shaped ``eth0``
+    (``GLOO_SOCKET_IFNAME``). ``on_line``, errors and stopping as :func:`run_horovod`."""
+    common = {"MASTER_ADDR": cluster.addresses[0], "MASTER_PORT": str(TORCH_MASTER_PORT),
+              "WORLD_SIZE": str(cluster.workers), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+              "GLOO_SOCKET_IFNAME": IFACE, **(extra_env or {})}
+    envs = [{**common, "RANK": str(i)} for i in range(cluster.workers)]
+    return _run_job(cluster, argv, envs, timeout, on_line)
+
+
+def _run_job(cluster: EmulatedCluster, argv: Sequence[str], envs: List[Dict[str, str]], timeout: float,
+             on_line: Optional[Callable[[str], None]]) -> JobOutput:
+    """Start ``argv`` in every worker namespace, worker ``i`` with ``envs[i]`` added to the Python
+    environment, and wait for them all (:func:`_follow`): rank 0's stdout is piped to
+    ``on_line``, every other output goes to a log file. Raises with every worker's exit code and
+    the tails of its output when one fails or ``timeout`` passes; no worker outlives the call."""
     workers: List[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="hsnet-job-") as tmp:
         try:
-            assert rendezvous.stdout is not None
-            plan = json.loads(rendezvous.stdout.readline())
-            common = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": cluster.switch_address,
-                      "HOROVOD_GLOO_RENDEZVOUS_PORT": str(plan["port"]), "HOROVOD_CONTROLLER": "gloo",
-                      "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": IFACE,
-                      "HOROVOD_GLOO_TIMEOUT_SECONDS": "120", **(extra_env or {})}
             logs = [(Path(tmp, f"{i}.out"), Path(tmp, f"{i}.err")) for i in range(cluster.workers)]
-            for i, slot in enumerate(plan["slots"]):
-                env = _python_env({**common, **{k: str(v) for k, v in slot.items()}})
+            for i, env in enumerate(envs):
                 out = subprocess.PIPE if i == 0 else logs[i][0].open("w")
-                workers.append(subprocess.Popen(cluster.exec_argv(i, argv), env=env, stdout=out,
+                workers.append(subprocess.Popen(cluster.exec_argv(i, argv), env=_python_env(env), stdout=out,
                                                 stderr=logs[i][1].open("w"), text=True))
             rank0, timed_out = _follow(workers, timeout, on_line)
             codes = [w.returncode for w in workers]
@@ -362,8 +394,6 @@ def run_horovod(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 
                 if process.poll() is None:
                     process.kill()
                 process.wait()
-            rendezvous.kill()
-            rendezvous.wait()
 
 
 def _follow(workers: List[subprocess.Popen], timeout: float,

@@ -18,7 +18,8 @@ efficiency. ``--sweep FILE`` runs a JSON list of configurations in one launch, e
 overriding options by their long names, e.g. ``[{"compressor": "none"}, {"compressor": "topk",
 "density": 0.01}]``. ``--framework tensorflow`` runs the same benchmark on the Keras
 counterparts of the models through ``horovod_sparse.tensorflow.DistributedGradientTape``
-(:mod:`benchmarks.synthetic_tf`).
+(:mod:`benchmarks.synthetic_tf`). :mod:`benchmarks.synthetic_ddp` is the same benchmark on PyTorch
+DDP (dense, PowerSGD and every method as a comm hook), built from the pieces here.
 """
 from __future__ import annotations
 
@@ -68,12 +69,16 @@ def compressor_options(spec: str, density: Optional[float]) -> Tuple[str, Dict[s
     return name, options
 
 
+def spec_label(name: str, options: Dict[str, Any]) -> str:
+    """``name`` with its options, e.g. ``topk(density=0.001)``, or just ``name`` without any."""
+    return name + (f"({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+
+
 def describe(config: argparse.Namespace) -> str:
     """A short label of a configuration, e.g. ``topk(density=0.001)`` or ``local``."""
     if config.optimizer == "local":
         return "local (no exchange)"
-    name, options = compressor_options(config.compressor, config.density)
-    text = name + (f"({', '.join(f'{k}={v}' for k, v in options.items())})" if options else "")
+    text = spec_label(*compressor_options(config.compressor, config.density))
     if config.groups is not None:
         text += f" groups={config.groups}"
     return text + (" [stock Horovod]" if config.optimizer == "stock" else "")
@@ -137,6 +142,44 @@ def build_optimizer(model: Any, config: argparse.Namespace, size: int) -> Any:
                                    compression=hs.Compression.create(name, **options), groups=config.groups)
 
 
+def measure(config: argparse.Namespace, step: Callable[[], Optional[Any]], workers: int, kind: str, label: str,
+            parameters: int, log: Callable[[str], None]) -> Dict[str, Any]:
+    """Horovod's benchmark loop around ``step`` (one training step; returns its ``StepStats``, or
+    None where the exchange keeps none): prints Horovod's lines (``Compressor: <label>``) and
+    the sparsification lines, after ``config.num_warmup_batches`` untimed steps and
+    ``config.num_iters`` timed iterations of ``config.num_batches_per_iter`` steps. Returns the
+    figures every front end's result row has (``stats`` summarises the timed steps' records)."""
+    log(f"Model: {config.model}")
+    log(f"Batch size: {config.batch_size}")
+    log(f"Number of {kind}s: {workers}")
+    log(f"Compressor: {label}")
+    log("Running warmup...")
+    timeit.timeit(step, number=config.num_warmup_batches)
+    log("Running benchmark...")
+    recorded: List[Any] = []
+
+    def timed_step() -> None:
+        stats = step()
+        if stats is not None:
+            recorded.append(stats)
+
+    img_secs = []
+    for i in range(config.num_iters):
+        seconds = timeit.timeit(timed_step, number=config.num_batches_per_iter)
+        img_secs.append(config.batch_size * config.num_batches_per_iter / seconds)
+        log(f"Iter #{i}: {img_secs[-1]:.1f} img/sec per {kind}")
+    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
+    log(f"Img/sec per {kind}: {mean:.1f} +-{conf:.1f}")
+    log(f"Total img/sec on {workers} {kind}(s): {workers * mean:.1f} +-{workers * conf:.1f}")
+    summary = summarize_stats(recorded, parameters)
+    step_seconds = config.batch_size / mean
+    for line in sparsification_lines(summary, step_seconds):
+        log(line)
+    return {"model": config.model, "parameters": parameters, "batch_size": config.batch_size, "workers": workers,
+            "device": kind, "label": label, "img_sec_per_worker": mean, "img_sec_conf": conf, "iters": img_secs,
+            "total_img_sec": workers * mean, "step_seconds": step_seconds, "stats": summary}
+
+
 def run_torch(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     """One benchmark: Horovod's warm-up and timed iterations; returns the figures (all ranks)."""
     import horovod.torch as hvd
@@ -154,50 +197,25 @@ def run_torch(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[st
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     generator = torch.Generator().manual_seed(config.seed + hvd.rank())
     data, target = (t.to(device) for t in spec.batch(config.batch_size, size, generator))
-    recorded: List[Any] = []
-    record = False
 
-    def benchmark_step() -> None:
+    def benchmark_step() -> Optional[Any]:
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
         optimizer.step()
-        if record and getattr(optimizer, "last_stats", None) is not None:
-            recorded.append(optimizer.last_stats)
+        return getattr(optimizer, "last_stats", None)
 
-    kind = "GPU" if cuda else "CPU"
-    log(f"Model: {config.model}")
-    log(f"Batch size: {config.batch_size}")
-    log(f"Number of {kind}s: {hvd.size()}")
-    log(f"Compressor: {describe(config)}")
-    log("Running warmup...")
-    timeit.timeit(benchmark_step, number=config.num_warmup_batches)
-    log("Running benchmark...")
-    record = True
-    img_secs = []
-    for i in range(config.num_iters):
-        seconds = timeit.timeit(benchmark_step, number=config.num_batches_per_iter)
-        img_secs.append(config.batch_size * config.num_batches_per_iter / seconds)
-        log(f"Iter #{i}: {img_secs[-1]:.1f} img/sec per {kind}")
-    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
-    log(f"Img/sec per {kind}: {mean:.1f} +-{conf:.1f}")
-    log(f"Total img/sec on {hvd.size()} {kind}(s): {hvd.size() * mean:.1f} +-{hvd.size() * conf:.1f}")
-    parameters = count_parameters(model)
-    summary = summarize_stats(recorded, parameters)
-    step_seconds = config.batch_size / mean
-    for line in sparsification_lines(summary, step_seconds):
-        log(line)
+    figures = measure(config, benchmark_step, hvd.size(), "GPU" if cuda else "CPU", describe(config),
+                      count_parameters(model), log)
     name, options = compressor_options(config.compressor, config.density)
-    return {"framework": "torch", "model": config.model, "parameters": parameters, "size": size,
-            "batch_size": config.batch_size, "workers": hvd.size(), "device": kind,
-            "optimizer": config.optimizer, "compressor": name, "options": options, "groups": config.groups,
-            "label": describe(config), "img_sec_per_worker": mean, "img_sec_conf": conf, "iters": img_secs,
-            "total_img_sec": hvd.size() * mean, "step_seconds": step_seconds, "stats": summary}
+    return {"framework": "torch", "frontend": "horovod", "size": size, "optimizer": config.optimizer,
+            "compressor": name, "options": options, "groups": config.groups, **figures}
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
-                   help="tensorflow: benchmarks.synthetic_tf, the same benchmark with horovod_sparse.tensorflow")
+def benchmark_parser(description: str, compressor_help: str) -> argparse.ArgumentParser:
+    """The options every front end's synthetic benchmark takes: the model and its batch, Horovod's
+    warm-up and timed iterations, ``--compressor`` and ``--density``, ``--seed``, ``--sweep`` and
+    ``--results`` (read by :func:`configurations` and :func:`run_all`)."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="resnet50", choices=sorted(MODELS),
                    help="; ".join(f"{k}: {v.summary}" for k, v in sorted(MODELS.items())))
     p.add_argument("--batch-size", type=int, default=32, help="input batch size per worker")
@@ -205,16 +223,22 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--num-warmup-batches", type=int, default=10)
     p.add_argument("--num-batches-per-iter", type=int, default=10)
     p.add_argument("--num-iters", type=int, default=10)
-    p.add_argument("--no-cuda", action="store_true", help="disable CUDA training")
-    p.add_argument("--compressor", default="none",
-                   help="none, fp16 or a registered method, optionally NAME:key=value,... ")
+    p.add_argument("--compressor", default="none", help=compressor_help)
     p.add_argument("--density", type=float, help="density of a sparse method")
-    p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor' or 'model'")
-    p.add_argument("--optimizer", choices=OPTIMIZERS, default="hs",
-                   help="hs: horovod_sparse's optimizer; stock: hvd.DistributedOptimizer; local: no exchange")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--sweep", type=Path, help="JSON list of configurations (option overrides) to run")
     p.add_argument("--results", type=Path, help="write the figures as JSON here (rank 0)")
+    return p
+
+
+def parser() -> argparse.ArgumentParser:
+    p = benchmark_parser(__doc__, "none, fp16 or a registered method, optionally NAME:key=value,... ")
+    p.add_argument("--framework", choices=("torch", "tensorflow"), default="torch",
+                   help="tensorflow: benchmarks.synthetic_tf, the same benchmark with horovod_sparse.tensorflow")
+    p.add_argument("--no-cuda", action="store_true", help="disable CUDA training")
+    p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor' or 'model'")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="hs",
+                   help="hs: horovod_sparse's optimizer; stock: hvd.DistributedOptimizer; local: no exchange")
     return p
 
 
@@ -231,6 +255,25 @@ def configurations(args: argparse.Namespace) -> List[argparse.Namespace]:
     return configs
 
 
+def run_all(args: argparse.Namespace, run: Callable[[argparse.Namespace, Callable[[str], None]], Dict[str, Any]],
+            rank: int, benchmark: str, command: str) -> None:
+    """Run every configuration of ``args`` (:func:`configurations`) with ``run(config, log)``;
+    rank 0 prints and, with ``--results``, rewrites the result file after every configuration
+    (a failure keeps the rows before it): the list of rows with ``--sweep``, else the one row."""
+
+    def log(line: str) -> None:
+        if rank == 0:
+            print(line, flush=True)
+
+    rows = []
+    for config in configurations(args):
+        rows.append(run(config, log))
+        log("")
+        gc.collect()  # the previous configuration's model and buffers, before the next one's
+        if args.results and rank == 0:
+            write_results(args.results, benchmark, rows if args.sweep else rows[0], command)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser().parse_args(argv)
     if args.framework == "tensorflow":
@@ -244,19 +287,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         torch.set_num_threads(1)
         run = run_torch
     hvd.init()
-
-    def log(line: str) -> None:
-        if hvd.rank() == 0:
-            print(line, flush=True)
-
-    rows = []
-    for config in configurations(args):
-        rows.append(run(config, log))
-        log("")
-        gc.collect()  # the previous configuration's model and buffers, before the next one's
-        if args.results and hvd.rank() == 0:  # after every configuration: a failure keeps the rest
-            write_results(args.results, "synthetic", rows if args.sweep else rows[0],
-                          command_line(argv, "benchmarks.synthetic"))
+    run_all(args, run, hvd.rank(), "synthetic", command_line(argv, "benchmarks.synthetic"))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ counterparts of :mod:`benchmarks.models` (same layer shapes; ``resnet50`` is Ker
 from __future__ import annotations
 
 import argparse
-import timeit
 from typing import Any, Callable, Dict, List, Tuple
 
 import horovod.tensorflow as hvd
@@ -16,7 +15,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 from benchmarks.models import model_spec
-from benchmarks.synthetic import DENSE_COMPRESSORS, compressor_options, describe, sparsification_lines, summarize_stats
+from benchmarks.synthetic import DENSE_COMPRESSORS, compressor_options, describe, measure
 
 layers = tf.keras.layers
 
@@ -112,39 +111,14 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
             hvd.broadcast_variables(opt.variables(), root_rank=0)
 
     benchmark_step = tf.function(step)
-    recorded: List[Any] = []
-    record = False
 
-    def timed_step() -> None:
+    def timed_step() -> Any:
         benchmark_step(False)
-        if record and exchangers and exchangers[0].last_stats is not None:
-            recorded.append(exchangers[0].last_stats)
+        return exchangers[0].last_stats if exchangers else None
 
     benchmark_step(True)
     kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
-    log(f"Model: {config.model}")
-    log(f"Batch size: {config.batch_size}")
-    log(f"Number of {kind}s: {hvd.size()}")
-    log(f"Compressor: {describe(config)}")
-    log("Running warmup...")
-    timeit.timeit(timed_step, number=config.num_warmup_batches)
-    log("Running benchmark...")
-    record = True
-    img_secs = []
-    for i in range(config.num_iters):
-        seconds = timeit.timeit(timed_step, number=config.num_batches_per_iter)
-        img_secs.append(config.batch_size * config.num_batches_per_iter / seconds)
-        log(f"Iter #{i}: {img_secs[-1]:.1f} img/sec per {kind}")
-    mean, conf = float(np.mean(img_secs)), float(1.96 * np.std(img_secs))
-    log(f"Img/sec per {kind}: {mean:.1f} +-{conf:.1f}")
-    log(f"Total img/sec on {hvd.size()} {kind}(s): {hvd.size() * mean:.1f} +-{hvd.size() * conf:.1f}")
     parameters = int(sum(np.prod(v.shape) for v in model.trainable_variables))
-    summary = summarize_stats(recorded, parameters)
-    step_seconds = config.batch_size / mean
-    for line in sparsification_lines(summary, step_seconds):
-        log(line)
-    return {"framework": "tensorflow", "model": config.model, "parameters": parameters, "size": size,
-            "batch_size": config.batch_size, "workers": hvd.size(), "device": kind,
-            "optimizer": config.optimizer, "compressor": name, "options": options, "groups": config.groups,
-            "label": describe(config), "img_sec_per_worker": mean, "img_sec_conf": conf,
-            "iters": img_secs, "total_img_sec": hvd.size() * mean, "step_seconds": step_seconds, "stats": summary}
+    figures = measure(config, timed_step, hvd.size(), kind, describe(config), parameters, log)
+    return {"framework": "tensorflow", "frontend": "horovod", "size": size, "optimizer": config.optimizer,
+            "compressor": name, "options": options, "groups": config.groups, **figures}

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 import torch
@@ -303,15 +303,22 @@ def our_namespaces(pid: int) -> List[str]:
     return [n for n in netem.list_namespaces() if n.startswith(f"{netem.PREFIX}-{pid}-")]
 
 
+def run_cluster(tmp_path: Path, methods: List[str], *extra: str) -> Tuple[subprocess.Popen, str, str]:
+    """``benchmarks cluster`` on a 2-worker emulated cluster at 100 Mbit/s (resnet20, one timed
+    batch): the finished process, its stdout and its stderr."""
+    argv = [sys.executable, "-m", "benchmarks", "cluster", "--model", "resnet20", "--batch-size", "2",
+            "--workers", "2", "--rates", "100mbit", "--densities", "0.01", "--methods", *methods,
+            "--num-batches-per-iter", "1", "--num-iters", "1", "--out", str(tmp_path), *extra]
+    process = subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = process.communicate(timeout=HANG_TIMEOUT)
+    return process, stdout, stderr
+
+
 @needs_root
 def test_cluster_benchmark_end_to_end(tmp_path):
     """A real emulated cluster at 100 Mbit/s; the last configuration names a method that does not
     exist, so the job fails there: the rows measured before are kept, the error is reported."""
-    argv = [sys.executable, "-m", "benchmarks", "cluster", "--model", "resnet20", "--batch-size", "2",
-            "--workers", "2", "--rates", "100mbit", "--densities", "0.01", "--methods", "topk", "bogus",
-            "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "1", "--out", str(tmp_path)]
-    process = subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    stdout, stderr = process.communicate(timeout=HANG_TIMEOUT)
+    process, stdout, stderr = run_cluster(tmp_path, ["topk", "bogus"], "--num-warmup-batches", "1")
     assert process.returncode == 1, stdout + stderr
     assert "1 job(s) failed part-way" in stderr and "unknown sparsification method 'bogus'" in stderr
     assert our_namespaces(process.pid) == [] and not any(netem.NETNS_ETC.glob(f"{netem.PREFIX}-{process.pid}-*"))
