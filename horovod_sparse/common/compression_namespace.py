@@ -42,7 +42,7 @@ def compression_namespace(framework: str, dense: Dict[str, Any], doc: str) -> ty
 
     Args:
         framework: the registry's framework key (``"torch"``, ``"tensorflow"``, ``"ddp"``).
-        dense: Horovod's dense compressors of that framework, ``{"none": ..., "fp16": ...}``.
+        dense: the front end's dense compressors, ``{"none": ..., "fp16": ...}``.
         doc: the class docstring.
     """
     if sorted(dense) != sorted(DENSE_NAMES):
