@@ -4,6 +4,7 @@ Every method trains the parameters of ``tests/workers/ddp_exchange.py`` on known
 gradients, the same the Horovod optimizer's worker (``torch_exchange.py``) uses, so the two
 front ends are compared step by step on the same groups.
 """
+import json
 import subprocess
 import sys
 
@@ -118,6 +119,18 @@ def test_replicas_identical_nothing_lost_and_the_union(three, method):
             if method in ("micro", "exdyna"):
                 assert groups[0]["union"] == sum(g["selected"] for g in groups)
     assert all(g["dense"] for g in obs.stats(0)[0]["groups"]), "the first step is dense"
+
+
+def test_stats_log_writes_one_line_per_step(two):
+    """``State(stats_log=)`` gets one JSON line per step: the summary of that step's statistics."""
+    obs = Observed(two, "micro", 2)
+    for rank in range(2):
+        lines = (two / f"micro.rank{rank}.jsonl").read_text().splitlines()
+        recorded = obs.stats(rank)
+        assert len(lines) == len(recorded)
+        for line, stats in zip(lines, recorded):
+            logged = json.loads(line)
+            assert logged == {k: v for k, v in stats.items() if k != "groups"}
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -17,8 +17,9 @@ Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "
 - ``options_of_rank``: ``{rank: options}`` replacing ``options`` on that rank (a configuration
   that differs between ranks: the first exchange must raise everywhere).
 
-The JSON record has the groups (lists of parameter indices), per-step statistics and errors,
-and whether Horovod was imported (it must not be).
+Each step's statistics also go to ``State(stats_log=)``, a ``.jsonl`` file. The JSON record has
+the groups (lists of parameter indices), per-step statistics and errors, and whether Horovod was
+imported (it must not be).
 """
 import io
 import json
@@ -48,11 +49,11 @@ class GivenGradients(torch.nn.Module):
         return sum((p * g).sum() for p, g in zip(self.reversed, grads[::-1])) * weight
 
 
-def build(config, params, rank):
+def build(config, params, rank, stats_log=None):
     """DDP over ``params`` with horovod_sparse's hook, its State and an optimizer."""
     options = config.get("options_of_rank", {}).get(str(rank), config.get("options", {}))
     state = hsd.State(compression=hsd.Compression.create(config["method"], **options),
-                      nonfinite=config.get("nonfinite", "default"))
+                      nonfinite=config.get("nonfinite", "default"), stats_log=stats_log)
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
     ddp.register_comm_hook(state, hsd.hook)
@@ -80,7 +81,8 @@ def run(config, out: Path):
     rank, dtype = dist.get_rank(), getattr(torch, config.get("dtype", "float32"))
     seed, passes = config["seed"], config.get("passes", 1)
     params = make_params(config["shapes"], seed, dtype)
-    ddp, state, opt = build(config, params, rank)
+    log = (out / f"{config['name']}.rank{rank}.jsonl").open("w")
+    ddp, state, opt = build(config, params, rank, log)
     aggregated, stats, errors = [], [], []
     for step in range(config["steps"]):
         if step == config.get("resume_at"):
@@ -105,6 +107,7 @@ def run(config, out: Path):
         stats.append(state.last_stats.as_dict())
         if not state.last_stats.abandoned:
             opt.step()
+    log.close()
     index = {id(p): i for i, p in enumerate(params)}
     groups = state.buckets.groups
     arrays = {f"agg_{t}_{i}": a for t, grads in enumerate(aggregated) for i, a in enumerate(grads)}
