@@ -1,8 +1,8 @@
 """``torch.distributed`` collectives as a sparsifier sees them, and as the shared code sees a
 process group.
 
-:class:`ProcessGroup` gives a ``torch.distributed`` group the three questions the shared code
-asks of a Horovod process set (``size()``, ``rank()``, ``included()``). :class:`Communicator`
+:class:`ProcessGroup` gives a ``torch.distributed`` group the two questions the shared code
+asks of a Horovod process set (``size()``, ``rank()``). :class:`Communicator`
 launches a group's collectives asynchronously, under the contract of
 :class:`~horovod_sparse.torch.communicator.TorchCommunicator`. ``torch.distributed`` has no
 variable-length allgather and its alltoall needs the received splits up front, so each of those
@@ -37,10 +37,6 @@ class ProcessGroup:
 
     def rank(self) -> int:
         return dist.get_rank(self.group)
-
-    def included(self) -> bool:
-        """Whether this process belongs to the group (``torch.distributed`` gives others rank -1)."""
-        return self.rank() >= 0
 
 
 def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
