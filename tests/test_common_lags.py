@@ -184,7 +184,6 @@ def test_cost_model_predictions():
     assert model.dense_allreduce(1000) == model.allreduce(4000)
     assert model.sparse_allgather(100) == model.allgather(800)
     assert model.alltoall(4000) == pytest.approx(3 * 10e-6 + 3 / 4 * 1e-9 * 4000)
-    assert model.broadcast(1000) == pytest.approx(2 * (10e-6 + 1e-9 * 1000))
     assert model.with_workers(16).allgather(1000) == pytest.approx(10e-6 * 4 + 15 * 1e-9 * 1000)
     assert AlphaBeta(1.0, 1.0, 1).allgather(10**6) == 0.0
     with pytest.raises(ValueError, match="beta"):

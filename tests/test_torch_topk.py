@@ -82,4 +82,11 @@ def test_none_through_wrapper_equals_stock_optimizer(tmp_path):
             ours, stock = obs.params(rank), obs.params(rank, "stock")
             for i in range(len(SHAPES)):
                 np.testing.assert_array_equal(ours[f"param_{i}"], stock[f"stock_{i}"])
+        # Statistics of a dense step: one allreduce per tensor, its payload in the wire dtype.
+        itemsize = 2 if config["method"] == "fp16" else 4
+        for record in obs.stats(0):
+            assert record["collectives"] == len(SHAPES) and record["target_density"] == 1.0
+            assert all(group["dense"] and group["union"] == group["numel"] for group in record["groups"])
+            numel = sum(int(np.prod(s)) for s in SHAPES)
+            assert record["bytes_sent"]["values"] == record["bytes_received"]["values"] == itemsize * numel
 

@@ -84,10 +84,6 @@ class AlphaBeta:
         n = self.workers
         return (n - 1) * self.alpha + (n - 1) / n * self.beta * bytes_per_rank
 
-    def broadcast(self, nbytes: float) -> float:
-        """Seconds to broadcast ``nbytes`` from one rank (binomial tree)."""
-        return self.log2n * (self.alpha + self.beta * nbytes)
-
     # -- exchanges --------------------------------------------------------------------------------
     def dense_allreduce(self, numel: int, value_bytes: int = VALUE_BYTES) -> float:
         """Seconds for Horovod's dense exchange of ``numel`` gradient elements."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import os
+import time
 import warnings
 import weakref
 from contextlib import contextmanager
@@ -34,36 +35,52 @@ from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.torch.tensor_backend import all_finite
-from horovod_sparse.methods.base import Exchange, Sparsifier
+from horovod_sparse.methods.base import Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
 
 
-def _dense_exchange(group: FlatGroup, compression: Any, comm: Communicator, op: Any,
-                    prescale: float, postscale: float, usable: bool) -> Exchange:
-    """Horovod's own path: one in-place allreduce per gradient, through ``compression``; zeros
-    instead of this rank's gradients when they are not ``usable`` (non-finite)."""
-    pendings, contexts, params = [], [], []
-    for name, p in zip(group.names, group.params):
-        if p.grad is None:
-            continue  # a sparse gradient, aggregated on its own (see _launch_sparse_rows)
-        params.append(p)
-        # Horovod's torch collectives do not take bfloat16: such gradients travel as float32.
-        grad = p.grad.float() if p.grad.dtype == torch.bfloat16 else p.grad
-        if not usable:
-            grad = torch.zeros_like(grad)
-        compressed, ctx = compression.compress(grad)
-        pendings.append(comm.allreduce(compressed, name, "values", op=op, prescale_factor=prescale,
-                                       postscale_factor=postscale))
-        contexts.append(ctx)
-    comm.stats.selected = comm.stats.union = group.numel
-    outputs = yield pendings
-    for p, output, ctx in zip(params, outputs, contexts):
-        result = compression.decompress(output, ctx)
-        if result.dtype == p.grad.dtype:
-            p.grad.set_(result)
-        else:
-            p.grad.copy_(result)
+class _DenseFlight:
+    """One group's dense allreduces in flight: Horovod's own path (one in-place allreduce per
+    gradient, through ``compression``), with nothing per gradient but what Horovod's optimizer
+    does, so that the wrapper costs what Horovod costs when nothing is sparsified. (A step with
+    a non-finite gradient on some rank is abandoned after the exchange: every rank zeroes the
+    aggregates then, whatever they hold.)
+    """
+
+    sparse = False
+
+    def __init__(self, group: FlatGroup, stats: GroupStats, compression: Any, process_set: hvd.ProcessSet,
+                 op: Any, prescale: float, postscale: float) -> None:
+        self.group = group
+        self.stats = stats
+        self._compression = compression
+        self._launched: List[Tuple[torch.Tensor, Any, Any]] = []
+        wire = 0
+        for name, p in zip(group.names, group.params):
+            if p.grad is None:
+                continue  # a sparse gradient, aggregated on its own (see _launch_sparse_rows)
+            # Horovod's torch collectives do not take bfloat16: such gradients travel as float32.
+            grad = p.grad.float() if p.grad.dtype == torch.bfloat16 else p.grad
+            compressed, ctx = compression.compress(grad)
+            handle = hvd.allreduce_async_(compressed, name=f"hs.{group.name}.{name}", op=op, prescale_factor=prescale,
+                                          postscale_factor=postscale, process_set=process_set)
+            self._launched.append((p, handle, ctx))
+            wire += compressed.numel() * compressed.element_size()
+        stats.selected = stats.union = group.numel
+        stats.collectives = len(self._launched)
+        stats.sent["values"] = stats.received["values"] = wire
+
+    def finish(self) -> None:
+        """Wait for the allreduces and write the aggregated gradients into ``.grad``."""
+        start = time.perf_counter()
+        for p, handle, ctx in self._launched:
+            result = self._compression.decompress(hvd.synchronize(handle), ctx)
+            if result.dtype == p.grad.dtype:
+                p.grad.set_(result)
+            else:
+                p.grad.copy_(result)
+        self.stats.add_time("communicate", time.perf_counter() - start)
 
 
 class _DistributedOptimizer(torch.optim.Optimizer):
@@ -104,7 +121,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._skip_step = False
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
-        self._inflight: Dict[int, Inflight] = {}
+        self._inflight: Dict[int, Union[Inflight, _DenseFlight]] = {}
         self._step_stats = StepStats(step=0)
         self.last_stats: Optional[StepStats] = None
         self.steps = 0
@@ -235,20 +252,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             scale = 1.0 / size
         else:
             prescale = postscale = scale = 1.0
-        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
-        if sparse:
-            state = self._model.method_state(group, size)
-            with comm.timer("flatten"):
-                x = group.load_gradients(usable)
-                comm.output_buffer = group.zeroed_output()
-            exchange = self._compression.exchange(x, comm, state, self.steps)
-        else:
+        if not sparse:
             compression = hvd.Compression.none if self._sparse else self._compression
-            exchange = _dense_exchange(group, compression, comm, self.op, prescale, postscale, usable)
-        inflight = Inflight(exchange, comm, group, sparse)
+            self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set, self.op,
+                                                       prescale, postscale)
+            return
+        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
+        state = self._model.method_state(group, size)
+        with comm.timer("flatten"):
+            x = group.load_gradients(usable)
+            comm.output_buffer = group.zeroed_output()
+        inflight = Inflight(self._compression.exchange(x, comm, state, self.steps), comm, group)
         if inflight.advance():
             self._inflight[group.index] = inflight
-        elif sparse:
+        else:
             group.take_result(*inflight.finish())
             group.publish()
 
@@ -321,12 +338,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)
         return [rank for rank, count in enumerate(counts.tolist()) if count]
 
-    def _abandon_step(self, finished: List[Inflight]) -> None:
+    def _abandon_step(self, finished: List[Union[Inflight, _DenseFlight]]) -> None:
         """Undo this step everywhere: residuals get back what they delivered (so they hold
         ``e + g``: this step's finite gradient is kept), and every aggregated gradient is zero."""
         for inflight in finished:
-            inflight.comm.undo_deliveries()
-            if inflight.sparse:
+            if isinstance(inflight, Inflight):
+                inflight.comm.undo_deliveries()
                 inflight.group.zeroed_output()
             else:
                 for p in inflight.group.params:
