@@ -34,8 +34,9 @@ class BucketGroups:
         self.model = model
         self._numbers: Dict[torch.Tensor, int] = {}
         self._groups: Dict[Members, FlatGroup] = {}
-        #: Bucket index -> its parameters and the groups it was exchanged as (the fast path).
-        self._buckets: Dict[int, Tuple[List[torch.Tensor], List[FlatGroup]]] = {}
+        #: Bucket index -> its parameters, the groups it was exchanged as and their members
+        #: (the fast path).
+        self._buckets: Dict[int, Tuple[List[torch.Tensor], List[FlatGroup], List[Members]]] = {}
         self._used: Set[Members] = set()
         self._next_index = 0
         #: What a loaded checkpoint holds and no bucket has taken yet: residual pieces by
@@ -54,16 +55,17 @@ class BucketGroups:
         :func:`split` and :func:`join`)."""
         known = self._buckets.get(index)
         if known is not None and len(known[0]) == len(params) and all(a is b for a, b in zip(known[0], params)):
-            if all(self._groups.get(self._members(g)) is g for g in known[1]):
-                self._used.update(self._members(g) for g in known[1])
-                return known[1]
+            _, known_groups, known_keys = known
+            if all(self._groups.get(key) is g for key, g in zip(known_keys, known_groups)):
+                self._used.update(known_keys)
+                return known_groups
         for p in params:
             self._numbers.setdefault(p, len(self._numbers))
         members = tuple(self._numbers[p] for p in params)
         keys = self._cover(members) or [members]
         by_number = dict(zip(members, params))
         groups = [self._group(key, [by_number[n] for n in key]) for key in keys]
-        self._buckets[index] = (list(params), groups)
+        self._buckets[index] = (list(params), groups, keys)
         self._used.update(keys)
         return groups
 
