@@ -17,8 +17,7 @@ they are not (a variable-length allgather traced in a graph); the driver materia
 from __future__ import annotations
 
 import re
-import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Union
 
@@ -28,6 +27,7 @@ import tensorflow as tf
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.timing import timed
 
 #: A byte count: a Python int when the shape is static, else an int64 scalar tensor.
 ByteCount = Union[int, tf.Tensor]
@@ -193,15 +193,7 @@ class Communicator(CommunicatorBase):
         return phase_timer(self.stats, phase)
 
 
-@contextmanager
-def phase_timer(stats: GroupStats, phase: str) -> Iterator[None]:
+def phase_timer(stats: GroupStats, phase: str) -> ContextManager[None]:
     """Accumulate the wall time of the enclosed block under ``phase`` in ``stats``, in eager
     mode only: while tracing, Python time says nothing about the step."""
-    if not tf.executing_eagerly():
-        yield
-        return
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        stats.add_time(phase, time.perf_counter() - start)
+    return timed(stats.add_time, phase) if tf.executing_eagerly() else nullcontext()

@@ -10,15 +10,14 @@ Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collect
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.timing import timed
 
 
 @dataclass
@@ -98,11 +97,6 @@ class TorchCommunicator(CommunicatorBase):
             x.index_add_(0, idx, wire_values.to(x.dtype))
         self._deliveries.clear()
 
-    @contextmanager
-    def timer(self, phase: str) -> Iterator[None]:
+    def timer(self, phase: str) -> ContextManager[None]:
         """Accumulate the wall time of the enclosed block under ``phase`` in the group's stats."""
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.stats.add_time(phase, time.perf_counter() - start)
+        return timed(self.stats.add_time, phase)
