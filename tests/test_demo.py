@@ -20,6 +20,7 @@ import pytest
 from benchmarks import digits_report, scaling
 from benchmarks.digits_report import CLUSTERS, Report
 from benchmarks.synthetic import available_methods
+from horovod_sparse.common.lags import LagsOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
@@ -30,6 +31,10 @@ EPOCHS = 4
 #: Points below dense every method must stay within after EPOCHS epochs at DENSITY.
 BAND = 10.0
 TARGET = ("10gbit", 16)
+#: The most a rank's density may reach per method: DENSITY, except for LAGS, whose rule may raise a
+#: group's density up to its cap from times measured on the running job (so on one machine it
+#: stays at DENSITY and on another reaches the cap).
+CAP = {"lags": max(DENSITY, LagsOptions(density=DENSITY).max_density)}
 ROW = re.compile(r"^(?P<label>\S+?)\s+(?P<accuracy>[\d.]+)\s+(?P<points>[+-][\d.]+)\s+"
                  r"(?P<kb>[\d.]+)\s+(?P<reduction>[\d.]+)x\s+(?P<union>[\d.]+)\s+(?P<local>[\d.]+) \|(?P<cells>.*)$")
 CELL = re.compile(r"([\d.]+)\s+([\d.]+)x")
@@ -102,8 +107,9 @@ def test_bytes_follow_the_density(torch_demo):
         kinds = stats["bytes_sent_by_kind"]
         assert 0 < kinds["values"] <= 4 * stats["union_density"] * parameters * 1.01, label
         assert kinds["indices"] <= 4 * stats["union_density"] * parameters * 1.01, label
-        assert DENSITY / 2 <= stats["union_density"] <= 4 * DENSITY, label
-        assert float(row["reduction"]) > 1 / (4 * DENSITY), label
+        cap = CAP.get(label.split(":")[0], DENSITY)
+        assert DENSITY / 2 <= stats["union_density"] <= 4 * cap, label
+        assert float(row["reduction"]) > 1 / (4 * cap), label
 
 
 def test_projection_and_recommendation_are_present(torch_demo):
