@@ -12,6 +12,8 @@ sparse step, during warm-up) under ``nonfinite="raise"`` and ``"skip"``, and the
   gradients as the policy documents them (see the workers): the abandoned step keeps each
   healthy sparse gradient in its residual, drops the non-finite one, and the training after it
   continues exactly from there;
+* an abandoned step's aggregated gradients are NaN in PyTorch (so that a loss scaler sees the
+  overflow) and zero in TensorFlow, on every rank;
 * nothing is lost: the delivered updates plus the mean residual equal the mean of every
   gradient the policy keeps, to the float32 rounding bound of :func:`tests.checks.conservation_bound`.
 
@@ -98,30 +100,36 @@ def check_reference(obs: Observed, run: str) -> None:
                                                           "the reference run's")
 
 
-def check_conserved(obs: Observed, run: str, method: str) -> None:
-    """Delivered updates plus the mean final residual equal the mean of the kept gradients."""
+def check_conserved(obs: Observed, run: str, method: str, abandoned_fill: float) -> None:
+    """An abandoned step's aggregated gradients are ``abandoned_fill`` on every rank (PyTorch:
+    NaN, so a loss scaler sees the overflow; TensorFlow: zero) and deliver nothing; the delivered
+    updates plus the mean final residual equal the mean of the kept gradients."""
     last = faults.STEPS - 1
     for i in range(len(faults.SHAPES)):
+        for rank, arrays in enumerate(obs.arrays):
+            for step in faults.FAULTS:
+                np.testing.assert_array_equal(arrays[f"{run}_grad_{step}_{i}"], abandoned_fill,
+                                              err_msg=f"rank {rank}: abandoned step {step}'s aggregate {i}")
         delivered = sum(obs.arrays[0][f"{run}_grad_{step}_{i}"].astype(np.float64).reshape(-1)
-                        for step in range(faults.STEPS))
+                        for step in range(faults.STEPS) if step not in faults.FAULTS)
         residuals = [arrays[f"{run}_residual_{last}_{i}"].astype(np.float64) for arrays in obs.arrays]
         for rank, residual in enumerate(residuals):
             assert np.isfinite(residual).all(), f"rank {rank}'s residual {i} is not finite"
         assert_conserved(delivered, residuals, faults.raw_stream(i, method), "float32", f"{method}: parameter {i}")
 
 
-def check_run(obs: Observed, run: str, policy: str, method: str, traced: bool = False) -> None:
+def check_run(obs: Observed, run: str, policy: str, method: str, abandoned_fill: float, traced: bool = False) -> None:
     """Everything the module docstring lists, for the faulted ``run`` under ``policy``."""
     check_policy(obs, run, policy, traced)
     check_no_update_and_identical_replicas(obs, run)
     check_reference(obs, run)
-    check_conserved(obs, run, method)
+    check_conserved(obs, run, method, abandoned_fill)
 
 
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("method", TORCH_METHODS)
 def test_torch(torch_job, method, policy):
-    check_run(Observed(torch_job, method, faults.NP), policy, policy, method)
+    check_run(Observed(torch_job, method, faults.NP), policy, policy, method, np.nan)
 
 
 @pytest.mark.parametrize("config,api,policy", [(c, api, policy) for c in TF for api, policy in c["runs"]],
@@ -129,7 +137,7 @@ def test_torch(torch_job, method, policy):
 def test_tensorflow(tf_job, config, api, policy):
     obs = Observed(tf_job, config["name"], faults.NP)
     run = f"{api}_{policy}"
-    check_run(obs, run, policy, config["method"], traced=api == "tape_function")
+    check_run(obs, run, policy, config["method"], 0.0, traced=api == "tape_function")
     for rank, meta in enumerate(obs.meta):
         # The optimizer took no step (its iterations did not advance) where the reference took none.
         assert [seen["iterations"] for seen in meta[run]] == meta["reference_iterations"], f"rank {rank}"

@@ -32,7 +32,10 @@ def checkpoint_configs():
     return configs
 
 
-TWO = checkpoint_configs() + [
+#: A codebase migrated by ``hvd.DistributedOptimizer = hs.DistributedOptimizer`` at start-up.
+SWAP = [{"scenario": "checkpoint", "method": method, "options": SPARSE, "steps": 4, "more": 3, "broadcast": "hvd",
+         "swap": True} for method in ("topk", "dgc")]
+TWO = checkpoint_configs() + SWAP + [
     {"scenario": "embedding", "method": "none"},
     {"scenario": "embedding", "method": "topk", "options": SPARSE},
     {"scenario": "dynamic_requires_grad", "method": "none"},
@@ -60,8 +63,20 @@ def test_checkpoint_idiom_resumes_in_step_on_every_rank(request, np_, job_name, 
     """After rank 0 alone loaded and broadcast: every rank at rank 0's step, replicas bitwise
     identical after every step, and bitwise the original run's continuation with the other
     ranks' per-rank state emptied (the documented residual rule)."""
-    config = THREE[index]
-    ranks = rank_records(request.getfixturevalue(job_name), index, np_)
+    assert_resumed(THREE[index], rank_records(request.getfixturevalue(job_name), index, np_), np_)
+
+
+@pytest.mark.parametrize("config", SWAP, ids=[c["method"] for c in SWAP])
+def test_checkpoint_idiom_after_a_global_swap(job2, config):
+    """With ``hvd.DistributedOptimizer = hs.DistributedOptimizer`` done at start-up, the idiom
+    resumes as without the swap (Horovod's ``broadcast_optimizer_state`` still recognises the
+    wrapper: no exchange started on the ranks that initialise their state, no hang)."""
+    assert_resumed(config, rank_records(job2, TWO.index(config), 2), 2)
+
+
+def assert_resumed(config, ranks, np_):
+    """Every rank at rank 0's step, replicas bitwise identical, bitwise the documented
+    continuation."""
     for rank, record in enumerate(ranks):
         assert record["steps"] == ranks[0]["steps"], "step counters differ across ranks"
         assert record["groups"] == record["expected_groups"]

@@ -36,6 +36,7 @@ def apply_nonfinite_policy(policy: str, bad_ranks: Sequence[int], step: int, gro
                "abandoned on every rank: no update, replicas unchanged, finite gradients kept in the "
                "residuals.")
     if policy == "raise":
-        raise FloatingPointError(message + " Lower the learning rate or loss scale, or pass "
-                                 "nonfinite='skip' to skip such steps with a warning.")
+        raise FloatingPointError(message + " Lower the learning rate, pass nonfinite='skip' to skip such "
+                                 "steps with a warning, or, with mixed precision, let the loss scaler skip "
+                                 "them (PyTorch: pass loss_scaler=scaler).")
     warnings.warn(message, RuntimeWarning, stacklevel=2)

@@ -32,6 +32,12 @@ class ProcessGroup:
         self.device = (torch.device("cuda", torch.cuda.current_device())
                        if dist.get_backend(group) == dist.Backend.NCCL else torch.device("cpu"))
 
+    def follow(self, bucket: torch.Tensor) -> None:
+        """On an NCCL group, send host payloads to ``bucket``'s device from now on: the device
+        DDP's model lives on, which need not be the current one when the group was built."""
+        if self.device.type == "cuda":
+            self.device = bucket.device
+
     def size(self) -> int:
         return dist.get_world_size(self.group)
 

@@ -19,6 +19,7 @@ single bucket holds every saved group, is exchanged as those groups, so the resu
 """
 from __future__ import annotations
 
+import math
 from typing import IO, Any, Dict, List, Optional, Tuple
 
 import torch
@@ -35,6 +36,7 @@ from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_in
 from horovod_sparse.ddp.compression import Compression, DenseCompression
 from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.tensor_backend import all_finite
 
 
@@ -72,8 +74,17 @@ class State:
             rank (a ``RuntimeError`` carrying the ``FloatingPointError`` message); ``"skip"``
             warns. DDP does not call the optimizer: skip ``optimizer.step()`` when
             ``state.last_stats.abandoned`` (zero gradients still move parameters under momentum
-            or weight decay).
+            or weight decay). With a ``loss_scaler`` the aggregated gradients of an abandoned
+            step are NaN instead, and nothing is raised or warned: the scaler is told, as by
+            DDP's own allreduce of an overflow (``scaler.step`` skips the step, ``update`` backs
+            the scale off).
         stats_log: optional text stream; one JSON line of statistics per step.
+        loss_scaler: the ``torch.amp.GradScaler`` whose ``scale(loss)`` the gradients come from
+            (mixed precision): each gradient is divided by the scale as it enters the residual
+            and the aggregate multiplied by it again, so the method and error feedback work in
+            the loss's own units (a scale change loses nothing), and a non-finite step is left
+            to the scaler (see ``nonfinite``). Required with a scaler and a sparsifier: without
+            it the first overflow raises (``"raise"``).
 
     Every rank compares the configuration (method and options, ``nonfinite``, step counter)
     at its first exchange and after :meth:`load_state_dict`, and raises the same
@@ -81,7 +92,8 @@ class State:
     """
 
     def __init__(self, compression: Any = Compression.none, process_group: Optional[dist.ProcessGroup] = None,
-                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> None:
+                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
+                 loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
         sparse = isinstance(compression, Sparsifier)
         if sparse and compression.B is not backend:
             raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
@@ -93,6 +105,9 @@ class State:
         self.sparse = sparse
         self.process_group = ProcessGroup(process_group)
         self.nonfinite = resolve_nonfinite(nonfinite, sparse)
+        self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
+        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first bucket.
+        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._model = ModelState(compression, backend, self.process_group, None)
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
         #: When the buckets became ready, step after step (read by LAGS's adaptive rule).
@@ -112,10 +127,13 @@ class State:
     def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Start the exchange of ``bucket``'s groups; the future completes once the last
         bucket's call finished the step. What :func:`hook` runs."""
+        self.process_group.follow(bucket.buffer())
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
         buffer, params = bucket.buffer(), bucket.parameters()
+        if bucket.index() == 0 and self._loss_scale is not None:
+            self._scale_factors = self._loss_scale.factors()
         groups = self.buckets.of_bucket(bucket.index(), params)
         usable = self.nonfinite is None or all_finite(buffer)
         gradients = split(buffer, params, groups)
@@ -140,7 +158,8 @@ class State:
         if sparse:
             state = self._model.method_state(group, size)
             with comm.timer("flatten"):
-                x = group.load_flat(gradient if usable else None)
+                x = group.load_flat(gradient if usable else None,
+                                    None if self._scale_factors is None else self._scale_factors[1])
                 comm.output_buffer = group.zeroed_output()
             exchange = self.compression.exchange(x, comm, state, self.steps)
         else:
@@ -167,6 +186,8 @@ class State:
                 if inflight.sparse:
                     inflight.group.take_result(update, residual)
                     update = inflight.group.output
+                    if self._scale_factors is not None:
+                        update.mul_(self._scale_factors[0])
                 updates.append(update)
             results.append(join(updates, params, [inflight.group for inflight in started]))
         bad_ranks = self._ranks_with_nonfinite_gradients()
@@ -174,7 +195,7 @@ class State:
             for (_, _, started), update in zip(finished, results):
                 for inflight in started:
                     inflight.comm.undo_deliveries()
-                update.zero_()
+                update.fill_(math.nan if self._loss_scale is not None else 0.0)
             self._step_stats.abandoned = True
         self._close_step()
         error = self._nonfinite_error(bad_ranks)
@@ -188,10 +209,13 @@ class State:
 
     def _nonfinite_error(self, bad_ranks: List[int]) -> Optional[FloatingPointError]:
         """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient: warn
-        (``"skip"``), or return the ``FloatingPointError`` to raise (``"raise"``)."""
+        (``"skip"``), or return the ``FloatingPointError`` to raise (``"raise"``); nothing with
+        a loss scaler (the NaN aggregate tells it)."""
         if not bad_ranks:
             return None
         groups, self._nonfinite_groups = self._nonfinite_groups, []
+        if self._loss_scale is not None:
+            return None
         assert self.nonfinite is not None
         try:
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, groups)

@@ -2,12 +2,37 @@
 
 Both buffers are allocated once, on the group's first sparse step, and reused every step: no
 full-size allocation happens per step (allocating 25.6M zeros costs ~45 ms on a CPU core).
+
+Each parameter's slice of a buffer is laid out as the parameter is in memory (PyTorch's gradient
+layout contract, which autograd and DDP keep): a ``channels_last`` or transposed parameter gets
+a ``.grad`` with its own strides, which fused and foreach optimizers assume (they step the
+parameter and its gradient as flat memory).
 """
 from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+
+def dense_layout(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor``'s elements fill its memory without gaps or overlaps (contiguous in
+    some order of its dimensions, as ``channels_last`` is): such a tensor's gradient takes its
+    strides; any other gets contiguous ones (autograd's rule)."""
+    expected = 1
+    for stride, size in sorted((s, n) for s, n in zip(tensor.stride(), tensor.shape) if n != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def layout_view(chunk: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
+    """``param``'s flat slice ``chunk`` of a buffer seen with ``param``'s shape and, where
+    :func:`dense_layout`, its strides (the slice then holds the elements in memory order)."""
+    if param.is_contiguous() or not dense_layout(param):
+        return chunk.view(param.shape)
+    return chunk.as_strided(param.shape, param.stride())
 
 
 class FlatGroup:
@@ -41,30 +66,37 @@ class FlatGroup:
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
 
-    def load_gradients(self, usable: bool = True) -> torch.Tensor:
+    def load_gradients(self, usable: bool = True, inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add every parameter's gradient into the residual and return it: ``x = g + e`` (only
         ``e`` when the gradients are not ``usable``).
 
-        Parameters without a gradient contribute zero. Non-contiguous gradients are read through
-        ``reshape``.
+        Parameters without a gradient contribute zero. With ``inv_scale`` (a 0-dim tensor: the
+        reciprocal of a loss scale) the gradients are unscaled as they are added, so the residual
+        and what the method selects stay in the loss's own units.
         """
         if self.residual is None:
             self._allocate()
         assert self.residual is not None
         if not usable:
             return self.residual
-        for p, chunk in zip(self.params, self.residual.split(self.numels)):
+        for p, view in zip(self.params, self.views(self.residual)):
             if p.grad is not None:
-                chunk.add_(p.grad.reshape(-1))
+                if inv_scale is None:
+                    view.add_(p.grad)
+                else:
+                    view.addcmul_(p.grad, inv_scale)
         return self.residual
 
-    def load_flat(self, gradient: Optional[torch.Tensor]) -> torch.Tensor:
+    def load_flat(self, gradient: Optional[torch.Tensor], inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add the group's flat ``gradient`` (a DDP bucket) into the residual and return it:
-        ``x = g + e`` (only ``e`` when ``gradient`` is None)."""
+        ``x = g + e`` (only ``e`` when ``gradient`` is None; ``inv_scale`` as in
+        :meth:`load_gradients`)."""
         if self.residual is None:
             self._allocate()
         assert self.residual is not None
-        return self.residual if gradient is None else self.residual.add_(gradient)
+        if gradient is None:
+            return self.residual
+        return self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)
 
     def load_residual(self, residual: torch.Tensor) -> None:
         """Restore the residual from a checkpoint (copied into this group's own buffer)."""
@@ -90,11 +122,21 @@ class FlatGroup:
         if residual is not self.residual:
             self.residual.copy_(residual)
 
-    def publish(self) -> None:
-        """Make every parameter's ``.grad`` the matching view of the aggregated update."""
+    def views(self, buffer: torch.Tensor) -> List[torch.Tensor]:
+        """Every parameter's slice of the flat ``buffer``, in the parameter's layout
+        (:func:`layout_view`)."""
+        return [layout_view(chunk, p) for p, chunk in zip(self.params, buffer.split(self.numels))]
+
+    def publish(self, scale: Optional[torch.Tensor] = None) -> None:
+        """Make every parameter's ``.grad`` the matching view of the aggregated update, with the
+        parameter's strides; with ``scale`` (a 0-dim tensor: the loss scale :meth:`load_gradients`
+        divided out) the update is multiplied by it first, so a loss scaler's ``unscale_`` finds
+        it in the units it expects."""
         assert self.output is not None
-        for p, chunk in zip(self.params, self.output.split(self.numels)):
-            p.grad = chunk.view_as(p)
+        if scale is not None:
+            self.output.mul_(scale)
+        for p, view in zip(self.params, self.views(self.output)):
+            p.grad = view
 
 
 def carry_residuals(old: Sequence[FlatGroup], new: Sequence[FlatGroup]) -> None:

@@ -12,6 +12,7 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import abc
+import math
 import os
 import time
 import warnings
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 import horovod.torch as hvd
+import horovod.torch.optimizer as horovod_optimizer
 import torch
 from horovod.torch.compression import Compressor
 
@@ -34,6 +36,7 @@ from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
+from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.tensor_backend import all_finite
 from horovod_sparse.methods.base import Sparsifier
 
@@ -44,8 +47,8 @@ class _DenseFlight:
     """One group's dense allreduces in flight: Horovod's own path (one in-place allreduce per
     gradient, through ``compression``), with nothing per gradient but what Horovod's optimizer
     does, so that the wrapper costs what Horovod costs when nothing is sparsified. (A step with
-    a non-finite gradient on some rank is abandoned after the exchange: every rank zeroes the
-    aggregates then, whatever they hold.)
+    a non-finite gradient on some rank is abandoned after the exchange: every rank fills the
+    aggregates with NaN then, whatever they hold.)
     """
 
     sparse = False
@@ -89,7 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
-                 stats_log: Optional[IO[str]], nonfinite: Optional[str]) -> None:
+                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scaler: Any) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression
         self._sparse = isinstance(compression, Sparsifier)
@@ -101,6 +104,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
 
         self.nonfinite = nonfinite
+        self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
+        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first sparse group.
+        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        #: ``(bad ranks, step, groups)`` of a step abandoned by synchronize() that step() has not
+        #: met yet: it applies the policy then, unless a loss scaler skipped the step.
+        self._abandoned: Optional[Tuple[List[int], int, List[str]]] = None
+        #: Whether the warning that a loss scaler skips abandoned steps was given.
+        self._warned_scaler = False
         names = _parameter_names(self.param_groups, named_parameters)
         #: Parameter -> name, as Horovod's optimizer has it (its tests and some user code read it).
         self._parameter_names = names
@@ -118,7 +129,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
         self._nonfinite_groups: List[str] = []
-        self._skip_step = False
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
         self._inflight: Dict[int, Union[Inflight, _DenseFlight]] = {}
@@ -259,15 +269,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return
         comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
         state = self._model.method_state(group, size)
+        if self._scale_factors is None and self._loss_scale is not None:
+            self._scale_factors = self._loss_scale.factors()
         with comm.timer("flatten"):
-            x = group.load_gradients(usable)
+            x = group.load_gradients(usable, None if self._scale_factors is None else self._scale_factors[1])
             comm.output_buffer = group.zeroed_output()
         inflight = Inflight(self._compression.exchange(x, comm, state, self.steps), comm, group)
         if inflight.advance():
             self._inflight[group.index] = inflight
         else:
             group.take_result(*inflight.finish())
-            group.publish()
+            group.publish(self._loss_scale_of_step())
 
     def _launch_sparse_rows(self, p: torch.Tensor) -> None:
         """Aggregate ``p``'s ``torch.sparse`` gradient as Horovod does (an allgather of its rows,
@@ -296,6 +308,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
+        self._warn_if_skipped_by_scaler()
         self._agree_if_due()
         for group in self._groups:
             if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
@@ -318,17 +331,38 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._abandon_step(finished)
         for inflight in finished:
             if inflight.sparse:
-                inflight.group.publish()
+                inflight.group.publish(self._loss_scale_of_step())
+        self._scale_factors = None
         for p, aggregate in rows.items():
-            p.grad = aggregate.zero_() if bad_ranks else aggregate
+            p.grad = aggregate
+            if bad_ranks:
+                aggregate._values().fill_(math.nan)
         for p in self._densified:
             p.grad = p.grad.to_sparse()  # back to the layout the optimizer expects, as Horovod does
         self._densified.clear()
+        if bad_ranks:
+            groups, self._nonfinite_groups = self._nonfinite_groups, []
+            self._abandoned = (bad_ranks, self.steps, groups)
         self._close_step()
         self._after_step()
         self._synchronized = True
-        if bad_ranks:
-            self._apply_nonfinite_policy(bad_ranks)
+
+    def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
+        """The loss scale this step's gradients were unscaled by (None without a scaler)."""
+        return None if self._scale_factors is None else self._scale_factors[0]
+
+    def _warn_if_skipped_by_scaler(self) -> None:
+        """An abandoned step that ``step()`` never met was skipped by a loss scaler (one that
+        found the NaN aggregate, as ``GradScaler.step`` does): without ``loss_scaler=`` the
+        residuals then hold gradients in the units of whatever scale each step had, so say once
+        how to keep them in the loss's own units."""
+        if self._abandoned is not None and self._loss_scale is None and not self._warned_scaler:
+            self._warned_scaler = True
+            warnings.warn("a step abandoned for a non-finite gradient was never applied: if a loss scaler "
+                          "(torch.amp.GradScaler) skipped it, pass loss_scaler=scaler to DistributedOptimizer, "
+                          "so that error feedback keeps its residuals in unscaled units when the scale changes",
+                          RuntimeWarning, stacklevel=3)
+        self._abandoned = None
 
     def _ranks_with_nonfinite_gradients(self) -> List[int]:
         """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather)."""
@@ -340,24 +374,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def _abandon_step(self, finished: List[Union[Inflight, _DenseFlight]]) -> None:
         """Undo this step everywhere: residuals get back what they delivered (so they hold
-        ``e + g``: this step's finite gradient is kept), and every aggregated gradient is zero."""
+        ``e + g``: this step's finite gradient is kept), and every aggregated gradient is NaN,
+        so that whatever reads it before ``step()`` (a loss scaler's ``unscale_``, a gradient
+        clipper) sees a non-finite step, as after Horovod's allreduce of an overflow."""
         for inflight in finished:
             if isinstance(inflight, Inflight):
                 inflight.comm.undo_deliveries()
-                inflight.group.zeroed_output()
+                inflight.group.zeroed_output().fill_(math.nan)
             else:
                 for p in inflight.group.params:
-                    p.grad.zero_()
+                    p.grad.fill_(math.nan)
         self._step_stats.abandoned = True
-
-    def _apply_nonfinite_policy(self, bad_ranks: List[int]) -> None:
-        groups, self._nonfinite_groups = self._nonfinite_groups, []
-        # "skip": the step() that follows applies nothing. "raise": the error leaves step() before
-        # its update, so the next step() (if the caller carries on) starts afresh.
-        self._skip_step = self.nonfinite == "skip"
-        self._synchronized = self._skip_step
-        assert self.nonfinite is not None
-        apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, groups)
 
     def _after_step(self) -> None:
         """Hand the finished step's timeline to the sparsifier and to the MergeComp scheduler (on
@@ -386,8 +413,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "after optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        if self._skip_step:
-            self._skip_step = False
+        abandoned, self._abandoned = self._abandoned, None
+        # A GradScaler stepping a fused optimizer calls step() on an overflow too, with its
+        # found_inf attribute set: the optimizer's kernel skips the update itself.
+        if abandoned is not None and getattr(self, "found_inf", None) is None:
+            assert self.nonfinite is not None
+            apply_nonfinite_policy(self.nonfinite, *abandoned)  # raises, or warns and skips
             return None
         return self._base_step(closure)  # type: ignore[attr-defined]
 
@@ -428,6 +459,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._inflight.clear()
         self._synchronized = False
         self._should_synchronize = True
+        self._abandoned = None
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         if ours is not None:
@@ -544,7 +576,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          sparse_as_dense: bool = False,
                          process_set: hvd.ProcessSet = hvd.global_process_set,
                          stats_log: Optional[IO[str]] = None,
-                         nonfinite: Optional[str] = "default") -> torch.optim.Optimizer:
+                         nonfinite: Optional[str] = "default",
+                         loss_scaler: Optional[torch.amp.GradScaler] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so gradients are exchanged, sparsely when ``compression`` sparsifies.
 
     Takes every argument of ``horovod.torch.DistributedOptimizer`` with the same meaning:
@@ -572,15 +605,22 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             rows are aggregated exactly by an allgather, as Horovod does, whatever the compression.
         process_set: the Horovod process set to reduce over.
         stats_log: optional text stream; one JSON line of statistics is written per step.
-        nonfinite: what a NaN/Inf gradient on any rank does. ``"raise"`` (default with a
-            sparsifier): every rank raises ``FloatingPointError`` from ``synchronize()``/``step()``;
-            ``"skip"``: every rank skips the step with a warning. Either way the step is
-            abandoned everywhere: no parameter update on any rank (replicas stay identical),
-            what the sparse exchange took out of the residuals is put back, so each healthy
-            rank keeps this step's gradient in its residual (delivered later: nothing lost),
-            and the non-finite gradient is dropped before it can reach a residual. Dense groups
-            (warm-up, ``min_numel``) of the abandoned step are dropped. ``None`` (default with a dense
-            compression): no check, Horovod's own behaviour.
+        nonfinite: what a NaN/Inf gradient on any rank does. Whatever the policy, the step is
+            abandoned everywhere in ``synchronize()``: what the sparse exchange took out of the
+            residuals is put back, so each healthy rank keeps this step's gradient in its
+            residual (delivered later: nothing lost), the non-finite gradient never reaches a
+            residual, and every aggregated gradient, on every rank, is NaN, so that a loss
+            scaler's ``unscale_`` sees the overflow (``GradScaler.step`` then skips the step and
+            ``update`` backs the scale off, as with Horovod's own optimizer). A ``step()`` that
+            meets such a step applies no update on any rank (replicas stay identical) and then
+            ``"raise"`` (default with a sparsifier) raises ``FloatingPointError`` on every rank;
+            ``"skip"`` warns. ``None`` (default with a dense compression): no check, Horovod's
+            own behaviour.
+        loss_scaler: the ``torch.amp.GradScaler`` whose ``scale(loss)`` the gradients come from
+            (mixed precision). Each gradient is divided by the scale as it enters the
+            residual and the aggregate multiplied by it again, so the method selects, and error
+            feedback keeps, values in the loss's own units: a scale change loses nothing. Without
+            it, AMP still trains (see ``nonfinite``), but the residuals carry each step's scale.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -604,12 +644,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # runs that zero-gradient step without moving the parameters (weight decay would, after
     # hvd.broadcast_parameters: replicas would differ).
     initialising = type(base.__name__, (base,), {"step": _initialising_step(base), "__module__": base.__module__})
-    attributes = dict(_DistributedOptimizer.__dict__, __module__=hvd.DistributedOptimizer.__module__,
-                      _base_step=base.step)
+    # Horovod's own module, not hvd.DistributedOptimizer's: a codebase that swapped in this
+    # function (hvd.DistributedOptimizer = hs.DistributedOptimizer) changed the latter.
+    attributes = dict(_DistributedOptimizer.__dict__, __module__=horovod_optimizer.__name__, _base_step=base.step)
     cls = type(base.__name__, (initialising,), attributes)
     SparseDistributedOptimizer.register(cls)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scaler)
 
 
 __all__ = ["DistributedOptimizer", "SparseDistributedOptimizer"]

@@ -151,6 +151,8 @@ def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated
                   momentum: float) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     if velocity is None or accumulated is None:
         velocity, accumulated = torch.zeros_like(x), torch.zeros_like(x)
+    # Restored from a checkpoint loaded elsewhere (map_location="cpu"): to the gradient's device.
+    velocity, accumulated = velocity.to(x.device), accumulated.to(x.device)
     x.sub_(accumulated)
     velocity.mul_(momentum).add_(x)
     accumulated.add_(velocity)

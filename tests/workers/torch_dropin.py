@@ -2,7 +2,8 @@
 
 Scenarios (one JSON record per rank each, the test asserts on them):
 
-* ``checkpoint``: Horovod's checkpoint idiom. N steps; rank 0 alone saves; fresh model and
+* ``checkpoint``: Horovod's checkpoint idiom (also after a global swap of
+  ``hvd.DistributedOptimizer`` for ours, ``swap``). N steps; rank 0 alone saves; fresh model and
   optimizer on every rank (different initial values per rank); rank 0 alone loads; then
   ``hvd.broadcast_parameters`` and ``hvd.broadcast_optimizer_state`` (or
   ``hs.broadcast_optimizer_state``); M more steps. The expected continuation is the original
@@ -56,8 +57,8 @@ def wrap(model, config, optimizer_class=torch.optim.SGD, stock=False, **options)
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     groups = MergeCompOptions(warmup_steps=0, timed_steps=1) if config.get("groups") == "mergecomp" \
         else config.get("groups")
-    return hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                   compression=compression(config), groups=groups)
+    make = hvd.DistributedOptimizer if config.get("swap") else hs.DistributedOptimizer
+    return make(base, named_parameters=model.named_parameters(), compression=compression(config), groups=groups)
 
 
 def train(model, opt, steps, first):
@@ -82,6 +83,19 @@ def empty_per_rank_state(opt):
 
 
 def scenario_checkpoint(config):
+    """With ``config["swap"]`` the codebase was migrated by a global swap at start-up
+    (``hvd.DistributedOptimizer = hs.DistributedOptimizer``), and the wrapper is built through
+    ``hvd.DistributedOptimizer``."""
+    stock = hvd.DistributedOptimizer
+    if config.get("swap"):
+        hvd.DistributedOptimizer = hs.DistributedOptimizer
+    try:
+        return checkpoint_idiom(config)
+    finally:
+        hvd.DistributedOptimizer = stock
+
+
+def checkpoint_idiom(config):
     steps, more = config["steps"], config["more"]
     model = make_model(0)
     opt = wrap(model, config)
