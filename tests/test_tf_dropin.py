@@ -1,7 +1,8 @@
 """The TensorFlow front end where Horovod users rely on Horovod's own behaviour: the checkpoint
 idiom (rank 0 alone restores, then broadcasts) with the tape and with Keras'
-BroadcastGlobalVariablesCallback, IndexedSlices gradients, PartialDistributedGradientTape in a
-TF1-style graph. Real horovodrun jobs (tests/workers/tf_dropin.py)."""
+BroadcastGlobalVariablesCallback, also after a global swap of Horovod's wrappers for ours,
+IndexedSlices gradients, PartialDistributedGradientTape in a TF1-style graph. Real horovodrun
+jobs (tests/workers/tf_dropin.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -38,8 +39,17 @@ TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", trace
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
 THREE = TAPES_THREE + KERAS_THREE
 
+# A codebase migrated by a global swap at start-up (hvd.DistributedGradientTape =
+# hs.DistributedGradientTape, hvd.DistributedOptimizer = hs.DistributedOptimizer,
+# hvd_keras.DistributedOptimizer = hsk.DistributedOptimizer), each config run without and with it.
+SWAP_TAPES = [tape("topk", warmup_steps=2), tape("topk", traced=True), tape("dgc", momentum=0.9)]
+SWAP_KERAS = [keras("topk", warmup_steps=2), keras("dgc", momentum=0.9)]
+GRAPH = {"scenario": "graph_checkpoint", "method": "none", "steps": 4, "more": 3}
+SWAP = [dict(config, swap=swap) for config in SWAP_TAPES + SWAP_KERAS + [GRAPH] for swap in (False, True)]
+
 job2 = job_fixture("tf_dropin.py", 2, TWO)
 job3 = job_fixture("tf_dropin.py", 3, THREE)
+job_swap = job_fixture("tf_dropin.py", 2, SWAP)
 
 
 
@@ -58,14 +68,69 @@ def test_tape_checkpoint_idiom_resumes_in_step(request, job_name, np_, configs, 
     rank 0's step, replicas bitwise identical, bitwise the original run's continuation with the
     other ranks' per-rank state emptied (the documented residual rule)."""
     ranks = rank_records(request.getfixturevalue(job_name), index, np_)
-    steps = configs[index]["steps"] + configs[index]["more"]
+    assert_resumed_in_step(ranks, configs[index]["steps"] + configs[index]["more"])
+    assert max(ranks[0]["residual_norms"]) > 0
+
+
+def assert_resumed_in_step(ranks, steps):
+    """Every rank at rank 0's step ``steps``, a bitwise replica of rank 0 and bitwise its
+    ``expected`` continuation."""
     for rank, record in enumerate(ranks):
         assert record["steps"] == steps, f"rank {rank} is at step {record['steps']}, not rank 0's {steps}"
         np.testing.assert_array_equal(np.asarray(record["resumed"]), np.asarray(ranks[0]["resumed"]),
                                       err_msg=f"rank {rank} is not a replica of rank 0")
         np.testing.assert_array_equal(np.asarray(record["resumed"]), np.asarray(record["expected"]),
                                       err_msg=f"rank {rank} did not continue as documented")
-    assert max(ranks[0]["residual_norms"]) > 0
+
+
+def swap_records(job, config):
+    """The ranks' records of ``config`` run without and with the global swap."""
+    return [rank_records(job, SWAP.index(dict(config, swap=swap)), 2) for swap in (False, True)]
+
+
+@pytest.mark.parametrize("config", SWAP_TAPES, ids=label)
+def test_tape_checkpoint_idiom_after_a_global_swap(job_swap, config):
+    """With ``hvd.DistributedGradientTape = hs.DistributedGradientTape`` at start-up and the tape
+    wrapped by Horovod's name: the checkpoint idiom as in
+    test_tape_checkpoint_idiom_resumes_in_step, bitwise the run without the swap; Horovod's own
+    PartialDistributedGradientTape, which looks DistributedGradientTape up when called, gives ours."""
+    plain, swapped = swap_records(job_swap, config)
+    assert_resumed_in_step(swapped, config["steps"] + config["more"])
+    assert max(swapped[0]["residual_norms"]) > 0
+    for rank in range(2):
+        assert swapped[rank]["partial_is_ours"]
+        np.testing.assert_array_equal(np.asarray(swapped[rank]["resumed"]), np.asarray(plain[rank]["resumed"]),
+                                      err_msg=f"rank {rank}: the swap changed the run")
+
+
+@pytest.mark.parametrize("config", SWAP_KERAS, ids=lambda c: f"{c['method']}-{c['options']}")
+def test_keras_load_model_and_broadcast_callback_after_a_global_swap(job_swap, config):
+    """With ``hvd_keras.DistributedOptimizer = hsk.DistributedOptimizer`` at start-up, rank 0 alone
+    resumes through Horovod's ``hvd_keras.load_model(path, compression=<sparsifier>)`` (it wraps
+    the loaded optimizer through the swapped name: ours, iterations restored from the file), the
+    others build theirs by Horovod's name, BroadcastGlobalVariablesCallback(0): every rank at rank
+    0's exchange count and iterations, identical weights, bitwise those of the run without the swap."""
+    plain, swapped = swap_records(job_swap, config)
+    steps = config["steps"] + config["more"]
+    for rank in range(2):
+        assert (swapped[rank]["steps"], swapped[rank]["iterations"]) == (steps, steps)
+        np.testing.assert_array_equal(np.asarray(swapped[rank]["weights"]), np.asarray(swapped[0]["weights"]))
+        np.testing.assert_array_equal(np.asarray(swapped[rank]["weights"]), np.asarray(plain[rank]["weights"]),
+                                      err_msg=f"rank {rank}: the swap changed the run")
+    assert max(swapped[0]["residual_norms"]) > 0
+
+
+def test_tf1_optimizer_checkpoint_idiom_after_a_global_swap(job_swap):
+    """With ``hvd.DistributedOptimizer = hs.DistributedOptimizer`` at start-up, a
+    ``tf.compat.v1.train`` optimizer wrapped by Horovod's name in a graph goes to Horovod's own
+    wrapper (not back to the swapped name: an endless recursion); rank 0 alone restores,
+    hvd.broadcast_global_variables(0): every rank at rank 0's global step, replicas, the
+    original run's continuation, bitwise the run without the swap."""
+    plain, swapped = swap_records(job_swap, GRAPH)
+    steps = GRAPH["steps"] + GRAPH["more"]
+    for records in (plain, swapped):
+        assert_resumed_in_step(records, steps)
+    np.testing.assert_array_equal(np.asarray(swapped[0]["resumed"]), np.asarray(plain[0]["resumed"]))
 
 
 KERAS_CASES = ([("job2", 2, TWO, TWO.index(c)) for c in KERAS_TWO]

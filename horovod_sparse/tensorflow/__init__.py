@@ -7,6 +7,16 @@
 
 and for Keras, ``horovod_sparse.tensorflow.keras.DistributedOptimizer``. Same names, options and
 exchange design as ``horovod_sparse.torch``; the methods are registered in the shared registry.
+
+A codebase may move over with a global swap at start-up (``hvd.DistributedGradientTape =
+hs.DistributedGradientTape``, ``hvd.DistributedOptimizer = hs.DistributedOptimizer``,
+``horovod.tensorflow.keras.DistributedOptimizer = hs.keras.DistributedOptimizer``): these
+wrappers never look Horovod's public names up when called (Horovod's pieces they reuse are bound
+at import or private), so nothing recurses. The Horovod functions that do look them up when
+called then build ours: ``hvd.PartialDistributedGradientTape``, ``hvd.DistributedOptimizer`` of
+a Keras optimizer, and ``horovod.tensorflow.keras.load_model(path, compression=<sparsifier>)``
+(an HDF5 file: Horovod's ``load_model`` cannot read the ``.keras`` format, swapped or not;
+residuals start empty, restore them with ``model.optimizer.exchanger.load_state_dict``).
 """
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape

@@ -4,6 +4,11 @@ As in Horovod, a Keras optimizer is wrapped by the Keras wrapper
 (:func:`horovod_sparse.tensorflow.keras.DistributedOptimizer`). A TF1 ``tf.compat.v1.train``
 optimizer goes to Horovod's own wrapper with a dense compression; with a sparsifier it is refused
 (graph-mode sessions are not supported; use a Keras optimizer or ``DistributedGradientTape``).
+
+A program may swap this function in for Horovod's at start-up
+(``hvd.DistributedOptimizer = hs.DistributedOptimizer``): the TF1 branch calls Horovod's own
+wrapper, bound when this module is imported, never the module attribute the swap replaced
+(which would be this function again: an endless recursion).
 """
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow import keras
 from horovod_sparse.methods.base import Sparsifier
+
+#: ``horovod.tensorflow.DistributedOptimizer`` as Horovod defines it. Bound here, before any
+#: program can replace the module attribute with :func:`DistributedOptimizer`: swapping needs
+#: this module imported first.
+_HorovodOptimizer = hvd.DistributedOptimizer
 
 
 def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking: bool = False,
@@ -31,10 +41,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
             raise TypeError(f"{type(optimizer).__name__} is a TF1 tf.compat.v1.train optimizer, which "
                             "horovod_sparse does not wrap with a sparsifier; use a Keras optimizer "
                             "(tf.keras.optimizers.*) or horovod_sparse.tensorflow.DistributedGradientTape")
-        return hvd.DistributedOptimizer(optimizer, name, use_locking, device_dense, device_sparse, compression,
-                                        sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
-                                        average_aggregated_gradients, num_groups, groups, process_set,
-                                        scale_local_gradients)
+        return _HorovodOptimizer(optimizer, name, use_locking, device_dense, device_sparse, compression,
+                                 sparse_as_dense, backward_passes_per_step, op, gradient_predivide_factor,
+                                 average_aggregated_gradients, num_groups, groups, process_set,
+                                 scale_local_gradients)
     return keras.DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                       gradient_predivide_factor, op, backward_passes_per_step,
                                       average_aggregated_gradients, num_groups, groups, process_set,

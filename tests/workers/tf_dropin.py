@@ -9,12 +9,23 @@ Scenarios (one JSON record per rank each, the test asserts on them):
   at step N (residuals, DGC's velocity).
 * ``keras_checkpoint``: the same through Keras ``model.fit`` (traced unless the method is
   eager-only) with ``BroadcastGlobalVariablesCallback(0)`` after rank 0 alone restored.
+* ``graph_checkpoint``: the TF1 idiom, ``hvd.DistributedOptimizer`` of a
+  ``tf.compat.v1.train`` optimizer in a graph and session (Horovod's own wrapper, dense), rank 0
+  alone restores every global variable, ``hvd.broadcast_global_variables(0)``.
 * ``indexed_slices``: an embedding's ``tf.IndexedSlices`` gradient, ours against the stock tape.
 * ``graph_mode``: ``PartialDistributedGradientTape`` in a TF1-style graph and session.
+
+``"swap": true`` runs a scenario as a codebase migrated by a global swap at start-up
+(:func:`swapped`): Horovod's names are rebound to ours and the scenario calls them by Horovod's
+names (``hvd.DistributedGradientTape``, ``hvd_keras.DistributedOptimizer``,
+``hvd.DistributedOptimizer``), and the Keras rank 0 restores with ``hvd_keras.load_model``.
 """
+import contextlib
 import io
 import json
+import os
 import pickle
+import tempfile
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvd_keras
@@ -27,12 +38,38 @@ from tests.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 SHAPES = [[12, 64], [64], [64, 6], [6]]
+#: The global swap of a codebase moved to horovod_sparse: (module, name, ours).
+SWAPS = [(hvd, "DistributedGradientTape", hs.DistributedGradientTape),
+         (hvd, "DistributedOptimizer", hs.DistributedOptimizer),
+         (hvd_keras, "DistributedOptimizer", hs_keras.DistributedOptimizer)]
 
 
 def compression(config):
     if config["method"] == "none":
         return hvd.Compression.none
     return hs.Compression.create(config["method"], **config.get("options", {}))
+
+
+@contextlib.contextmanager
+def swapped(config):
+    """Horovod's wrappers rebound to ours while the scenario runs when ``config["swap"]``, as a
+    codebase does once at start-up (``hvd.DistributedGradientTape = hs.DistributedGradientTape``);
+    Horovod's are back afterwards, for the next config of the launch."""
+    originals = [(module, name, getattr(module, name)) for module, name, _ in SWAPS]
+    if config.get("swap"):
+        for module, name, ours in SWAPS:
+            setattr(module, name, ours)
+    try:
+        yield
+    finally:
+        for module, name, original in originals:
+            setattr(module, name, original)
+
+
+def wrap_tape(config, tape, **options):
+    """Our tape: by Horovod's name after the swap, as the migrated code calls it."""
+    wrapper = hvd.DistributedGradientTape if config.get("swap") else hs.DistributedGradientTape
+    return wrapper(tape, compression=compression(config), **options)
 
 
 def make_variables(prefix, seed):
@@ -53,7 +90,7 @@ def tape_trainer(config, variables, log):
     def step(grads):
         with tf.GradientTape() as tape:
             loss = tf.add_n([tf.reduce_sum(v * v * g) for v, g in zip(variables, grads)])
-        tape = hs.DistributedGradientTape(tape, compression=compression(config), stats_log=log)
+        tape = wrap_tape(config, tape, stats_log=log)
         optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
 
     run = tf.function(step) if config.get("traced") else step
@@ -65,7 +102,7 @@ def tape_trainer(config, variables, log):
 
 
 def exchanger_of(config, log):
-    return hs.DistributedGradientTape(tf.GradientTape(), compression=compression(config), stats_log=log).exchanger
+    return wrap_tape(config, tf.GradientTape(), stats_log=log).exchanger
 
 
 def scenario_tape_checkpoint(config):
@@ -96,6 +133,9 @@ def scenario_tape_checkpoint(config):
         resumed.append(flat(fresh))
     record = {"resumed": resumed, "steps": fresh_exchanger.steps,
               "residual_norms": [float(tf.norm(tf.cast(r, tf.float64))) for r in fresh_exchanger.residuals().values()]}
+    if config.get("swap"):  # Horovod's PartialDistributedGradientTape calls DistributedGradientTape by name
+        partial = hvd.PartialDistributedGradientTape(tf.GradientTape(), compression=compression(config))
+        record["partial_is_ours"] = hasattr(partial, "exchanger")
 
     exchanger = exchanger_of(config, log)
     if hvd.rank() != 0:  # what a rank-0 checkpoint cannot hold for another rank
@@ -110,6 +150,64 @@ def scenario_tape_checkpoint(config):
         expected.append(flat(variables))
     record["expected"] = expected
     return record
+
+
+class GraphTrainer:
+    """A TF1 graph and session training ``make_variables(prefix, seed)`` with
+    ``hvd.DistributedOptimizer`` of a momentum ``tf.compat.v1.train`` optimizer on this rank's
+    gradient stream, with a global step."""
+
+    def __init__(self, config, prefix, seed):
+        graph = tf.Graph()
+        with graph.as_default():
+            self.variables = make_variables(prefix, seed)
+            self.step = tf.compat.v1.train.get_or_create_global_step()
+            self.grads = [tf.compat.v1.placeholder(tf.float32, shape) for shape in SHAPES]
+            loss = tf.add_n([tf.reduce_sum(v * v * g) for v, g in zip(self.variables, self.grads)])
+            optimizer = hvd.DistributedOptimizer(tf.compat.v1.train.MomentumOptimizer(0.05, 0.9),
+                                                 compression=compression(config))
+            self.train_op = optimizer.minimize(loss, global_step=self.step, var_list=self.variables)
+            self.everything = tf.compat.v1.global_variables()  # momentum slots and global step included
+            self.broadcast_op = hvd.broadcast_global_variables(0)
+            self.session = tf.compat.v1.Session(graph=graph)
+            self.session.run(tf.compat.v1.global_variables_initializer())
+
+    def train(self, index):
+        self.session.run(self.train_op, {g: raw_gradient(5, index, hvd.rank(), shape, i)
+                                         for i, (g, shape) in enumerate(zip(self.grads, SHAPES))})
+
+    def flat(self):
+        return np.concatenate([v.reshape(-1) for v in self.session.run(self.variables)]).astype(np.float64).tolist()
+
+    def checkpoint(self):
+        return self.session.run(self.everything)
+
+    def restore(self, values):
+        with self.session.graph.as_default():
+            for variable, value in zip(self.everything, values):
+                variable.load(value, self.session)
+
+
+def scenario_graph_checkpoint(config):
+    """Horovod's TF1 idiom: N steps; rank 0 alone restores every global variable into a fresh
+    graph (different on every rank), ``hvd.broadcast_global_variables(0)``, M more steps.
+    Dense (Horovod's own wrapper): the original run's continuation on every rank."""
+    steps, more = config["steps"], config["more"]
+    prefix = f"g{config['index']}_"
+    original = GraphTrainer(config, prefix, 0)
+    for index in range(steps):
+        original.train(index)
+    fresh = GraphTrainer(config, prefix, 1 + hvd.rank())
+    if hvd.rank() == 0:
+        fresh.restore(original.checkpoint())
+    fresh.session.run(fresh.broadcast_op)
+    resumed, expected = [], []
+    for index in range(steps, steps + more):
+        fresh.train(index)
+        original.train(index)
+        resumed.append(fresh.flat())
+        expected.append(original.flat())
+    return {"resumed": resumed, "expected": expected, "steps": int(fresh.session.run(fresh.step))}
 
 
 def digits_model(seed):
@@ -128,24 +226,40 @@ def keras_fit(model, config, optimizer, steps, first):
 def keras_model(config, seed):
     tf.keras.backend.clear_session()  # layer names as in a fresh process: the checkpoint matches by them
     model = digits_model(seed)
-    optimizer = hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=compression(config))
+    wrapper = hvd_keras.DistributedOptimizer if config.get("swap") else hs_keras.DistributedOptimizer
+    optimizer = wrapper(tf.keras.optimizers.SGD(0.05), compression=compression(config))
     model.compile(optimizer=optimizer, loss="mse")
     return model, optimizer
 
 
+def load_through_horovod(model, config):
+    """``model`` saved to a file and loaded back by Horovod's ``hvd_keras.load_model``, which
+    wraps the optimizer through the module's ``DistributedOptimizer`` (ours after the swap)."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "checkpoint.h5")
+        model.save(path)
+        tf.keras.backend.clear_session()  # layer names as in a fresh process: the broadcast matches by them
+        return hvd_keras.load_model(path, compression=compression(config))
+
+
 def scenario_keras_checkpoint(config):
+    """Rank 0 alone restores weights and iterations (after the swap: through Horovod's
+    ``load_model``, as Horovod's Keras examples resume) and the exchanger's state."""
     steps, more = config["steps"], config["more"]
     model, optimizer = keras_model(config, 0)
     keras_fit(model, config, optimizer, steps, 0)
-    blob = None
     if hvd.rank() == 0:
-        blob = pickle.dumps({"weights": model.get_weights(), "iterations": int(optimizer.iterations.numpy()),
-                             "sparse": optimizer.exchanger.state_dict()})
-    fresh, fresh_optimizer = keras_model(config, 1 + hvd.rank())
+        saved = pickle.loads(pickle.dumps({"weights": model.get_weights(), "sparse": optimizer.exchanger.state_dict(),
+                                           "iterations": int(optimizer.iterations.numpy())}))
+    if hvd.rank() == 0 and config.get("swap"):
+        fresh = load_through_horovod(model, config)
+        fresh_optimizer = fresh.optimizer
+    else:
+        fresh, fresh_optimizer = keras_model(config, 1 + hvd.rank())
+        if hvd.rank() == 0:
+            fresh.set_weights(saved["weights"])
+            fresh_optimizer.iterations.assign(saved["iterations"])
     if hvd.rank() == 0:
-        saved = pickle.loads(blob)
-        fresh.set_weights(saved["weights"])
-        fresh_optimizer.iterations.assign(saved["iterations"])
         fresh_optimizer.exchanger.load_state_dict(saved["sparse"])
     keras_fit(fresh, config, fresh_optimizer, more, steps)
     return {"weights": np.concatenate([w.reshape(-1) for w in fresh.get_weights()]).astype(np.float64).tolist(),
@@ -260,7 +374,8 @@ def main():
     configs, out = configs_and_out()
     for index, config in enumerate(configs):
         config["index"] = index
-        record = globals()[f"scenario_{config['scenario']}"](config)
+        with swapped(config):
+            record = globals()[f"scenario_{config['scenario']}"](config)
         (out / f"{index}.rank{hvd.rank()}.json").write_text(json.dumps(record))
 
 
