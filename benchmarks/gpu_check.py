@@ -1,0 +1,268 @@
+"""The GPU check: what a first run on a GPU must show, with PyTorch alone (no Horovod needed).
+
+    python -m benchmarks.gpu_check --results results/gpu_check.json          # on a GPU machine
+    python -m benchmarks.gpu_check --device cpu --quick                     # its CPU parts (CI)
+
+One process, a one-rank ``torch.distributed`` group (NCCL on CUDA, Gloo on CPU), so the method
+code and the DDP hook run on the device as in a job. Five parts, each printed and written to
+``--results``:
+
+* ``methods``: every method through the DDP comm hook on ``--device`` and on the CPU, on the same
+  given gradients (two buckets, a few steps): the same coordinates selected every step, and the
+  aggregated values within the dtype's rounding (``max_rel_diff``).
+* ``amp``: a ``GradScaler`` on the device with float16 autocast whose first steps overflow, DDP's
+  own allreduce against the hook of every method with ``loss_scaler=``: the same skipped steps and
+  scales until the first applied step, finite parameters after.
+* ``layout``: ``channels_last`` and transposed parameters on the device, their gradients
+  published from a group's flat buffer (:class:`horovod_sparse.torch.buffers.FlatGroup`) and
+  stepped by fused AdamW: the gradients keep the parameters' strides, and the parameters equal a
+  contiguous run's.
+* ``syncs``: on CUDA, the host synchronisations of one sparse step of each method, counted by
+  ``torch.cuda.set_sync_debug_mode("warn")`` (None on the CPU, which has none to count).
+* ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)`` and the exact
+  top-k of the methods (:func:`horovod_sparse.torch.selection.top_k`) over a float32 buffer of
+  ``--numel`` elements at ``k = --density * numel`` (medians of ``--repeats``, each timed with
+  the device synchronised; ratios to the read pass).
+
+The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``layout``); the
+``syncs`` and ``selection`` figures are measurements to report.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+import horovod_sparse.ddp as hsd
+from benchmarks.results import command_line, write_results
+from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.selection import top_k
+
+SHAPES = [[64, 48], [48], [96, 64], [64], [9]]
+#: Two buckets of about 3,000 float32 elements each for :data:`SHAPES`.
+BUCKET_MB = 0.012
+OPTIONS = {"density": 0.05, "min_numel": 0, "warmup_steps": 1}
+STEPS = 4
+
+
+class GivenGradients(torch.nn.Module):
+    """A model whose gradient is what the caller passes: ``loss = sum(p * g)``."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]) -> None:
+        super().__init__()
+        self.params = torch.nn.ParameterList(params)
+
+    def forward(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        return sum((p * g).sum() for p, g in zip(self.params, grads))
+
+
+def given(step: int, device: str) -> List[torch.Tensor]:
+    """The gradients of :data:`SHAPES` at ``step``: normal, with a scale per parameter."""
+    generator = torch.Generator().manual_seed(step)
+    return [(torch.randn(*shape, generator=generator) * 10.0 ** (i % 3 - 1)).to(device)
+            for i, shape in enumerate(SHAPES)]
+
+
+def hook_run(method: str, device: str) -> List[List[torch.Tensor]]:
+    """Every step's aggregated gradients (on the CPU) of ``method`` through the DDP hook."""
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(*shape, device=device)) for shape in SHAPES]
+    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params), bucket_cap_mb=BUCKET_MB)
+    ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS)), hsd.hook)
+    steps = []
+    for step in range(STEPS):
+        for p in params:
+            p.grad = None
+        ddp(given(step, device)).backward()
+        steps.append([p.grad.detach().cpu().clone() for p in params])
+    return steps
+
+
+def check_methods(device: str) -> Dict[str, Any]:
+    """Every method on ``device`` against the CPU: same selection, values within rounding."""
+    results = {}
+    for method in hsd.Compression.names():
+        if method in ("none", "fp16"):
+            continue
+        ours, cpu = hook_run(method, device), hook_run(method, "cpu")
+        same = all(torch.equal(a != 0, b != 0) for step_a, step_b in zip(ours, cpu) for a, b in zip(step_a, step_b))
+        diff = max(float(((a - b).abs() / b.abs().clamp_min(1e-30)).max())
+                   for step_a, step_b in zip(ours, cpu) for a, b in zip(step_a, step_b))
+        results[method] = {"same_selection": same, "max_rel_diff": diff, "ok": same and diff <= 1e-5}
+    return results
+
+
+def amp_run(device: str, method: Optional[str], steps: int) -> List[Dict[str, Any]]:
+    """A float16-autocast regression trained through DDP (``method``'s hook with the scaler, or
+    DDP's allreduce) under a ``GradScaler`` whose first steps overflow: each step's scale and
+    whether the parameters moved; finite parameters at the end."""
+    torch.manual_seed(5)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 24, growth_interval=4)
+    if method is not None:
+        ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS), loss_scaler=scaler),
+                               hsd.hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    record = []
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 32, generator=generator).to(device)
+        before = [p.detach().clone() for p in model.parameters()]
+        opt.zero_grad()
+        with torch.autocast(device, dtype=torch.float16):
+            loss = torch.nn.functional.mse_loss(ddp(x), x[:, :4] * 0.5)
+        scale = scaler.get_scale()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        record.append({"scale": scale, "moved": any(not torch.equal(b, p) for b, p in zip(before, model.parameters()))})
+    record[-1]["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+    return record
+
+
+def check_amp(device: str, steps: int) -> Dict[str, Any]:
+    """Every method's AMP run skips and backs off as DDP's own, then trains."""
+    stock = amp_run(device, None, steps)
+    first = next((t for t, s in enumerate(stock) if s["moved"]), steps)
+    results = {}
+    for method in hsd.Compression.names():
+        if method in ("none", "fp16"):
+            continue
+        ours = amp_run(device, method, steps)
+        same = [(s["scale"], s["moved"]) for s in ours[:first + 1]] == [(s["scale"], s["moved"])
+                                                                         for s in stock[:first + 1]]
+        results[method] = {"overflows": first, "same_as_stock": same, "finite": ours[-1]["finite"],
+                           "ok": same and ours[-1]["finite"] and first < steps}
+    return results
+
+
+def layout_run(device: str, strided: bool) -> Dict[str, Any]:
+    """Three fused-AdamW steps of parameters whose gradients are published from a flat buffer."""
+    torch.manual_seed(4)
+    values = [torch.randn(8, 3, 3, 3), torch.randn(7, 5), torch.randn(8)]
+    if strided:
+        values = [values[0].contiguous(memory_format=torch.channels_last), values[1].t().contiguous().t(), values[2]]
+    params = [torch.nn.Parameter(v.to(device)) for v in values]
+    group = FlatGroup(0, ["a", "b", "c"], params)
+    opt = torch.optim.AdamW(params, lr=0.01, fused=True)
+    kept = True
+    for step in range(3):
+        generator = torch.Generator().manual_seed(step)
+        for p in params:
+            p.grad = torch.randn(p.shape, generator=generator).to(device)
+        x = group.load_gradients()
+        group.zeroed_output()
+        group.take_result(x.clone(), torch.zeros_like(x))  # everything delivered (density 1)
+        group.publish()
+        kept &= all(p.grad.stride() == p.stride() for p in params)
+        opt.step()
+    return {"strides_kept": kept, "params": [p.detach().cpu().contiguous() for p in params]}
+
+
+def check_layout(device: str) -> Dict[str, Any]:
+    strided, contiguous = layout_run(device, True), layout_run(device, False)
+    equal = all(torch.equal(a, b) for a, b in zip(strided["params"], contiguous["params"]))
+    return {"strides_kept": strided["strides_kept"], "equal_to_contiguous": equal,
+            "ok": strided["strides_kept"] and equal}
+
+
+def count_syncs(device: str) -> Optional[Dict[str, int]]:
+    """Host synchronisations of one sparse step per method (CUDA only)."""
+    if not device.startswith("cuda"):
+        return None
+    counts = {}
+    for method in hsd.Compression.names():
+        if method in ("none", "fp16"):
+            continue
+        torch.manual_seed(0)
+        params = [torch.nn.Parameter(torch.randn(*shape, device=device)) for shape in SHAPES]
+        ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params), bucket_cap_mb=BUCKET_MB)
+        ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS)), hsd.hook)
+        for step in range(2):  # the first step is dense; the second is counted
+            grads = given(step, device)
+            torch.cuda.synchronize()
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn" if step == 1 else "default")
+                ddp(grads).backward()
+                torch.cuda.set_sync_debug_mode("default")
+            counts[method] = sum("synchroniz" in str(w.message) for w in caught)
+    return counts
+
+
+def timed(work: Callable[[], Any], device: str, repeats: int) -> float:
+    """Median seconds of ``work``, the device synchronised around each run."""
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    work()
+    seconds = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter()
+        work()
+        sync()
+        seconds.append(time.perf_counter() - start)
+    return statistics.median(seconds)
+
+
+def selection(device: str, numel: int, density: float, repeats: int) -> Dict[str, Any]:
+    """Read pass, ``torch.topk`` and the methods' exact top-k on the device."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
+    k = max(1, int(density * numel))
+    assert torch.equal(top_k(x, k), torch.topk(x.abs(), k).indices.sort().values), "top_k differs from torch.topk"
+    times = {"sum": timed(lambda: x.sum(), device, repeats),
+             "torch.topk": timed(lambda: torch.topk(x.abs(), k), device, repeats),
+             "top_k": timed(lambda: top_k(x, k), device, repeats)}
+    return {"numel": numel, "k": k, "seconds": times, "ratio_to_sum": {n: t / times["sum"] for n, t in times.items()}}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--numel", type=int, default=25_600_000)
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--amp-steps", type=int, default=16)
+    parser.add_argument("--quick", action="store_true", help="a small buffer and few repeats (CI)")
+    parser.add_argument("--results", default=None)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.numel, args.repeats = 1_000_000, 3
+    device = args.device
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=dist.HashStore(), rank=0,
+                            world_size=1)
+    torch.set_num_threads(1)
+    results = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
+               "torch": torch.__version__, "methods": check_methods(device),
+               "amp": check_amp(device, args.amp_steps), "layout": check_layout(device),
+               "syncs": count_syncs(device), "selection": selection(device, args.numel, args.density, args.repeats)}
+    dist.destroy_process_group()
+    for part in ("methods", "amp"):
+        for method, row in results[part].items():
+            print(f"{part:8s} {method:10s} " + " ".join(f"{k}={v}" for k, v in row.items()))
+    print("layout  ", " ".join(f"{k}={v}" for k, v in results["layout"].items()))
+    print("syncs   ", results["syncs"] if results["syncs"] is not None else "n/a (CUDA only)")
+    sel = results["selection"]
+    figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
+               for name, seconds in sel["seconds"].items()]
+    print(f"selection numel={sel['numel']} k={sel['k']} " + " ".join(figures))
+    if args.results:
+        write_results(args.results, "gpu_check", results, command_line(argv, "benchmarks.gpu_check"))
+    ok = all(row["ok"] for part in ("methods", "amp") for row in results[part].values()) and results["layout"]["ok"]
+    print("gpu_check:", "passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
