@@ -8,8 +8,9 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
 ``--results``:
 
 * ``methods``: every method through the DDP comm hook on ``--device`` and on the CPU, on the same
-  given gradients (two buckets, a few steps): the same coordinates selected every step, and the
-  aggregated values within the dtype's rounding (``max_rel_diff``).
+  given gradients (two buckets, a few steps): the same coordinates selected every step, the
+  aggregated values within the dtype's rounding (``max_rel_diff``), and the last step's
+  ``select`` phase as the statistics report it (``select_ms``: CUDA events on a GPU).
 * ``amp``: a ``GradScaler`` on the device with float16 autocast whose first steps overflow, DDP's
   own allreduce against the hook of every method with ``loss_scaler=``: the same skipped steps and
   scales until the first applied step, finite parameters after.
@@ -34,7 +35,7 @@ import statistics
 import sys
 import time
 import warnings
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -69,19 +70,22 @@ def given(step: int, device: str) -> List[torch.Tensor]:
             for i, shape in enumerate(SHAPES)]
 
 
-def hook_run(method: str, device: str) -> List[List[torch.Tensor]]:
-    """Every step's aggregated gradients (on the CPU) of ``method`` through the DDP hook."""
+def hook_run(method: str, device: str) -> Tuple[List[List[torch.Tensor]], float]:
+    """Every step's aggregated gradients (on the CPU) of ``method`` through the DDP hook, and
+    the selection time of its last step (the statistics' ``select`` phase: CUDA events on a GPU)."""
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(*shape, device=device)) for shape in SHAPES]
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params), bucket_cap_mb=BUCKET_MB)
-    ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS)), hsd.hook)
+    state = hsd.State(compression=hsd.Compression.create(method, **OPTIONS))
+    ddp.register_comm_hook(state, hsd.hook)
     steps = []
     for step in range(STEPS):
         for p in params:
             p.grad = None
         ddp(given(step, device)).backward()
         steps.append([p.grad.detach().cpu().clone() for p in params])
-    return steps
+    assert state.last_stats is not None
+    return steps, state.last_stats.seconds("select")
 
 
 def check_methods(device: str) -> Dict[str, Any]:
@@ -90,11 +94,12 @@ def check_methods(device: str) -> Dict[str, Any]:
     for method in hsd.Compression.names():
         if method in ("none", "fp16"):
             continue
-        ours, cpu = hook_run(method, device), hook_run(method, "cpu")
+        (ours, select_seconds), (cpu, _) = hook_run(method, device), hook_run(method, "cpu")
         same = all(torch.equal(a != 0, b != 0) for step_a, step_b in zip(ours, cpu) for a, b in zip(step_a, step_b))
         diff = max(float(((a - b).abs() / b.abs().clamp_min(1e-30)).max())
                    for step_a, step_b in zip(ours, cpu) for a, b in zip(step_a, step_b))
-        results[method] = {"same_selection": same, "max_rel_diff": diff, "ok": same and diff <= 1e-5}
+        results[method] = {"same_selection": same, "max_rel_diff": diff, "select_ms": select_seconds * 1e3,
+                           "ok": same and diff <= 1e-5}
     return results
 
 
@@ -250,7 +255,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist.destroy_process_group()
     for part in ("methods", "amp"):
         for method, row in results[part].items():
-            print(f"{part:8s} {method:10s} " + " ".join(f"{k}={v}" for k, v in row.items()))
+            print(f"{part:8s} {method:10s} " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                                        for k, v in row.items()))
     print("layout  ", " ".join(f"{k}={v}" for k, v in results["layout"].items()))
     print("syncs   ", results["syncs"] if results["syncs"] is not None else "n/a (CUDA only)")
     sel = results["selection"]

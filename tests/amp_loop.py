@@ -22,15 +22,17 @@ def regression_batch(step: int, rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(model: torch.nn.Module, scaler: torch.amp.GradScaler, steps: int, rank: int,
-          step_fn: Callable[[torch.Tensor], None], residuals: Callable[[], List[torch.Tensor]]) -> Dict[str, Any]:
-    """``steps`` steps; ``step_fn(loss)`` runs the caller's recipe from ``scaler.scale(loss)``
-    to ``scaler.update()``. Records per step the scale it ran at, whether the parameters moved,
-    the loss and whether every residual (``residuals()``) is finite; the final parameters."""
+          step_fn: Callable[[torch.Tensor], None], residuals: Callable[[], List[torch.Tensor]],
+          dtype: torch.dtype = torch.float16) -> Dict[str, Any]:
+    """``steps`` steps under ``dtype`` autocast; ``step_fn(loss)`` runs the caller's recipe from
+    ``scaler.scale(loss)`` to ``scaler.update()``. Records per step the scale it ran at, whether
+    the parameters moved, the loss and whether every residual (``residuals()``) is finite; the
+    final parameters."""
     record = []
     for step in range(steps):
         x, y = regression_batch(step, rank)
         before = [p.detach().clone() for p in model.parameters()]
-        with torch.autocast("cpu", dtype=torch.float16):
+        with torch.autocast("cpu", dtype=dtype):
             loss = torch.nn.functional.mse_loss(model(x), y)
         scale = scaler.get_scale()
         step_fn(loss)

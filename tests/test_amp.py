@@ -27,6 +27,10 @@ INIT_EXPONENT = 24
 
 HOROVOD = ([{"name": f"recipe_{m}", "scenario": "recipe", "method": m, "options": OPTIONS, "steps": RECIPE_STEPS,
              "init_exponent": INIT_EXPONENT} for m in [*METHODS, "none"]]
+           + [{"name": "recipe_without_scaler_argument", "scenario": "recipe", "method": "topk", "options": OPTIONS,
+               "steps": RECIPE_STEPS, "init_exponent": INIT_EXPONENT, "pass_scaler": False},
+              {"name": "bfloat16", "scenario": "recipe", "method": "topk", "options": OPTIONS, "steps": RECIPE_STEPS,
+               "init_exponent": 0, "autocast": "bfloat16"}]
            + [{"name": f"units_{m}", "scenario": "units", "method": m, "options": EXACT.get(m, {}), "seed": 3,
                "shapes": UNITS_SHAPES, "exponents": EXPONENTS} for m in [*METHODS, "none"]]
            + [{"name": f"layout_{o}", "scenario": "layout", "method": "topk",
@@ -85,7 +89,31 @@ def check_units(obs: Observed, what: tuple = ("agg", "residual", "param")) -> No
 
 @pytest.mark.parametrize("method", [*METHODS, "none"])
 def test_horovod_amp_recipe_trains_like_stock(horovod_job, method):
-    check_recipe(Observed(horovod_job, f"recipe_{method}", NP))
+    obs = Observed(horovod_job, f"recipe_{method}", NP)
+    check_recipe(obs)
+    assert all(record["ours"]["warnings"] == [] for record in obs.meta)
+
+
+def test_horovod_amp_recipe_without_the_scaler_argument_trains_and_says_so_once(horovod_job):
+    """Without ``loss_scaler=`` the recipe still skips and backs off as stock Horovod and trains;
+    one warning says how to keep the residuals in unscaled units."""
+    obs = Observed(horovod_job, "recipe_without_scaler_argument", NP)
+    check_recipe(obs)
+    for rank, record in enumerate(obs.meta):
+        messages = record["ours"]["warnings"]
+        assert len(messages) == 1 and "loss_scaler=scaler" in messages[0], (rank, messages)
+        assert record["stock"]["warnings"] == []
+
+
+def test_horovod_bfloat16_autocast_trains(horovod_job):
+    """bfloat16 autocast (no loss scaling): every step applied, finite, the loss lower at the end,
+    bitwise identical replicas, no warning."""
+    obs = Observed(horovod_job, "bfloat16", NP)
+    for rank, record in enumerate(obs.meta):
+        steps = record["ours"]["steps"]
+        assert all(s["moved"] and s["residuals_finite"] and np.isfinite(s["loss"]) for s in steps), rank
+        assert steps[-1]["loss"] < steps[0]["loss"] and record["ours"]["warnings"] == [], rank
+        assert obs.meta[rank]["ours"]["params"] == obs.meta[0]["ours"]["params"], f"rank {rank} differs from rank 0"
 
 
 @pytest.mark.parametrize("method", [*METHODS, "none"])

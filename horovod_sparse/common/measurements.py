@@ -34,19 +34,19 @@ def agree_order(B: Any, order: Sequence[int], process_set: Any, name: str) -> Li
     return [int(v) for v in gathered[0]]
 
 
-def measure_cost_model(B: Any, process_set: Any, sizes: Optional[Sequence[int]] = None,
-                       repeats: int = 5) -> Tuple[AlphaBeta, List[Tuple[int, float]]]:
-    """Fit the alpha-beta model to allgathers of float32 payloads timed now on ``process_set``
-    (see :func:`horovod_sparse.common.cost_model.calibrate` for ``sizes`` and ``repeats``).
+def measure_cost_model(B: Any, process_set: Any, sizes: Optional[Sequence[int]] = None, repeats: int = 5,
+                       like: Optional[Any] = None) -> Tuple[AlphaBeta, List[Tuple[int, float]]]:
+    """Fit the alpha-beta model to allgathers of float32 payloads timed now on ``process_set``,
+    on ``like``'s device through the collectives the exchange uses there (the host's when None;
+    see :func:`horovod_sparse.common.cost_model.calibrate` for ``sizes`` and ``repeats``).
 
     Returns:
         The model, identical on every rank, and the agreed ``(bytes_per_rank, seconds)`` samples.
     """
 
     def time_allgather(nbytes: int) -> float:
-        payload = np.zeros(max(1, nbytes // 4), dtype=np.float32)
         start = time.perf_counter()
-        B.allgather_array(payload, process_set, "hs.calibrate.allgather")
+        B.allgather_payload(max(1, nbytes // 4), like, process_set, "hs.calibrate.allgather")
         return time.perf_counter() - start
 
     def agree(values: List[float]) -> List[float]:
@@ -55,25 +55,29 @@ def measure_cost_model(B: Any, process_set: Any, sizes: Optional[Sequence[int]] 
     return calibrate(time_allgather, agree, process_set.size(), sizes, repeats)
 
 
-def measure_local_cost(B: Any, process_set: Any, numel: int, low: int, high: int, repeats: int = 3) -> LocalCost:
-    """Time, on this rank, the backend's exact top-k of a normal float32 buffer of ``numel``
-    elements at ``low`` and ``high`` coordinates and the scatter-add of ``n * high`` received
-    pairs (what an allgather exchange runs), agree the medians over ``process_set`` and fit
+def measure_local_cost(B: Any, process_set: Any, numel: int, low: int, high: int, repeats: int = 3,
+                       like: Optional[Any] = None) -> LocalCost:
+    """Time, on this rank and on ``like``'s device (the host's when None), the backend's exact
+    top-k of a normal float32 buffer of ``numel`` elements at ``low`` and ``high`` coordinates
+    and the scatter-add of ``n * high`` received pairs (what an allgather exchange runs), each
+    run timed from an idle device to its end, agree the medians over ``process_set`` and fit
     :class:`~horovod_sparse.common.lags.LocalCost` to them: the same costs on every rank."""
     host = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
-    x = B.from_numpy(host, None)
+    x = B.from_numpy(host, like)
     workers = process_set.size()
     chosen = B.top_k(x, high)
     indices = B.concat([chosen] * workers)
     values = B.concat([B.gather(x, chosen)] * workers)
-    out = B.from_numpy(np.zeros_like(host), None)
+    out = B.from_numpy(np.zeros_like(host), like)
 
     def seconds(work: Callable[[], Any]) -> float:
         work()
         timings = []
         for _ in range(repeats):
+            B.synchronize(x)
             start = time.perf_counter()
             work()
+            B.synchronize(x)
             timings.append(time.perf_counter() - start)
         return statistics.median(timings)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
 BYTE_KINDS = ("values", "indices", "meta")
 
@@ -44,9 +44,24 @@ class GroupStats:
     collectives: int = 0
     extra: Dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        #: Phases timed on a device whose time is known only once its work is done.
+        self._pending: List[Tuple[str, Callable[[], float]]] = []
+
     def add_time(self, phase: str, seconds: float) -> None:
         """Accumulate ``seconds`` under ``phase``."""
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    def add_pending_time(self, phase: str, seconds: Callable[[], float]) -> None:
+        """Accumulate ``seconds()`` under ``phase`` when the step is finished (:meth:`settle`):
+        a device phase, whose end is known only once the device got there."""
+        self._pending.append((phase, seconds))
+
+    def settle(self) -> None:
+        """Add the pending device phases' times (waiting for the device where they are not done)."""
+        for phase, seconds in self._pending:
+            self.add_time(phase, seconds())
+        self._pending.clear()
 
 
 @dataclass
@@ -136,6 +151,8 @@ class StatsLog:
 def finish_step(stats: StepStats, log: Optional[StatsLog]) -> StepStats:
     """A finished step's statistics as a front end publishes them (its ``last_stats``): groups
     sorted by name, and written to ``log`` when there is one."""
+    for group in stats.groups:
+        group.settle()
     stats.groups.sort(key=lambda g: g.name)
     if log is not None:
         log.write(stats)

@@ -2,7 +2,7 @@
 :class:`horovod_sparse.methods.backend.Backend`, the tensor ones from
 :mod:`horovod_sparse.torch.tensor_backend` and the host collectives over ``torch.distributed``.
 """
-from horovod_sparse.ddp.collectives import allgather_array, allgather_bytes  # noqa: F401 (backend API)
+from horovod_sparse.ddp.collectives import allgather_array, allgather_bytes, allgather_payload  # noqa: F401 (backend API)
 from horovod_sparse.torch.tensor_backend import *  # noqa: F401,F403 (backend API)
 
 name = "ddp"

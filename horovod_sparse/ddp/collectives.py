@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
+from horovod_sparse.torch.tensor_backend import synchronize
 
 
 class ProcessGroup:
@@ -46,11 +47,12 @@ class ProcessGroup:
 
 
 def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
-    """Every rank's ``value``, in rank order (one blocking allgather of one int64 each)."""
+    """Every rank's ``value``, in rank order (one blocking allgather of one int64 each, read on
+    the host at once)."""
     mine = torch.tensor([value], dtype=torch.int64, device=process_group.device)
     lengths = [torch.empty_like(mine) for _ in range(process_group.size())]
     dist.all_gather(lengths, mine, group=process_group.group)
-    return [int(n) for n in lengths]
+    return torch.cat(lengths).tolist()
 
 
 def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup) -> Tuple[Any, Any]:
@@ -64,6 +66,15 @@ def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup) -> Tuple
     chunks = [torch.empty_like(padded) for _ in lengths]
     work = dist.all_gather(chunks, padded, group=process_group.group, async_op=True)
     return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(chunks, lengths)])
+
+
+def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: ProcessGroup, name: str) -> None:
+    """Allgather ``numel`` float32 zeros on ``like``'s device (the group's when None) and wait
+    for the result (what the alpha-beta calibration times; ``name`` is Horovod's, unused here)."""
+    tensor = torch.zeros(numel, dtype=torch.float32, device=process_set.device if like is None else like.device)
+    work, finish = launch_allgather(tensor, process_set)
+    work.wait()
+    synchronize(finish())
 
 
 def allgather_array(array: np.ndarray, process_set: ProcessGroup, name: str) -> np.ndarray:

@@ -154,7 +154,7 @@ class State:
         target = self.compression.options.count(group.numel, self.steps) if sparse else group.numel
         stats = GroupStats(group.name, group.numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
-        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank)
+        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank, gradient.device)
         if sparse:
             state = self._model.method_state(group, size)
             with comm.timer("flatten"):

@@ -138,9 +138,18 @@ class Backend(Protocol):
     def kth_magnitude(self, values: Tensor, k: int) -> float:
         """The ``k``-th largest ``|values|``."""
 
+    def synchronize(self, like: Tensor) -> None:
+        """Wait until the work queued on ``like``'s device is done (a timer's edge; nothing to
+        wait for where operations run synchronously)."""
+
     # -- host collectives (blocking, eager; for measurements and rare metadata) ---------------
     def allgather_array(self, array: np.ndarray, process_set: Any, name: str) -> np.ndarray:
         """Every rank's NumPy ``array`` concatenated along the first axis, in rank order."""
+
+    def allgather_payload(self, numel: int, like: Optional[Tensor], process_set: Any, name: str) -> None:
+        """Allgather ``numel`` float32 zeros from every rank, on ``like``'s device (the host when
+        None) through the collectives the exchange uses there, and wait until it is done: what the
+        alpha-beta calibration times."""
 
     def allgather_bytes(self, payload: bytes, name: str, process_set: Any) -> Sequence[bytes]:
         """Every rank's ``payload``, in rank order."""

@@ -36,10 +36,12 @@ class Lags(Sparsifier):
     elements. Each group is exchanged from the backward hooks as soon as it is complete. With
     ``adaptive=True`` (the default):
 
-    * at the end of the first step, alpha and beta are fitted to allgathers timed on the
-      optimizer's process set (:attr:`cost_model`, :attr:`calibration`), and the local costs of
-      selection and scatter-add are timed on each rank and agreed (:attr:`local_cost`,
-      timed with the backend's own primitives, :mod:`horovod_sparse.common.measurements`);
+    * at the end of the first step with a sparse group, alpha and beta are fitted to allgathers
+      timed on the optimizer's process set, on the gradients' device through the collectives
+      the exchange uses (:attr:`cost_model`, :attr:`calibration`), and the local costs of
+      selection and scatter-add are timed on each rank on that device, from an idle device to
+      the work's end, and agreed (:attr:`local_cost`, timed with the backend's own primitives,
+      :mod:`horovod_sparse.common.measurements`);
     * over the next ``measure_steps`` steps each group's remaining backward time ``t_comp`` is
       measured from the hooks and averaged over ranks (:attr:`t_comp`), with every group at the
       global density;
@@ -59,7 +61,7 @@ class Lags(Sparsifier):
 
     def __init__(self, options: LagsOptions, backend: Backend) -> None:
         super().__init__(options, backend)
-        #: The alpha-beta model measured at start-up (None before the first step ends).
+        #: The alpha-beta model, measured after the first step with a sparse group (None before).
         self.cost_model: Optional[AlphaBeta] = None
         #: The agreed ``(bytes_per_rank, seconds)`` allgather timings the model was fitted to.
         self.calibration: List[Tuple[int, float]] = []
@@ -72,6 +74,8 @@ class Lags(Sparsifier):
         self._meter = BackwardTimeMeter(options.measure_steps)
         self._numel: Dict[str, int] = {}
         self._counts: Dict[Tuple[float, int], Dict[str, int]] = {}
+        #: A gradient buffer of the job: the measurements run on its device.
+        self._like: Optional[Tensor] = None
 
     @property  # type: ignore[override]
     def host_exchange(self) -> bool:
@@ -84,18 +88,18 @@ class Lags(Sparsifier):
         return MergeBySize(self.options.group_size)
 
     def on_step_end(self, process_set: Any, record: StepTimeline) -> None:
-        """Calibrate the cost models after the first step, then measure ``t_comp`` (with the
-        backend's measurements)."""
+        """Calibrate the cost models after the first step with a sparse group, on its device,
+        then measure ``t_comp`` (with the backend's measurements)."""
         if not self.options.adaptive:
             return
-        if self.cost_model is None:
-            self.cost_model, self.calibration = measure_cost_model(self.B, process_set)
+        if self.cost_model is None and self._like is not None:  # after the first step with a sparse group
+            self.cost_model, self.calibration = measure_cost_model(self.B, process_set, like=self._like)
         if self.local_cost is None and self._numel:  # after the first step with a sparse group
             numel = max(2, min(LOCAL_COST_NUMEL, max(self._numel.values())))
             floor, cap = self.options.density, max(self.options.density, self.options.max_density)
             low, high = target_count(floor, numel), target_count(cap, numel)
             # With no room above the floor (density 1) the rule has nothing to choose: no cost.
-            self.local_cost = (measure_local_cost(self.B, process_set, numel, low, high) if high > low
+            self.local_cost = (measure_local_cost(self.B, process_set, numel, low, high, like=self._like) if high > low
                                else LocalCost(0.0, 0.0, 0.0))
         if self._meter.add(record) and record.group_ready:
             means = self._meter.means()
@@ -147,6 +151,7 @@ class Lags(Sparsifier):
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
         numel, group = self.B.numel(x), comm.stats.name  # the group's name, as the timeline has it
         self._numel[group] = numel
+        self._like = x
         k = self.group_count(group, numel, step, comm.size)
         comm.stats.target = k
         model, floor = self.cost_model, self.density(step)

@@ -11,7 +11,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.tensorflow.collectives import allgather_array, allgather_bytes, index_dtype  # noqa: F401 (backend API)
+from horovod_sparse.tensorflow.collectives import (allgather_array, allgather_bytes, allgather_payload,  # noqa: F401
+                                                   index_dtype)  # (backend API)
 from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
 
@@ -180,6 +181,11 @@ def momentum_step(x: tf.Tensor, velocity: Optional[tf.Tensor], accumulated: Opti
     velocity = velocity * momentum + (x - accumulated)
     accumulated = accumulated + velocity
     return accumulated, velocity, accumulated
+
+
+def synchronize(like: tf.Tensor) -> None:
+    if "GPU" in like.device.upper():
+        like[:1].numpy()  # a host read waits for the ops that produced ``like``
 
 
 def kth_magnitude(values: tf.Tensor, k: int) -> float:

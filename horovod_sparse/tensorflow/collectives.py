@@ -81,6 +81,14 @@ def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -
                              process_set=process_set).numpy()
 
 
+def allgather_payload(numel: int, like: Optional[tf.Tensor], process_set: hvd.ProcessSet, name: str) -> None:
+    """Allgather ``numel`` float32 zeros on ``like``'s device (the default one when None) and
+    wait for the result (what the alpha-beta calibration times)."""
+    with tf.init_scope(), tf.device(None if like is None else like.device):
+        hvd.allgather(tf.zeros([numel], tf.float32), name=op_name(name), ignore_name_scope=True,
+                      process_set=process_set).numpy()
+
+
 def op_name(text: str) -> str:
     """``text`` made a valid TensorFlow op name (Horovod matches collectives by this name)."""
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)

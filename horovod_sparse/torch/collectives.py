@@ -4,13 +4,14 @@ blocking host collectives for rare metadata.
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any, List, Optional
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
+from horovod_sparse.torch.tensor_backend import synchronize
 
 
 def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> List[bytes]:
@@ -25,6 +26,13 @@ def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> L
 def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -> np.ndarray:
     """Every rank's ``array`` concatenated along the first axis, in rank order (blocking)."""
     return hvd.allgather(torch.from_numpy(np.ascontiguousarray(array)), name=name, process_set=process_set).numpy()
+
+
+def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: hvd.ProcessSet, name: str) -> None:
+    """Allgather ``numel`` float32 zeros on ``like``'s device and wait for the result (what the
+    alpha-beta calibration times: on CUDA, Horovod's GPU path)."""
+    payload = torch.zeros(numel, dtype=torch.float32, device=None if like is None else like.device)
+    synchronize(hvd.allgather(payload, name=name, process_set=process_set))
 
 
 class Communicator(TorchCommunicator):

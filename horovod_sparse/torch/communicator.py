@@ -10,8 +10,9 @@ Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collect
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ContextManager, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -35,16 +36,39 @@ def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+@contextmanager
+def cuda_timed(stats: GroupStats, phase: str, device: torch.device) -> Iterator[None]:
+    """Time the enclosed block as ``device``'s current stream runs it, between two CUDA events:
+    the kernels it launched, not their launch, and no host synchronisation until the step is
+    finished (:meth:`GroupStats.settle` reads the events)."""
+    stream = torch.cuda.current_stream(device)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record(stream)
+    try:
+        yield
+    finally:
+        end.record(stream)
+
+        def seconds() -> float:
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+
+        stats.add_pending_time(phase, seconds)
+
+
 class TorchCommunicator(CommunicatorBase):
     """Launches one group's collectives in one step and accounts for them (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`). Subclasses provide
     ``allgather(tensor, tag, kind)`` (variable length along dim 0), ``allreduce(tensor, tag,
     kind)`` (a sum, in place), ``alltoall(tensor, splits, tag, kind)`` (output and received
-    splits) and :meth:`_complete`."""
+    splits) and :meth:`_complete`. ``device``: where the group's tensors live (its phases are
+    timed with CUDA events there, see :meth:`timer`)."""
 
     def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float,
-                 size: Optional[int] = None, rank: Optional[int] = None) -> None:
+                 size: Optional[int] = None, rank: Optional[int] = None,
+                 device: Optional[torch.device] = None) -> None:
         super().__init__(process_set, name, stats, scale, size, rank)
+        self.device = device
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
         self.output_buffer: Optional[torch.Tensor] = None
@@ -98,5 +122,8 @@ class TorchCommunicator(CommunicatorBase):
         self._deliveries.clear()
 
     def timer(self, phase: str) -> ContextManager[None]:
-        """Accumulate the wall time of the enclosed block under ``phase`` in the group's stats."""
+        """Accumulate the time of the enclosed block under ``phase`` in the group's stats: the
+        wall time on the host, the device's time between CUDA events on a GPU (:func:`cuda_timed`)."""
+        if self.device is not None and self.device.type == "cuda":
+            return cuda_timed(self.stats, phase, self.device)
         return timed(self.stats.add_time, phase)

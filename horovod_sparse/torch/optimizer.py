@@ -267,7 +267,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set, self.op,
                                                        prescale, postscale)
             return
-        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank)
+        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank, group.params[0].device)
         state = self._model.method_state(group, size)
         if self._scale_factors is None and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()

@@ -18,8 +18,8 @@ from horovod_sparse.torch.selection import pick, pick_with_magnitudes, scan, sel
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "chunk_counts", "clone", "coalesce", "concat",
            "distinct", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
            "mask", "momentum_step", "numel", "pick", "pick_with_magnitudes", "reshape_one", "saved", "scan",
-           "scatter_chunks", "scatter_set", "select", "size", "splits_to", "to_numpy", "to_wire", "top_k",
-           "wire_index", "zero_at"]
+           "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire",
+           "top_k", "wire_index", "zero_at"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
@@ -145,6 +145,11 @@ def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.T
 def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     t[idx] = 0
     return t
+
+
+def synchronize(like: torch.Tensor) -> None:
+    if like.is_cuda:
+        torch.cuda.synchronize(like.device)
 
 
 def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated: Optional[torch.Tensor],

@@ -19,6 +19,7 @@ Scenarios (one JSON record and one ``.npz`` per config and rank, the test assert
 """
 import json
 import os
+import warnings
 from typing import Any, Dict, List
 
 import horovod.torch as hvd
@@ -39,15 +40,20 @@ def compression(config: Dict[str, Any]) -> Any:
 
 # -- recipe ---------------------------------------------------------------------------------------
 def recipe(config: Dict[str, Any], stock: bool) -> Dict[str, Any]:
-    """Train ``config["steps"]`` steps with Horovod's AMP recipe (:func:`tests.amp_loop.train`)."""
+    """Train ``config["steps"]`` steps with Horovod's AMP recipe (:func:`tests.amp_loop.train`)
+    under ``config["autocast"]`` (float16 by default; bfloat16 runs with the scaler disabled, as
+    users do); with ``config["pass_scaler"]`` false our optimizer is not given the scaler. Also
+    records the warnings the run raised."""
     model = regression_model()
     base = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** config["init_exponent"], growth_interval=4)
+    dtype = getattr(torch, config.get("autocast", "float16"))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** config["init_exponent"], growth_interval=4,
+                                  enabled=dtype == torch.float16)
     if stock:
         opt = hvd.DistributedOptimizer(base, named_parameters=model.named_parameters())
     else:
-        opt = hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                      compression=compression(config), loss_scaler=scaler)
+        opt = hs.DistributedOptimizer(base, named_parameters=model.named_parameters(), compression=compression(config),
+                                      loss_scaler=scaler if config.get("pass_scaler", True) else None)
 
     def step(loss: torch.Tensor) -> None:
         opt.zero_grad()
@@ -58,8 +64,11 @@ def recipe(config: Dict[str, Any], stock: bool) -> Dict[str, Any]:
             scaler.step(opt)
         scaler.update()
 
-    return train(model, scaler, config["steps"], hvd.rank(), step,
-                 lambda: [] if stock else list(opt.residuals().values()))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        record = train(model, scaler, config["steps"], hvd.rank(), step,
+                       lambda: [] if stock else list(opt.residuals().values()), dtype)
+    return {**record, "warnings": [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]}
 
 
 # -- units ----------------------------------------------------------------------------------------

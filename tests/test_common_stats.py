@@ -1,0 +1,37 @@
+"""Step statistics: device phases settle when the step is finished, host phases at once."""
+import json
+
+import torch
+
+from horovod_sparse.common.stats import GroupStats, StepStats, finish_step
+from horovod_sparse.torch.communicator import TorchCommunicator
+
+
+class _ProcessSet:
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+
+def test_pending_device_time_is_added_once_when_the_step_is_finished():
+    group = GroupStats("g", 10, 1)
+    group.add_time("select", 0.5)
+    calls = []
+    group.add_pending_time("select", lambda: calls.append(1) or 0.25)
+    group.add_pending_time("apply", lambda: 0.125)
+    assert group.seconds == {"select": 0.5} and not calls  # nothing read before the step ends
+    stats = finish_step(StepStats(step=0, groups=[group]), None)
+    assert group.seconds == {"select": 0.75, "apply": 0.125} and calls == [1]
+    finish_step(stats, None)  # settling again adds nothing
+    assert group.seconds == {"select": 0.75, "apply": 0.125}
+    json.dumps(stats.as_dict())  # the pending list is no part of the record
+
+
+def test_host_tensors_are_timed_on_the_host_at_once():
+    group = GroupStats("g", 10, 1)
+    comm = TorchCommunicator(_ProcessSet(), "g", group, 1.0, device=torch.device("cpu"))
+    with comm.timer("select"):
+        torch.ones(10).sum()
+    assert "select" in group.seconds and not group._pending
