@@ -19,6 +19,15 @@ def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
     return configs, Path(args.out)
 
 
+def write_record(out: Path, name: str, rank: int, arrays: Dict[str, Any], record: Any) -> None:
+    """This rank's observations of config ``name``: ``{name}.rank{rank}.npz`` (the arrays) and
+    ``{name}.rank{rank}.json`` (the record), as :class:`tests.checks.Observed` reads them."""
+    import numpy as np
+
+    np.savez(out / f"{name}.rank{rank}.npz", **arrays)
+    (out / f"{name}.rank{rank}.json").write_text(json.dumps(record))
+
+
 def init_tensorflow_worker(process_sets: Any = None) -> None:
     """``hvd.init(process_sets)`` for a TensorFlow worker, with few threads (several workers share
     the cores)."""

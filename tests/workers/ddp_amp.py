@@ -11,7 +11,6 @@ Scenarios (one JSON record and one ``.npz`` per config and rank):
   ``G_t`` without one (``plain``); every step's unscaled aggregate, the residuals and the
   parameters.
 """
-import json
 from typing import Any, Dict, List
 
 import numpy as np
@@ -20,7 +19,7 @@ import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
 from tests.amp_loop import regression_model, train
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import configs_and_out, write_record
 from tests.workers.ddp_exchange import GivenGradients
 from tests.workers.given_gradients import make_params, step_gradients
 
@@ -88,8 +87,7 @@ def main() -> None:
             record = {"stock": recipe(config, stock=True), "ours": recipe(config, stock=False)}
         else:
             units(config, arrays)
-        np.savez(out / f"{config['name']}.rank{dist.get_rank()}.npz", **arrays)
-        (out / f"{config['name']}.rank{dist.get_rank()}.json").write_text(json.dumps(record))
+        write_record(out, config["name"], dist.get_rank(), arrays, record)
     dist.barrier()  # destroying the group while a peer still uses it aborts that peer
     dist.destroy_process_group()
 

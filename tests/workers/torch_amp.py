@@ -17,7 +17,6 @@ Scenarios (one JSON record and one ``.npz`` per config and rank, the test assert
   same given gradients: the parameters after three steps (``strided_*`` / ``contiguous_*``)
   and whether every ``p.grad`` had ``p``'s strides after ``synchronize()``.
 """
-import json
 import os
 import warnings
 from typing import Any, Dict, List
@@ -28,7 +27,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests.amp_loop import regression_model, train
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import configs_and_out, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 
 
@@ -155,8 +154,7 @@ def main() -> None:
             units(config, arrays)
         else:
             record = layout(config, arrays)
-        np.savez(out / f"{config['name']}.rank{hvd.rank()}.npz", **arrays)
-        (out / f"{config['name']}.rank{hvd.rank()}.json").write_text(json.dumps(record))
+        write_record(out, config["name"], hvd.rank(), arrays, record)
 
 
 if __name__ == "__main__":

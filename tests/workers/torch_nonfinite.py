@@ -16,7 +16,6 @@ Records: ``{name}.rank{r}.json`` (per policy, per step: raised, warned, abandone
 Horovod's tensor fusion is off: the boundaries of a fused buffer depend on timing and change
 the order in which a dense allreduce sums, so two runs would differ in the last bit.
 """
-import json
 import os
 import warnings
 from typing import Any, Dict, List
@@ -27,7 +26,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests import nonfinite_faults as faults
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import configs_and_out, write_record
 from tests.workers.torch_reliability import make_params
 
 
@@ -116,8 +115,7 @@ def main() -> None:
         arrays: Dict[str, np.ndarray] = {}
         seen = {policy: faulted(config, policy, arrays) for policy in POLICIES}
         reference(config, arrays)
-        np.savez(out / f"{config['name']}.rank{hvd.rank()}.npz", **arrays)
-        (out / f"{config['name']}.rank{hvd.rank()}.json").write_text(json.dumps(seen))
+        write_record(out, config["name"], hvd.rank(), arrays, seen)
 
 
 if __name__ == "__main__":
