@@ -13,7 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from horovod_sparse.common.controllers import SCAN_CHUNK
-from horovod_sparse.torch.selection import top_k
+from horovod_sparse.torch.selection import device_top_k, top_k
+from tests.host_reads import HostReads
 from tests.reference import topk_indices
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32, "float64": torch.float64}
@@ -114,6 +115,24 @@ def test_non_contiguous_input_indexes_the_flattened_tensor(dtype):
         flat = view.reshape(-1).double().numpy()
         for k in (0, 1, 17, 900, view.numel()):
             assert top_k(view, k).tolist() == expected(flat, k)
+
+
+@settings(max_examples=200, deadline=None)
+@given(kind=st.sampled_from(KINDS), numel=st.integers(2, 3000), fraction=st.floats(0.0, 1.0),
+       dtype=st.sampled_from(sorted(DTYPES)), seed=st.integers(0, 2**31))
+def test_device_top_k_is_the_same_set_without_a_host_read(kind, numel, fraction, dtype, seed):
+    """The accelerators' path (:func:`device_top_k`, run here on the CPU) selects the reference
+    set, ties and infinities included, and reads nothing on the host (:mod:`tests.host_reads`),
+    where the host path reads several values."""
+    x = make(kind, numel, seed, dtype)
+    k = min(numel - 1, max(1, int(fraction * numel)))
+    tensor = torch.from_numpy(x).to(DTYPES[dtype])
+    with HostReads() as reads:
+        chosen = device_top_k(tensor, k)
+    assert reads.names == [] and chosen.tolist() == expected(x, k)
+    with HostReads() as reads:
+        top_k(tensor, k)
+    assert reads.count > 0  # the counter sees the host path's reads
 
 
 def test_torch_topk_agrees_whenever_its_set_is_unambiguous():

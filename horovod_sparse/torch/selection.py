@@ -160,7 +160,8 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     level (:func:`first_at`: in the order of the buffer, up to the last one needed). Blocks are
     of :func:`horovod_sparse.common.controllers.scan_block_size` elements, fewer when the buffer
     holds less than ``k`` such blocks. On CPU nothing of the buffer's size is allocated for a
-    contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks.
+    contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks. On a GPU
+    the selection runs as :func:`device_top_k` instead, without a host synchronisation.
     """
     flat = x.reshape(-1)
     numel = flat.numel()
@@ -168,6 +169,8 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=x.device)
     if k >= numel:
         return torch.arange(numel, device=x.device)
+    if flat.is_cuda:
+        return device_top_k(flat, k)
     flat = flat.contiguous()
     scanned = scan(flat, 0, numel, min(scan_block_size(k / numel), numel // k))
     level = candidate_level(scanned.maxima, k)
@@ -175,6 +178,22 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     if indices.numel() >= k:
         return indices[top_k_positions(magnitudes, k)]
     return torch.cat([indices, first_at(flat, level, k - indices.numel())]).sort().values
+
+
+def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
+    nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
+    the buffer are cheap): the ``k``-th largest ``|x|`` from ``torch.topk``, every coordinate
+    above it, and the lowest-index coordinates equal to it, up to ``k`` in all; the indices
+    come out of ``torch.nonzero_static``, whose size, ``k``, is known. The same set as the host
+    path, tie rule included."""
+    magnitudes = flat.abs()
+    kth = torch.topk(magnitudes, k, sorted=False).values.min()
+    above = magnitudes > kth
+    tied = magnitudes == kth
+    room = k - above.sum()
+    keep = above.logical_or_(tied.logical_and_(tied.cumsum(0) <= room))
+    return torch.nonzero_static(keep, size=k).squeeze(1)
 
 
 def candidate_level(maxima: torch.Tensor, k: int) -> float:

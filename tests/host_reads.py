@@ -1,0 +1,45 @@
+"""Counting host reads of tensor values on the CPU: what would synchronise with a GPU.
+
+On CUDA, ``torch.cuda.set_sync_debug_mode`` reports every operation that waits for the device;
+on the CPU nothing waits, so the tests count, through a ``TorchFunctionMode``, the operations
+that would: reading a value on the host (``bool()``, ``int()``, ``float()``, ``item()``,
+``tolist()``, ``numpy()``, ``cpu()``, using a tensor as a Python index) and operations whose
+output size depends on the values (``nonzero``, ``unique``, ``masked_select``, indexing with a
+boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+#: The operations counted, by name (see the module docstring).
+READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu", "nonzero", "unique",
+         "unique_consecutive", "masked_select", "bincount", "equal"}
+
+
+def _bool_mask(index: Any) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return any(isinstance(part, torch.Tensor) and part.dtype == torch.bool for part in parts)
+
+
+class HostReads(TorchFunctionMode):
+    """``with HostReads() as reads: ...``; then ``reads.count`` and ``reads.names``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: List[str] = []
+
+    @property
+    def count(self) -> int:
+        return len(self.names)
+
+    def __torch_function__(self, func: Any, types: Tuple[type, ...], args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if (name in READS or (name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]))
+                or (name == "repeat_interleave" and kwargs.get("output_size") is None)):
+            self.names.append(name)
+        return func(*args, **kwargs)
