@@ -58,10 +58,13 @@ class GroupStats:
         self._pending.append((phase, seconds))
 
     def settle(self) -> None:
-        """Add the pending device phases' times (waiting for the device where they are not done)."""
+        """Add the pending device phases' times (waiting for the device where they are not done)
+        and read a ``union`` count left on a device (a 0-dim tensor) as an int."""
         for phase, seconds in self._pending:
             self.add_time(phase, seconds())
         self._pending.clear()
+        if not isinstance(self.union, int) and hasattr(self.union, "item"):
+            self.union = int(self.union.item())
 
 
 @dataclass

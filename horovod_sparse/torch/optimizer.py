@@ -246,7 +246,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad is None and p not in self._sparse_rows:
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
                 p.grad = torch.zeros_like(p)
-        usable = self.nonfinite is None or all(p.grad is None or all_finite(p.grad) for p in group.params)
+        usable = self.nonfinite is None or all_finite(*[p.grad for p in group.params if p.grad is not None])
         if not usable:
             # This rank's gradient contributes nothing this step and never reaches the residual
             # (it stays in .grad until synchronize()); synchronize() tells every rank and applies

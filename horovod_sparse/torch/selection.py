@@ -23,8 +23,9 @@ k = 25,600, on one CPU thread). Gaussian-k takes its mean and deviation from the
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -169,7 +170,7 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
         return torch.empty(0, dtype=torch.int64, device=x.device)
     if k >= numel:
         return torch.arange(numel, device=x.device)
-    if flat.is_cuda:
+    if on_accelerator(flat):
         return device_top_k(flat, k)
     flat = flat.contiguous()
     scanned = scan(flat, 0, numel, min(scan_block_size(k / numel), numel // k))
@@ -178,6 +179,28 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     if indices.numel() >= k:
         return indices[top_k_positions(magnitudes, k)]
     return torch.cat([indices, first_at(flat, level, k - indices.numel())]).sort().values
+
+
+#: Whether the accelerators' paths also run on CPU tensors (:func:`accelerator_paths`).
+_FORCED = False
+
+
+def on_accelerator(t: torch.Tensor) -> bool:
+    """Whether ``t``'s work takes the accelerators' paths, which read nothing on the host: on a
+    GPU, or anywhere inside :func:`accelerator_paths`."""
+    return t.is_cuda or _FORCED
+
+
+@contextmanager
+def accelerator_paths() -> Iterator[None]:
+    """Run the accelerators' paths on CPU tensors too, inside the block: how the tests count
+    the host reads of a step as a GPU would make them (``tests/host_reads.py``)."""
+    global _FORCED
+    previous, _FORCED = _FORCED, True
+    try:
+        yield
+    finally:
+        _FORCED = previous
 
 
 def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:

@@ -8,12 +8,12 @@ allocates nothing of a buffer's size (the front end reuses each group's residual
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 
-from horovod_sparse.torch.selection import pick, pick_with_magnitudes, scan, select, top_k
+from horovod_sparse.torch.selection import on_accelerator, pick, pick_with_magnitudes, scan, select, top_k
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "chunk_counts", "clone", "coalesce", "concat",
            "distinct", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
@@ -107,14 +107,18 @@ def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scal
     return out.index_copy_(0, idx, values * scale if scale != 1 else values)
 
 
-def distinct(indices: torch.Tensor, numel: int) -> int:
+def distinct(indices: torch.Tensor, numel: int) -> Union[int, torch.Tensor]:
     """By sorting when the indices are few, else by marking a buffer's coordinates (one read
-    of ``numel`` bytes instead of sorting ``n k`` indices)."""
-    if indices.numel() * UNION_BY_MARKS < numel:
+    of ``numel`` bytes instead of sorting ``n k`` indices). On an accelerator
+    (:func:`~horovod_sparse.torch.selection.on_accelerator`) always by marking, and the count
+    stays there as a 0-dim tensor, read when the step's statistics settle: the statistic
+    costs no host synchronisation."""
+    if not on_accelerator(indices) and indices.numel() * UNION_BY_MARKS < numel:
         return int(torch.unique(indices).numel())
     marks = torch.zeros(numel, dtype=torch.bool, device=indices.device)
     marks[indices] = True
-    return int(marks.sum())
+    count = marks.sum()
+    return count if on_accelerator(indices) else int(count)
 
 
 def coalesce(idx: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -173,10 +177,14 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2 ** 31 else torch.int64
 
 
-def all_finite(tensor: torch.Tensor) -> bool:
-    """Whether every element of ``tensor`` is finite. A NaN or Inf anywhere makes the sum
-    non-finite, so one summing pass settles the usual case (``torch.isfinite(t).all()`` costs
-    about 20 times more on a CPU: it writes a bool tensor of the full size); only a non-finite
-    sum, which finite values near the dtype's maximum can also produce, takes the exact check."""
-    accumulate = torch.float64 if tensor.dtype == torch.float64 else torch.float32
-    return bool(torch.isfinite(tensor.sum(dtype=accumulate))) or bool(torch.isfinite(tensor).all())
+def all_finite(*tensors: torch.Tensor) -> bool:
+    """Whether every element of every one of ``tensors`` (on one device) is finite, read on the
+    host once for all of them. A NaN or Inf anywhere makes a sum non-finite, so one summing pass
+    settles the usual case (``torch.isfinite(t).all()`` costs about 20 times more on a CPU: it
+    writes a bool tensor of the full size); only a non-finite sum, which finite values near the
+    dtype's maximum can also produce, takes the exact check."""
+    if not tensors:
+        return True
+    sums = torch.stack([t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32).double()
+                        for t in tensors])
+    return bool(torch.isfinite(sums).all()) or all(bool(torch.isfinite(t).all()) for t in tensors)

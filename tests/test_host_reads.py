@@ -1,0 +1,30 @@
+"""Host synchronisations per step, counted on the CPU as a GPU would make them
+(``tests/workers/torch_host_reads.py``, a 2-worker horovodrun job, three groups of 1200, 30 and
+1440 elements; ``tests/host_reads.py`` says what counts): no method's count may grow beyond
+:data:`BUDGET`, the README's table (there per group: these totals over three groups)."""
+import pytest
+
+import horovod_sparse.methods  # noqa: F401  (registers the methods)
+from horovod_sparse.common.registry import method_names
+from tests.checks import Observed
+from tests.launch import job_fixture
+
+SHAPES = [[40, 30], [30], [36, 40]]
+OPTIONS = {"density": 0.05, "min_numel": 0}
+#: Host reads of one step of three groups on the accelerators' paths. Per group: one finiteness
+#: check and one read of the union count when the step's statistics settle; per step: the
+#: agreement on non-finite gradients; and what each method's selection reads.
+#: The most of either rank (their selections differ: Gaussian-k's and DGC's retries depend on the data).
+BUDGET = {"topk": 7, "lags": 7, "threshold": 21, "dgc": 27, "gaussiank": 37, "gtopk": 19, "micro": 47, "exdyna": 47}
+CONFIGS = [{"method": m, "shapes": SHAPES, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})}}
+           for m in method_names()]
+
+job = job_fixture("torch_host_reads.py", 2, CONFIGS)
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_host_reads_per_step_within_the_budget(job, method):
+    obs = Observed(job, method, 2)
+    for rank, record in enumerate(obs.meta):
+        assert record["groups"] == len(SHAPES)
+        assert len(record["reads"]) <= BUDGET[method], (rank, len(record["reads"]), record["reads"])

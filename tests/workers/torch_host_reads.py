@@ -1,0 +1,49 @@
+"""Worker: the host reads of one training step, per method, as a GPU would make them (issue 29).
+
+Every method trains given gradients (``given_gradients.py``) through ``hs.DistributedOptimizer``
+with one group per tensor; after two steps (the state agreement and the first exchange are
+behind), one step's ``step()`` runs inside
+:func:`horovod_sparse.torch.selection.accelerator_paths` and :class:`tests.host_reads.HostReads`.
+The gradients are set, not backpropagated, so that ``step()`` launches every group's exchange
+itself, through the same code as the hooks (the autograd engine runs hooks outside Python's
+function modes, where nothing would be counted). Record per config: the reads' names and the
+number of groups.
+"""
+from typing import Any, Dict
+
+import horovod.torch as hvd
+import torch
+
+import horovod_sparse.torch as hs
+from horovod_sparse.torch.selection import accelerator_paths
+from tests.host_reads import HostReads
+from tests.workers.cli import configs_and_out, write_record
+from tests.workers.given_gradients import make_params, step_gradients
+
+
+def count(config: Dict[str, Any]) -> Dict[str, Any]:
+    params = make_params(config["shapes"], 5, torch.float32)
+    opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
+                                  named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
+                                  compression=hs.Compression.create(config["method"], **config["options"]),
+                                  groups="tensor")
+    for step in range(3):
+        opt.zero_grad()
+        for p, g in zip(params, step_gradients(params, 5, step, hvd.rank())):
+            p.grad = g  # no backward pass: step() launches every group itself, inside the count
+        with accelerator_paths(), HostReads() as reads:
+            opt.step()
+    assert opt.last_stats is not None and not any(g.dense for g in opt.last_stats.groups)
+    return {"reads": reads.names, "groups": len(opt.groups)}
+
+
+def main() -> None:
+    configs, out = configs_and_out()
+    hvd.init()
+    torch.set_num_threads(1)
+    for config in configs:
+        write_record(out, config["method"], hvd.rank(), {}, count(config))
+
+
+if __name__ == "__main__":
+    main()
