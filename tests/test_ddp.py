@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import torch
 import pytest
 
 from horovod_sparse.common.options import target_count
@@ -202,3 +203,13 @@ def test_refuses_a_sparsifier_built_for_horovod():
         hsd.State(compression=hs.Compression.topk(density=0.01))
     with pytest.raises(ValueError, match="Compression.none or Compression.fp16"):
         hsd.State(compression=hs.Compression.none)
+
+
+def test_refuses_a_loss_scaler_without_the_nonfinite_check_or_of_another_kind():
+    import horovod_sparse.ddp as hsd
+
+    topk = hsd.Compression.topk(density=0.01)
+    with pytest.raises(ValueError, match="nonfinite=None with loss_scaler.*keep the default"):
+        hsd.State(compression=topk, nonfinite=None, loss_scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(TypeError, match="loss_scaler=.*torch.amp.GradScaler"):
+        hsd.State(compression=topk, loss_scaler=object())

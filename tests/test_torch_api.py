@@ -33,6 +33,13 @@ def test_an_unknown_nonfinite_policy_is_refused_naming_the_choices(nonfinite):
         wrap(nonfinite=nonfinite)
 
 
+def test_a_loss_scaler_needs_the_nonfinite_check_and_must_be_a_grad_scaler():
+    with pytest.raises(ValueError, match="nonfinite=None with loss_scaler.*keep the default"):
+        wrap(nonfinite=None, loss_scaler=torch.amp.GradScaler("cpu"))
+    with pytest.raises(TypeError, match="loss_scaler=.*torch.amp.GradScaler"):
+        wrap(loss_scaler=torch.optim.SGD)
+
+
 def test_a_bool_parameter_cannot_ask_for_a_gradient():
     """So a bool parameter is always frozen, and the wrapper ignores it (the reliability job
     trains with one)."""

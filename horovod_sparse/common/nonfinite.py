@@ -17,13 +17,19 @@ from horovod_sparse.common.validation import check_choice
 POLICIES = ("raise", "skip")
 
 
-def resolve_nonfinite(nonfinite: Optional[str], sparse: bool) -> Optional[str]:
+def resolve_nonfinite(nonfinite: Optional[str], sparse: bool, scaled: bool = False) -> Optional[str]:
     """The policy a wrapper runs with: ``"default"`` is ``"raise"`` with a sparsifier and None
-    (no check) with a dense compression; anything else must be one of :data:`POLICIES` or None."""
+    (no check) with a dense compression; anything else must be one of :data:`POLICIES` or None.
+    A sparsifier under a loss scaler (``scaled``) refuses None: the scaler's overflow steps
+    would put their Inf into the error-feedback residuals."""
     if nonfinite == "default":
         return "raise" if sparse else None
     if nonfinite is not None:
         check_choice("nonfinite", nonfinite, POLICIES)
+    elif sparse and scaled:
+        raise ValueError("nonfinite=None with loss_scaler: a loss scaler's overflow steps would put Inf into the "
+                         "error-feedback residuals for good; keep the default ('raise': the scaler skips such "
+                         "steps) or pass nonfinite='skip'")
     return nonfinite
 
 

@@ -103,9 +103,9 @@ class State:
                              "Compression.none or Compression.fp16")
         self.compression = compression
         self.sparse = sparse
-        self.process_group = ProcessGroup(process_group)
-        self.nonfinite = resolve_nonfinite(nonfinite, sparse)
+        self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
         self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
+        self.process_group = ProcessGroup(process_group)
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first bucket.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._model = ModelState(compression, backend, self.process_group, None)

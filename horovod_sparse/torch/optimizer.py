@@ -92,7 +92,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
-                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scaler: Any) -> None:
+                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scale: Optional[LossScale]) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression
         self._sparse = isinstance(compression, Sparsifier)
@@ -104,7 +104,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
 
         self.nonfinite = nonfinite
-        self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
+        self._loss_scale = loss_scale
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first sparse group.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         #: ``(bad ranks, step, groups)`` of a step abandoned by synchronize() that step() has not
@@ -635,7 +635,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if op == hvd.Adasum:
         return hvd.DistributedOptimizer(optimizer, named_parameters, compression, backward_passes_per_step,
                                         op, gradient_predivide_factor, 0, groups, sparse_as_dense, process_set)
-    nonfinite = resolve_nonfinite(nonfinite, sparse)
+    nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
+    loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
     base = optimizer.__class__
     # hvd.broadcast_optimizer_state initialises a stateless optimizer by calling, on the ranks
     # without state, super(type(opt), opt).step() when it recognises its own optimizer by its
@@ -650,7 +651,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     cls = type(base.__name__, (initialising,), attributes)
     SparseDistributedOptimizer.register(cls)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scaler)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scale)
 
 
 __all__ = ["DistributedOptimizer", "SparseDistributedOptimizer"]
