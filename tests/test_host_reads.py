@@ -24,7 +24,10 @@ job = job_fixture("torch_host_reads.py", 2, CONFIGS)
 
 @pytest.mark.parametrize("method", method_names())
 def test_host_reads_per_step_within_the_budget(job, method):
+    """Within :data:`BUDGET`, and the accelerators' paths (run on the CPU) computing bitwise what
+    the host paths compute."""
     obs = Observed(job, method, 2)
     for rank, record in enumerate(obs.meta):
         assert record["groups"] == len(SHAPES)
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
         assert len(record["reads"]) <= BUDGET[method], (rank, len(record["reads"]), record["reads"])

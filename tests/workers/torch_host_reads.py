@@ -3,12 +3,14 @@
 Every method trains given gradients (``given_gradients.py``) through ``hs.DistributedOptimizer``
 with one group per tensor; after two steps (the state agreement and the first exchange are
 behind), one step's ``step()`` runs inside
-:func:`horovod_sparse.torch.selection.accelerator_paths` and :class:`tests.host_reads.HostReads`.
+:func:`horovod_sparse.torch.selection.accelerator_paths` and :class:`tests.host_reads.HostReads`;
+the same run on the host paths must give bitwise the same aggregates, residuals and statistics.
 The gradients are set, not backpropagated, so that ``step()`` launches every group's exchange
 itself, through the same code as the hooks (the autograd engine runs hooks outside Python's
-function modes, where nothing would be counted). Record per config: the reads' names and the
-number of groups.
+function modes, where nothing would be counted). Record per config: the reads' names, the
+number of groups and whether both paths agreed.
 """
+import contextlib
 from typing import Any, Dict
 
 import horovod.torch as hvd
@@ -21,20 +23,37 @@ from tests.workers.cli import configs_and_out, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 
 
-def count(config: Dict[str, Any]) -> Dict[str, Any]:
+def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
+    """Three steps; the last one's host reads (accelerators' paths ``forced`` on CPU tensors or
+    not), every step's aggregates and the final residuals."""
     params = make_params(config["shapes"], 5, torch.float32)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                   compression=hs.Compression.create(config["method"], **config["options"]),
                                   groups="tensor")
+    aggregates = []
     for step in range(3):
         opt.zero_grad()
         for p, g in zip(params, step_gradients(params, 5, step, hvd.rank())):
             p.grad = g  # no backward pass: step() launches every group itself, inside the count
-        with accelerator_paths(), HostReads() as reads:
+        with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads:
             opt.step()
+        aggregates.append([p.grad.clone() for p in params])
     assert opt.last_stats is not None and not any(g.dense for g in opt.last_stats.groups)
-    return {"reads": reads.names, "groups": len(opt.groups)}
+    return {"reads": reads.names, "groups": len(opt.groups), "aggregates": aggregates,
+            "residuals": list(opt.residuals().values()), "unions": [g.union for g in opt.last_stats.groups]}
+
+
+def count(config: Dict[str, Any]) -> Dict[str, Any]:
+    """The accelerators' paths' reads, and whether they computed bitwise what the host paths do
+    (aggregates, residuals, union statistics)."""
+    device, host = run(config, forced=True), run(config, forced=False)
+    same = (all(torch.equal(a, b) for step_a, step_b in zip(device["aggregates"], host["aggregates"])
+                for a, b in zip(step_a, step_b))
+            and all(torch.equal(a, b) for a, b in zip(device["residuals"], host["residuals"]))
+            and device["unions"] == host["unions"])
+    return {"reads": device["reads"], "host_path_reads": len(host["reads"]), "groups": device["groups"],
+            "same_as_host_paths": same}
 
 
 def main() -> None:
