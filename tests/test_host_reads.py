@@ -15,7 +15,7 @@ OPTIONS = {"density": 0.05, "min_numel": 0}
 #: check and one read of the union count when the step's statistics settle; per step: the
 #: agreement on non-finite gradients; and what each method's selection reads.
 #: The most of either rank (their selections differ: Gaussian-k's and DGC's retries depend on the data).
-BUDGET = {"topk": 7, "lags": 7, "threshold": 21, "dgc": 27, "gaussiank": 37, "gtopk": 19, "micro": 47, "exdyna": 47}
+BUDGET = {"topk": 7, "lags": 7, "threshold": 13, "dgc": 17, "gaussiank": 24, "gtopk": 19, "micro": 38, "exdyna": 38}
 CONFIGS = [{"method": m, "shapes": SHAPES, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})}}
            for m in method_names()]
 

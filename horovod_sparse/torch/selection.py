@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import numpy as np
 import torch
@@ -118,6 +118,8 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float,
                          strict: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`pick` and the ``|x|`` of what it picked; ``strict``: ``|x| > threshold`` instead."""
     reaches = torch.gt if strict else torch.ge
+    if on_accelerator(scanned.x):
+        return device_pick(scanned, threshold, reaches)
     hit = torch.nonzero(reaches(scanned.maxima, threshold)).squeeze(1)
     x, start, block, full = scanned.x, scanned.start, scanned.block, scanned.full_blocks
     has_tail = hit.numel() > 0 and int(hit[-1]) == full
@@ -137,6 +139,15 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float,
         found.append(in_tail + full * block)
         found_magnitudes.append(tail[in_tail])
     return torch.cat(found) + start, torch.cat(found_magnitudes)
+
+
+def device_pick(scanned: BlockScan, threshold: float,
+                reaches: Callable[[torch.Tensor, float], torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`pick_with_magnitudes` in one pass over the slice, for accelerators: the only host
+    read is the size of the result."""
+    magnitudes = scanned.x[scanned.start:scanned.end].abs()
+    found = torch.nonzero(reaches(magnitudes, threshold)).squeeze(1)
+    return found + scanned.start, magnitudes.take(found)
 
 
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
