@@ -1,8 +1,10 @@
-"""Step statistics: device phases settle when the step is finished, host phases at once."""
+"""Step statistics and ready times: device phases settle when the step is finished, host phases
+at once; a device clock's stamps become seconds when the step ends."""
 import json
 
 import torch
 
+from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.stats import GroupStats, StepStats, finish_step
 from horovod_sparse.torch.communicator import TorchCommunicator
 
@@ -35,3 +37,17 @@ def test_host_tensors_are_timed_on_the_host_at_once():
     with comm.timer("select"):
         torch.ones(10).sum()
     assert "select" in group.seconds and not group._pending
+
+
+def test_a_device_clocks_stamps_become_seconds_when_the_step_ends():
+    """Stamps stay opaque during the step (CUDA events on a GPU) and are read once, at its end."""
+    ticks = iter(range(10))
+    read = []
+    timeline = ReadyTimeline(lambda: ("stamp", next(ticks)), lambda stamp: read.append(stamp) or stamp[1] * 0.5)
+    timeline.group_ready("a")
+    timeline.param_ready(0)
+    timeline.group_ready("b")
+    assert read == []
+    record = timeline.end_step()
+    assert record.group_ready == {"a": 0.0, "b": 1.0} and record.backward_end == 0.5 and record.step_end == 1.5
+    assert record.backward_left() == {"a": 0.5, "b": 0.0}

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from horovod_sparse.common.validation import check_int
 
@@ -198,11 +198,17 @@ class ReadyTimeline:
     Consumers read :attr:`last`, the record of the latest finished step.
 
     Args:
-        clock: monotonic seconds; injectable so tests can drive time.
+        clock: monotonic seconds; injectable so tests can drive time. A device clock returns
+            stamps of its own (CUDA events: when the device got there, not when the host
+            launched the work) and gives ``seconds`` to read them.
+        seconds: a stamp of ``clock`` in seconds, called when the step ends (None: the stamps
+            are seconds).
     """
 
-    def __init__(self, clock: Clock = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], Any] = time.perf_counter,
+                 seconds: Optional[Callable[[Any], float]] = None) -> None:
         self._clock = clock
+        self._seconds = seconds
         self._current = StepTimeline()
         self._previous_end: Optional[float] = None
         self.last: Optional[StepTimeline] = None
@@ -229,6 +235,10 @@ class ReadyTimeline:
         """Close the step: its record becomes :attr:`last` and a new one starts."""
         record, self._current = self._current, StepTimeline()
         record.step_end = self._clock()
+        if self._seconds is not None:
+            record.group_ready = {name: self._seconds(stamp) for name, stamp in record.group_ready.items()}
+            record.backward_end = None if record.backward_end is None else self._seconds(record.backward_end)
+            record.step_end = self._seconds(record.step_end)
         if self._previous_end is not None:
             record.step_seconds = record.step_end - self._previous_end
         self._previous_end = record.step_end

@@ -36,6 +36,7 @@ from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_in
 from horovod_sparse.ddp.compression import Compression, DenseCompression
 from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.tensor_backend import all_finite
 
@@ -112,6 +113,7 @@ class State:
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
         #: When the buckets became ready, step after step (read by LAGS's adaptive rule).
         self.timeline = ReadyTimeline()
+        self._timeline_placed = False
         #: Synchronised steps so far (hooks run, ``no_sync`` passes not counted).
         self.steps = 0
         #: The statistics of the last step (``abandoned`` after a non-finite gradient).
@@ -128,6 +130,10 @@ class State:
         """Start the exchange of ``bucket``'s groups; the future completes once the last
         bucket's call finished the step. What :func:`hook` runs."""
         self.process_group.follow(bucket.buffer())
+        if not self._timeline_placed:  # the model's device is known from its first bucket on
+            self._timeline_placed = True
+            if bucket.buffer().is_cuda:
+                self.timeline = ready_timeline(bucket.buffer().device)
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])

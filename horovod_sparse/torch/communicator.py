@@ -10,15 +10,15 @@ Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collect
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.timing import timed
+from horovod_sparse.torch.device_timing import cuda_timed
 
 
 @dataclass
@@ -34,26 +34,6 @@ class Pending:
 def nbytes(tensor: torch.Tensor) -> int:
     """Payload size of ``tensor`` in bytes."""
     return tensor.numel() * tensor.element_size()
-
-
-@contextmanager
-def cuda_timed(stats: GroupStats, phase: str, device: torch.device) -> Iterator[None]:
-    """Time the enclosed block as ``device``'s current stream runs it, between two CUDA events:
-    the kernels it launched, not their launch, and no host synchronisation until the step is
-    finished (:meth:`GroupStats.settle` reads the events)."""
-    stream = torch.cuda.current_stream(device)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record(stream)
-    try:
-        yield
-    finally:
-        end.record(stream)
-
-        def seconds() -> float:
-            end.synchronize()
-            return start.elapsed_time(end) / 1e3
-
-        stats.add_pending_time(phase, seconds)
 
 
 class TorchCommunicator(CommunicatorBase):

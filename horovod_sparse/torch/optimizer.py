@@ -26,7 +26,7 @@ import torch
 from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
-from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.grouping import ParamInfo, form_groups
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
@@ -36,6 +36,7 @@ from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
+from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.tensor_backend import all_finite
 from horovod_sparse.methods.base import Sparsifier
@@ -125,7 +126,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._model = ModelState(compression, backend, process_set, None if mergecomp is None else MergeCompScheduler(
             mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend))
         #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
-        self.timeline = ReadyTimeline()
+        self.timeline = ready_timeline(ordered[0][1].device if ordered else torch.device("cpu"))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
         self._nonfinite_groups: List[str] = []
