@@ -1,6 +1,7 @@
 """The command line every worker takes: ``--configs FILE --out DIR`` (see tests/launch.run_configs)."""
 import argparse
 import json
+import os
 import runpy
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
@@ -26,6 +27,19 @@ def write_record(out: Path, name: str, rank: int, arrays: Dict[str, Any], record
 
     np.savez(out / f"{name}.rank{rank}.npz", **arrays)
     (out / f"{name}.rank{rank}.json").write_text(json.dumps(record))
+
+
+def init_torch_worker(reproducible_sums: bool = False) -> None:
+    """``hvd.init()`` for a PyTorch worker, one thread (several workers share the cores); with
+    ``reproducible_sums`` Horovod's tensor fusion is off (a fused buffer's boundaries depend on
+    timing and change the order in which a dense allreduce sums)."""
+    import horovod.torch as hvd
+    import torch
+
+    if reproducible_sums:
+        os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
+    hvd.init()
+    torch.set_num_threads(1)
 
 
 def init_tensorflow_worker(process_sets: Any = None) -> None:

@@ -17,7 +17,6 @@ Scenarios (one JSON record and one ``.npz`` per config and rank, the test assert
   same given gradients: the parameters after three steps (``strided_*`` / ``contiguous_*``)
   and whether every ``p.grad`` had ``p``'s strides after ``synchronize()``.
 """
-import os
 import warnings
 from typing import Any, Dict, List
 
@@ -27,7 +26,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests.amp_loop import regression_model, train
-from tests.workers.cli import configs_and_out, write_record
+from tests.workers.cli import configs_and_out, init_torch_worker, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 
 
@@ -142,9 +141,7 @@ def layout(config: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> Dict[str, A
 
 def main() -> None:
     configs, out = configs_and_out()
-    os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
-    hvd.init()
-    torch.set_num_threads(1)
+    init_torch_worker(reproducible_sums=True)
     for config in configs:
         arrays: Dict[str, np.ndarray] = {}
         record: Dict[str, Any] = {}

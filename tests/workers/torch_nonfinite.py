@@ -16,7 +16,6 @@ Records: ``{name}.rank{r}.json`` (per policy, per step: raised, warned, abandone
 Horovod's tensor fusion is off: the boundaries of a fused buffer depend on timing and change
 the order in which a dense allreduce sums, so two runs would differ in the last bit.
 """
-import os
 import warnings
 from typing import Any, Dict, List
 
@@ -26,7 +25,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from tests import nonfinite_faults as faults
-from tests.workers.cli import configs_and_out, write_record
+from tests.workers.cli import configs_and_out, init_torch_worker, write_record
 from tests.workers.torch_reliability import make_params
 
 
@@ -108,9 +107,7 @@ def reference(config: Dict[str, Any], arrays: Dict[str, np.ndarray]) -> None:
 
 def main() -> None:
     configs, out = configs_and_out()
-    os.environ["HOROVOD_FUSION_THRESHOLD"] = "0"
-    hvd.init()
-    torch.set_num_threads(1)
+    init_torch_worker(reproducible_sums=True)
     for config in configs:
         arrays: Dict[str, np.ndarray] = {}
         seen = {policy: faulted(config, policy, arrays) for policy in POLICIES}
