@@ -110,7 +110,8 @@ def amp_run(device: str, method: Optional[str], steps: int) -> List[Dict[str, An
     torch.manual_seed(5)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 4)).to(device)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    scaler = torch.amp.GradScaler(device, init_scale=2.0 ** 24, growth_interval=4)
+    kind = torch.device(device).type  # autocast and GradScaler take "cuda", not "cuda:1"
+    scaler = torch.amp.GradScaler(kind, init_scale=2.0 ** 24, growth_interval=4)
     if method is not None:
         ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS), loss_scaler=scaler),
                                hsd.hook)
@@ -121,7 +122,7 @@ def amp_run(device: str, method: Optional[str], steps: int) -> List[Dict[str, An
         x = torch.randn(32, 32, generator=generator).to(device)
         before = [p.detach().clone() for p in model.parameters()]
         opt.zero_grad()
-        with torch.autocast(device, dtype=torch.float16):
+        with torch.autocast(kind, dtype=torch.float16):
             loss = torch.nn.functional.mse_loss(ddp(x), x[:, :4] * 0.5)
         scale = scaler.get_scale()
         scaler.scale(loss).backward()
