@@ -12,8 +12,8 @@ sparse step, during warm-up) under ``nonfinite="raise"`` and ``"skip"``, and the
   gradients as the policy documents them (see the workers): the abandoned step keeps each
   healthy sparse gradient in its residual, drops the non-finite one, and the training after it
   continues exactly from there;
-* an abandoned step's aggregated gradients are NaN in PyTorch (so that a loss scaler sees the
-  overflow) and zero in TensorFlow, on every rank;
+* an abandoned step's aggregated gradients are NaN on every rank (so that a loss scaler sees
+  the overflow), in both front ends;
 * nothing is lost: the delivered updates plus the mean residual equal the mean of every
   gradient the policy keeps, to the float32 rounding bound of :func:`tests.checks.conservation_bound`.
 
@@ -101,9 +101,9 @@ def check_reference(obs: Observed, run: str) -> None:
 
 
 def check_conserved(obs: Observed, run: str, method: str, abandoned_fill: float) -> None:
-    """An abandoned step's aggregated gradients are ``abandoned_fill`` on every rank (PyTorch:
-    NaN, so a loss scaler sees the overflow; TensorFlow: zero) and deliver nothing; the delivered
-    updates plus the mean final residual equal the mean of the kept gradients."""
+    """An abandoned step's aggregated gradients are ``abandoned_fill`` on every rank (NaN in both
+    front ends, so a loss scaler sees the overflow) and deliver nothing; the delivered updates
+    plus the mean final residual equal the mean of the kept gradients."""
     last = faults.STEPS - 1
     for i in range(len(faults.SHAPES)):
         for rank, arrays in enumerate(obs.arrays):
@@ -137,7 +137,7 @@ def test_torch(torch_job, method, policy):
 def test_tensorflow(tf_job, config, api, policy):
     obs = Observed(tf_job, config["name"], faults.NP)
     run = f"{api}_{policy}"
-    check_run(obs, run, policy, config["method"], 0.0, traced=api == "tape_function")
+    check_run(obs, run, policy, config["method"], np.nan, traced=api == "tape_function")
     for rank, meta in enumerate(obs.meta):
         # The optimizer took no step (its iterations did not advance) where the reference took none.
         assert [seen["iterations"] for seen in meta[run]] == meta["reference_iterations"], f"rank {rank}"

@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import op_name
+from horovod_sparse.tensorflow.loss_scale import rescaled
 
 
 class FlatGroup:
@@ -52,9 +53,13 @@ class FlatGroup:
         parts = [tf.reshape(tf.convert_to_tensor(grads[i]), [-1]) for i in self.positions]
         return parts[0] if len(parts) == 1 else tf.concat(parts, axis=0)
 
-    def load_gradients(self, grads: Sequence[tf.Tensor]) -> tf.Tensor:
-        """``x = g + e``: the members' flat gradient plus the residual kept from earlier steps."""
-        return self._ensure_residual() + tf.cast(self.flatten(grads), self.dtype)
+    def load_gradients(self, grads: Sequence[tf.Tensor], loss_scale: Optional[tf.Tensor] = None) -> tf.Tensor:
+        """``x = g + e``: the members' flat gradient plus the residual kept from earlier steps.
+        With ``loss_scale`` (a float32 scalar) the gradient is first multiplied by its reciprocal,
+        as ``LossScaleOptimizer.get_unscaled_gradients`` unscales, so the residual and what the
+        method selects stay in the loss's own units."""
+        flat = tf.cast(self.flatten(grads), self.dtype)
+        return self._ensure_residual() + (flat if loss_scale is None else rescaled(flat, 1.0 / loss_scale))
 
     def store_residual(self, residual: tf.Tensor) -> None:
         """Keep ``residual`` for the next step."""

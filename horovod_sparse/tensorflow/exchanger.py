@@ -38,17 +38,23 @@ Reliability, as on the PyTorch side:
   rank, naming the ranks and settings that differ, before any exchange can hang.
 * **Non-finite gradients** (``nonfinite="raise"|"skip"``, sparse exchanges): each rank checks
   its gradients, and one allgather of one int32 per rank tells every rank whether any saw a
-  NaN/Inf, *before* anything is exchanged. If one did, nothing is exchanged: every returned
-  gradient is zero on every rank, each sparse group whose gradient is finite on this rank keeps
-  it in its residual (delivered later: nothing lost), a non-finite one never reaches the
-  residual, and dense groups (warm-up, ``min_numel``) are dropped. ``"raise"`` then raises
-  ``FloatingPointError`` on every rank, ``"skip"`` warns; ``last_stats.abandoned`` is True.
-  The Keras wrapper skips the optimizer update of such a step in eager mode; with a tape, skip
-  ``apply_gradients`` when ``tape.last_stats.abandoned`` (zero gradients leave the variables
-  unchanged under plain SGD, not under momentum or weight decay). Traced, the check is a
-  ``tf.cond`` and the policy runs in a ``tf.py_function``: ``"raise"`` surfaces as the
-  ``tf.errors`` error wrapping the ``FloatingPointError`` message, and the Keras update is
-  applied with the zero gradients.
+  NaN/Inf, *before* anything is exchanged. If one did, the step is abandoned: nothing is
+  exchanged, every returned gradient is NaN on every rank (as Horovod's allreduce of an
+  overflow: a LossScaleOptimizer sees it, skips the step and backs its scale off), each sparse
+  group whose gradient is finite on this rank keeps it in its residual (delivered later: nothing
+  lost), a non-finite one never reaches the residual, and dense groups (warm-up, ``min_numel``)
+  are dropped; ``last_stats.abandoned`` is True. The policy (``"raise"``: ``FloatingPointError``
+  on every rank; ``"skip"``: a warning) then acts where the step would be applied, as
+  ``step()`` does on the PyTorch side: the tape's ``gradient()`` (skip ``apply_gradients`` when
+  ``tape.last_stats.abandoned``), unless a dynamic LossScaleOptimizer was given to it
+  (``loss_scaler=``), which skips such steps itself; the Keras wrapper's ``apply_gradients``,
+  which then applies no update (eager and traced), and which a LossScaleOptimizer around it does
+  not call for such a step. Traced, the check is a ``tf.cond`` and the policy runs in a
+  ``tf.py_function``: ``"raise"`` surfaces as the ``tf.errors`` error wrapping the
+  ``FloatingPointError`` message.
+* **Loss scaling**: given the loss scale (:mod:`horovod_sparse.tensorflow.loss_scale`), each
+  sparse group's gradient is divided by it as it enters the residual and the aggregate
+  multiplied by it again, so methods and residuals work in the loss's own units.
 * **Exact resume**: :meth:`GradientExchanger.state_dict` / :meth:`~GradientExchanger.load_state_dict`
   carry residuals, step counters, MergeComp's grouping and per-group sparsifier state as
   NumPy/Python objects; loaded
@@ -84,6 +90,7 @@ from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, nbytes, phase_timer
 from horovod_sparse.tensorflow.elastic import refuse_elastic
+from horovod_sparse.tensorflow.loss_scale import ScaleReader, rescaled, scale_of
 from horovod_sparse.methods.base import Sparsifier, Step
 
 
@@ -196,18 +203,34 @@ class GradientExchanger:
             whose behaviour is Horovod's).
         backward_passes_per_step: the Keras wrapper's local aggregation; it only enters the
             configuration every rank must agree on.
+        loss_scaler: the ``tf.keras.mixed_precision.LossScaleOptimizer`` whose scaled loss the
+            gradients come from (the tape's argument), or None: its scale is divided out of
+            the residuals (:mod:`horovod_sparse.tensorflow.loss_scale`), and a dynamic one takes
+            the ``nonfinite`` policy's place (it skips an abandoned step and backs off). With a
+            sparsifier and a loss scaler (also one found around the Keras wrapper, at its first
+            exchange) ``nonfinite=None`` raises ``ValueError``: overflows would put Inf into the
+            residuals for good.
+
+    Attributes:
+        loss_scale: reads the loss scale of the gradients exchanged (None: not scaled); the
+            Keras wrapper makes it read the scale of a LossScaleOptimizer wrapping it.
+        reports_in: where the ``nonfinite`` policy acts on an abandoned step: ``"exchange"``
+            (as the exchange returns, the tape's ``gradient()``), ``"apply"`` (the Keras
+            wrapper's ``apply_gradients``, through :meth:`take_abandoned` and
+            :meth:`report_abandoned`) or None (a dynamic ``loss_scaler`` skips such steps).
     """
 
     def __init__(self, name: str, compression: Any, sparse_as_dense: bool = False, op: Any = hvd.Average,
                  gradient_predivide_factor: float = 1.0, groups: Any = None,
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
                  device_sparse: str = "", stats_log: Optional[IO[str]] = None,
-                 nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1) -> None:
+                 nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1,
+                 loss_scaler: Any = None) -> None:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
                                 gradient_predivide_factor, "tensorflow")
-        self.nonfinite = resolve_nonfinite(nonfinite, self.sparse)
+        self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)
         if self.nonfinite is not None and not self.sparse:
             raise ValueError(f"nonfinite={self.nonfinite!r} needs a horovod_sparse sparsifier as compression; "
                              "Horovod's dense compressors keep Horovod's own behaviour (nonfinite=None)")
@@ -229,7 +252,13 @@ class GradientExchanger:
         self._last_layout: Optional[Layout] = None
         #: Checkpointed layouts not yet matched by a variable list (see :meth:`load_state_dict`).
         self._pending_layouts: List[Dict[str, Any]] = []
-        self._skip_apply = False
+        self.loss_scale: ScaleReader = scale_of(loss_scaler) if loss_scaler is not None else lambda: None
+        self.reports_in: Optional[str] = None if loss_scaler is not None and loss_scaler.dynamic else "exchange"
+        #: ``(bad ranks, step, this rank's affected groups)`` of the last abandoned exchange, for
+        #: :meth:`report_abandoned`; and whether the gradients of the last exchange were abandoned
+        #: (a variable, so that a traced ``apply_gradients`` can read it: :meth:`take_abandoned`).
+        self._abandoned_report: Optional[Tuple[List[int], int, List[str]]] = None
+        self._abandoned: Optional[tf.Variable] = None
         self.last_stats: Optional[StepStats] = None
         #: The clock of the timelines of variable lists exchanged from now on (monotonic seconds;
         #: tests give a virtual one, as PyTorch's ``opt.timeline = ReadyTimeline(clock)``).
@@ -261,11 +290,29 @@ class GradientExchanger:
         layout = self._last_layout
         return {} if layout is None else {g.name: g.residual_value() for g in layout.groups}
 
-    def take_skip_apply(self) -> bool:
-        """True once after an eager exchange that was abandoned (non-finite gradient on some
-        rank): the Keras wrapper then skips that step's update."""
-        skip, self._skip_apply = self._skip_apply, False
-        return skip
+    def _abandoned_flag(self) -> tf.Variable:
+        """Whether the last exchange was abandoned, created on first use outside any ``tf.function``."""
+        if self._abandoned is None:
+            with tf.init_scope():
+                self._abandoned = tf.Variable(False, trainable=False, name="hs_abandoned")
+        return self._abandoned
+
+    def take_abandoned(self) -> Any:
+        """Whether the gradients of the last exchange were abandoned (a bool; a boolean tensor
+        inside a ``tf.function``), then forgets it: the Keras wrapper asks once per update, and
+        then applies no update and calls :meth:`report_abandoned`."""
+        flag = self._abandoned_flag()
+        abandoned = flag.read_value()
+        if tf.executing_eagerly():
+            abandoned = bool(abandoned)
+        flag.assign(False)
+        return abandoned
+
+    def report_abandoned(self) -> None:
+        """Apply the ``nonfinite`` policy to the last abandoned exchange (``reports_in="apply"``):
+        raise ``FloatingPointError`` (``"raise"``) or warn (``"skip"``)."""
+        assert self.nonfinite is not None and self._abandoned_report is not None
+        apply_nonfinite_policy(self.nonfinite, *self._abandoned_report)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -371,7 +418,8 @@ class GradientExchanger:
         sizes and dtypes count there. Collective."""
         layout.model.require_same_configuration(
             {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
-             "nonfinite": self.nonfinite, "sparse_as_dense": self.sparse_as_dense,
+             "nonfinite": self.nonfinite, "nonfinite_reported_in": self.reports_in,
+             "sparse_as_dense": self.sparse_as_dense,
              "backward_passes_per_step": self.backward_passes_per_step},
             [(g.name if self.sparse else str(g.index), g.numel, g.dtype.name, [s.as_list() for s in g.shapes])
              for g in layout.groups])
@@ -491,15 +539,23 @@ class GradientExchanger:
             return results
         kept = [self._dense_gradient(grads[i], sources[i]) for i in positions]
         layout = self._layout(kept, [sources[i] for i in positions])
+        loss_scale = self.loss_scale()
+        if loss_scale is not None:
+            # A LossScaleOptimizer around the Keras wrapper, found only now: refused without a
+            # policy, as the tape's loss_scaler= is at construction.
+            resolve_nonfinite(self.nonfinite, self.sparse, scaled=True)
         if layout.host and not eager:
-            exchanged = self._host_step(kept, layout)
+            exchanged, abandoned = self._host_step(kept, layout, loss_scale)
         else:
-            exchanged = self._sparse_step(kept, layout, traced=not eager)
+            exchanged, abandoned = self._sparse_step(kept, layout, loss_scale)
+        if self.reports_in == "apply" and self.nonfinite is not None:
+            self._abandoned_flag().assign(abandoned)
         for position, value in zip(positions, exchanged):
             results[position] = value
         return results
 
-    def _host_step(self, kept: List[tf.Tensor], layout: Layout) -> List[tf.Tensor]:
+    def _host_step(self, kept: List[tf.Tensor], layout: Layout,
+                   loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], tf.Tensor]:
         """:meth:`_sparse_step` as eager mode runs it, in one ``tf.py_function`` that runs it,
         collectives included, each time the traced step runs: for a layout whose method decides
         on the host (``Sparsifier.host_exchange``) or whose groups change between steps
@@ -507,77 +563,87 @@ class GradientExchanger:
         op, ordered by the function's automatic control dependencies), so ranks cannot block
         each other on two of them."""
 
-        def run(*grads: tf.Tensor) -> List[tf.Tensor]:
-            return self._sparse_step(list(grads), layout, traced=True)
+        def run(*inputs: tf.Tensor) -> List[Any]:
+            exchanged, abandoned = self._sparse_step(list(inputs[:len(kept)]), layout,
+                                                     None if loss_scale is None else inputs[-1])
+            return [*exchanged, abandoned]
 
-        results = tf.py_function(run, inp=kept, Tout=[g.dtype for g in kept], name="horovod_sparse_host_step")
+        *results, abandoned = tf.py_function(run, inp=kept if loss_scale is None else [*kept, loss_scale],
+                                             Tout=[*(g.dtype for g in kept), tf.bool], name="horovod_sparse_host_step")
         for result, grad in zip(results, kept):
             result.set_shape(grad.shape)
-        return results
+        return results, abandoned
 
-    def _sparse_step(self, kept: List[tf.Tensor], layout: Layout, traced: bool) -> List[tf.Tensor]:
-        """One counted step of ``layout``: the exchange, behind the non-finite check when
-        ``nonfinite`` is set. ``traced``: part of a ``tf.function`` (run in the graph, or on the
-        host by :meth:`_host_step`)."""
+    def _sparse_step(self, kept: List[tf.Tensor], layout: Layout,
+                     loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], Any]:
+        """One counted step of ``layout`` on gradients carrying the loss scale ``loss_scale``
+        (None: unscaled): the exchange, behind the non-finite check when ``nonfinite`` is set.
+        Returns the aggregated gradients and whether the step was abandoned (a bool, or a
+        boolean tensor when traced)."""
         counter = layout.step_counter()
         step: Step = int(counter.numpy()) if tf.executing_eagerly() else counter.read_value()
         if self.nonfinite is not None:
-            return self._exchange_if_finite(kept, layout, step, counter, traced)
-        exchanged = self._exchange_step(kept, layout, step)
+            return self._exchange_if_finite(kept, layout, step, counter, loss_scale)
+        exchanged = self._exchange_step(kept, layout, step, loss_scale)
         counter.assign_add(1)
-        return exchanged
+        return exchanged, False
 
-    def _exchange_step(self, kept: List[tf.Tensor], layout: Layout, step: Step) -> List[tf.Tensor]:
+    def _exchange_step(self, kept: List[tf.Tensor], layout: Layout, step: Step,
+                       loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
         """:meth:`_exchange_groups`, dense during warm-up: decided in Python on the host; when
         traced with ``warmup_steps`` both paths are traced, each inside a ``tf.cond`` branch
         (every rank takes the same branch)."""
         warmup = self.compression.options.warmup_steps
         if isinstance(step, int):
-            return self._exchange_groups(kept, layout, step, warm=self._dense_step(layout, step))
+            return self._exchange_groups(kept, layout, step, self._dense_step(layout, step), loss_scale)
         if warmup:
-            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, warm=True),
-                           lambda: self._exchange_groups(kept, layout, step, warm=False))
-        return self._exchange_groups(kept, layout, step, warm=False)
+            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, True, loss_scale),
+                           lambda: self._exchange_groups(kept, layout, step, False, loss_scale))
+        return self._exchange_groups(kept, layout, step, False, loss_scale)
 
-    def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step,
-                            counter: tf.Variable, traced: bool) -> List[tf.Tensor]:
+    def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step, counter: tf.Variable,
+                            loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], Any]:
         """The step's exchange if no rank has a non-finite gradient, else :meth:`_abandon`;
-        counts the step, then applies the ``nonfinite`` policy (see the module docstring)."""
+        counts the step, then reports it (:meth:`_report_nonfinite`). Returns the gradients and
+        whether the step was abandoned: the report's answer (traced: its ``tf.py_function``'s
+        output, so that whatever reads it, :meth:`take_abandoned`, runs after the report)."""
         finite = [tf.reduce_all([_all_finite(kept[p]) for p in group.positions])
                   for group in layout.groups]
         local = tf.reshape(tf.cast(tf.logical_not(tf.reduce_all(finite)), tf.int32), [1])
         flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, process_set=self.process_set)
         if isinstance(step, int):
             if bool(tf.reduce_any(flags > 0)):
-                exchanged = self._abandon(kept, layout, step, finite)
+                exchanged = self._abandon(kept, layout, step, finite, loss_scale)
             else:
-                exchanged = self._exchange_step(kept, layout, step)
+                exchanged = self._exchange_step(kept, layout, step, loss_scale)
         else:
-            exchanged = tf.cond(tf.reduce_any(flags > 0), lambda: self._abandon(kept, layout, step, finite),
-                                lambda: self._exchange_step(kept, layout, step))
+            exchanged = tf.cond(tf.reduce_any(flags > 0),
+                                lambda: self._abandon(kept, layout, step, finite, loss_scale),
+                                lambda: self._exchange_step(kept, layout, step, loss_scale))
         counter.assign_add(1)
-        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups], not traced)
+        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups])
         if isinstance(step, int):
-            report(flags, tf.stack(finite), step)
-        else:
-            tf.py_function(report, inp=[flags, tf.stack(finite), step], Tout=[], name="horovod_sparse_nonfinite")
-        return exchanged
+            return exchanged, report(flags, tf.stack(finite), step)
+        return exchanged, tf.py_function(report, inp=[flags, tf.stack(finite), step], Tout=tf.bool,
+                                         name="horovod_sparse_nonfinite")
 
-    def _abandon(self, kept: List[tf.Tensor], layout: Layout, step: Step, finite: List[tf.Tensor]) -> List[tf.Tensor]:
-        """An abandoned step: nothing is exchanged and every gradient returned is zero; each
-        sparse group finite on this rank adds its gradient to its residual, the others keep
-        their residual as it was."""
+    def _abandon(self, kept: List[tf.Tensor], layout: Layout, step: Step, finite: List[tf.Tensor],
+                 loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
+        """An abandoned step: nothing is exchanged and every gradient returned is NaN (so a loss
+        scaler sees the overflow, as after Horovod's allreduce of one); each sparse group finite
+        on this rank adds its gradient (divided by ``loss_scale``) to its residual, the others
+        keep their residual as it was."""
         warm = self._dense_step(layout, step)
         for group in layout.groups:
             if group.numel < self.compression.options.min_numel:
                 continue  # exchanged densely: this step's gradient is dropped
             before = group.residual_value()
-            x = group.load_gradients(kept)
+            x = group.load_gradients(kept, loss_scale)
             group.store_residual(tf.where(tf.logical_and(finite[group.index], tf.logical_not(warm)), x, before))
         recording.publish(StepStats(step=step, abandoned=True), self._record)
         if isinstance(step, int):
             self._end_step(layout)
-        return [tf.zeros_like(g) for g in kept]
+        return [tf.fill(g.shape, tf.constant(np.nan, g.dtype)) for g in kept]
 
     def _dense_step(self, layout: Layout, step: Step) -> Any:
         """Whether every group of ``layout`` is exchanged dense at ``step``: warm-up, or the
@@ -594,22 +660,28 @@ class GradientExchanger:
                               lambda group, factor: group.store_residual(group.residual_value() * factor),
                               functools.partial(self._use_groups, layout))
 
-    def _report_nonfinite(self, names: List[str], eager: bool, flags: Any, finite: Any, step: Any) -> None:
-        """Apply the ``nonfinite`` policy when some rank (``flags[r]``: rank r saw a NaN/Inf)
-        had a non-finite gradient; ``finite[i]``: whether group ``names[i]`` is finite here.
-        After an eager ``"skip"`` the next Keras update is skipped (:meth:`take_skip_apply`)."""
+    def _report_nonfinite(self, names: List[str], flags: Any, finite: Any, step: Any) -> bool:
+        """Whether some rank had a non-finite gradient (``flags[r]``: rank r saw a NaN/Inf;
+        ``finite[i]``: whether group ``names[i]`` is finite here). If one had, keep the report
+        for :meth:`report_abandoned` and, with ``reports_in="exchange"``, apply the
+        ``nonfinite`` policy now."""
         bad_ranks = [rank for rank, flag in enumerate(np.asarray(flags)) if flag]
         if not bad_ranks:
-            return
+            return False
         assert self.nonfinite is not None
-        self._skip_apply = eager and self.nonfinite == "skip"
         groups = [name for name, ok in zip(names, np.asarray(finite)) if not ok]
-        apply_nonfinite_policy(self.nonfinite, bad_ranks, int(np.asarray(step)), groups)
+        self._abandoned_report = (bad_ranks, int(np.asarray(step)), groups)
+        if self.reports_in == "exchange":
+            apply_nonfinite_policy(self.nonfinite, *self._abandoned_report)
+        return True
 
-    def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool) -> List[tf.Tensor]:
-        """One step's exchange of the (non-None) gradients ``kept``: every group sparsely, except
-        those below ``min_numel`` and, with ``warm``, all of them (warm-up), which take Horovod's
-        dense allreduce. Stores the residuals and publishes the statistics; returns the
+    def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool,
+                         loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
+        """One step's exchange of the (non-None) gradients ``kept``, which carry the loss scale
+        ``loss_scale`` (None: unscaled): every group sparsely, in the loss's own units (divided
+        by ``loss_scale`` into the residual, the aggregate multiplied by it again), except those
+        below ``min_numel`` and, with ``warm``, all of them (warm-up), which take Horovod's dense
+        allreduce as they are. Stores the residuals and publishes the statistics; returns the
         aggregated gradients, in ``kept``'s order."""
         results = list(kept)
         stats = StepStats(step=step)
@@ -632,7 +704,7 @@ class GradientExchanger:
                 with tf.init_scope():
                     state = layout.model.method_state(group, size)
                 with phase_timer(group_stats, "flatten"):
-                    x = group.load_gradients(kept)
+                    x = group.load_gradients(kept, loss_scale)
                 # The index keeps collective names distinct after op-name normalisation.
                 comm = Communicator(self.process_set, f"{group.index}.{group.name}", group_stats, scale, anchor=x)
                 group_stats.target = self.compression.count(group.numel, step)
@@ -642,6 +714,8 @@ class GradientExchanger:
             self._exchange_dense_groups(dense_groups, kept, results, stats)
             for flight in inflight:
                 update, residual = flight.finish()
+                if loss_scale is not None:
+                    update = rescaled(update, loss_scale)
                 if not tf.executing_eagerly():
                     # A graph prunes ops whose outputs are unused, and a collective one rank prunes
                     # (say an alltoall that receives nothing there) would hang the other ranks.
@@ -696,18 +770,20 @@ def _groups_key(groups: Any) -> Any:
 def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any,
                      gradient_predivide_factor: float, groups: Any, process_set: hvd.ProcessSet,
                      device_dense: str, device_sparse: str, stats_log: Optional[IO[str]],
-                     nonfinite: Optional[str]) -> GradientExchanger:
+                     nonfinite: Optional[str], loss_scaler: Any = None) -> GradientExchanger:
     """The exchanger for these arguments, created once per process and reused.
 
     A training loop wraps a new ``tf.GradientTape`` every step; the residuals must outlive it.
     As Horovod caches its allreduce function by its arguments, the exchanger is cached by
     them (within it, residuals are keyed by the variable list, so two models never share one).
+    The stream and the loss scaler count by identity (the exchanger keeps them alive).
     """
     key = (name, _compression_key(compression), sparse_as_dense, op, gradient_predivide_factor,
-           _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log), nonfinite)
+           _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log), nonfinite,
+           id(loss_scaler))
     exchanger = _EXCHANGERS.get(key)
     if exchanger is None:
         exchanger = _EXCHANGERS[key] = GradientExchanger(
             name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
-            device_dense, device_sparse, stats_log, nonfinite)
+            device_dense, device_sparse, stats_log, nonfinite, loss_scaler=loss_scaler)
     return exchanger

@@ -11,6 +11,19 @@ reused, with the gradient reduction replaced by a
 :class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger`. With ``Compression.none`` /
 ``Compression.fp16`` that reduction *is* Horovod's. Residuals live in the exchanger, which is
 shared by every tape built with the same arguments, so wrapping a new tape each step keeps them.
+
+Mixed precision with a ``tf.keras.mixed_precision.LossScaleOptimizer`` ``opt`` (Keras' recipe,
+with the scaler handed to the tape)::
+
+    with tf.GradientTape() as tape:
+        loss = loss_fn(model(x), y)
+        scaled = opt.get_scaled_loss(loss)
+    tape = hs.DistributedGradientTape(tape, compression=..., loss_scaler=opt)
+    grads = opt.get_unscaled_gradients(tape.gradient(scaled, model.trainable_variables))
+    opt.apply_gradients(zip(grads, model.trainable_variables))   # skips an overflow, backs off
+
+An overflow on any rank gives NaN gradients on every rank, so ``opt`` skips the step and halves
+its scale as with ``hvd.DistributedGradientTape``, and the residuals keep unscaled values.
 """
 from __future__ import annotations
 
@@ -66,7 +79,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             process_set: hvd.ProcessSet = hvd.global_process_set,
                             scale_local_gradients: bool = True,
                             stats_log: Optional[IO[str]] = None,
-                            nonfinite: Optional[str] = "default") -> tf.GradientTape:
+                            nonfinite: Optional[str] = "default", loss_scaler: Any = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so ``gradient()`` returns gradients exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -90,12 +103,25 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         process_set: the Horovod process set to reduce over.
         scale_local_gradients: scale the gradients of registered local sources by 1/size.
         stats_log: optional text stream; one JSON line of statistics per exchange.
-        nonfinite: what a NaN/Inf gradient on any rank does (sparsifiers only): ``"raise"``
-            (default with a sparsifier): every rank raises ``FloatingPointError`` from
-            ``gradient()``; ``"skip"``: every rank warns and gets zero gradients. Either way the
-            step is abandoned everywhere: nothing is exchanged, residuals stay finite and keep
-            each healthy rank's gradient, ``last_stats.abandoned`` is True. ``None``: no check
-            (the default, and only choice, with Horovod's dense compressors).
+        nonfinite: what a NaN/Inf gradient on any rank does (sparsifiers only). Whatever the
+            policy, the step is abandoned everywhere: nothing is exchanged, residuals stay
+            finite and keep each healthy rank's gradient, every gradient returned is NaN on
+            every rank (as after Horovod's allreduce of an overflow) and ``last_stats.abandoned``
+            is True. Then ``"raise"`` (default with a sparsifier): every rank raises
+            ``FloatingPointError`` from ``gradient()``; ``"skip"``: every rank warns (skip
+            ``apply_gradients`` then). With a dynamic ``loss_scaler`` neither: the
+            LossScaleOptimizer skips the step and backs off its scale, as with Horovod's tape.
+            ``None``: no check (the default, and only choice, with Horovod's dense compressors;
+            refused with a sparsifier and a ``loss_scaler``, whose overflows would put Inf into
+            the residuals for good).
+        loss_scaler: the ``tf.keras.mixed_precision.LossScaleOptimizer`` whose
+            ``get_scaled_loss`` the differentiated loss comes from (mixed precision). Each
+            gradient is divided by its current scale as it enters the residual and the
+            aggregate multiplied by it again, so the method selects, and error feedback keeps,
+            values in the loss's own units: a scale change loses nothing. A dynamic one (the
+            default) takes the ``nonfinite`` policy's place. Without it, a loss scaler still
+            sees NaN gradients on an overflow, but ``"raise"`` raises first, and the residuals
+            carry each step's scale.
 
     Returns:
         A tape of the same class as ``gradtape`` (dynamically subclassed, as Horovod does), with
@@ -104,15 +130,17 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 
     Raises:
         ValueError: at the first exchange of a variable list, on every rank, when the ranks'
-            configurations (compression, options, op, groups, dtypes) differ, naming the rank
-            and setting.
+            configurations (compression, options, op, groups, dtypes, whether a dynamic
+            ``loss_scaler`` was given) differ, naming the rank and setting.
+        ValueError: ``nonfinite=None`` with a sparsifier and a ``loss_scaler``.
+        TypeError: ``loss_scaler`` is not a LossScaleOptimizer.
     """
     groups = merge_num_groups(num_groups, groups)
     if isinstance(groups, (int, float)) and not groups > 0:  # other types: form_groups names the forms taken
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
-                                 stats_log, nonfinite)
+                                 stats_log, nonfinite, loss_scaler)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables,
                process_set, scale_local_gradients)
@@ -126,7 +154,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    local_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
                                    scale_local_gradients: bool = True,
                                    stats_log: Optional[IO[str]] = None,
-                                   nonfinite: Optional[str] = "default") -> tf.GradientTape:
+                                   nonfinite: Optional[str] = "default", loss_scaler: Any = None) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers`` keep their gradients local (not
     exchanged), as ``hvd.PartialDistributedGradientTape``."""
     if local_layers is None:
@@ -137,7 +165,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
-                                   scale_local_gradients, stats_log, nonfinite)
+                                   scale_local_gradients, stats_log, nonfinite, loss_scaler)
     for layer in local_layers:
         for variable in layer.trainable_weights:
             tape.register_local_source(variable)

@@ -21,6 +21,14 @@ decay and clipping act on the aggregated gradient, as in every reference impleme
 method works either way (see :mod:`horovod_sparse.tensorflow.exchanger` for the methods whose
 exchange runs on the host inside the traced step).
 
+Mixed precision is Keras' own: wrap this optimizer in a LossScaleOptimizer
+(``tf.keras.mixed_precision.LossScaleOptimizer(hsk.DistributedOptimizer(...))``, or let
+``model.compile`` wrap it under the ``mixed_float16`` policy). An overflow on any rank gives NaN
+gradients on every rank, so the LossScaleOptimizer skips the step and halves its scale as around
+Horovod's wrapper (it never calls this optimizer's ``apply_gradients`` then, so the ``nonfinite``
+policy never acts), and the scale of a dynamic one is divided out of the residuals
+(:mod:`horovod_sparse.tensorflow.loss_scale`).
+
 Horovod's callbacks work unchanged and are re-exported as :mod:`callbacks`
 (``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,
 ``LearningRateScheduleCallback``, ``BestModelCheckpoint``): the residuals are per-rank state and
@@ -40,6 +48,7 @@ from horovod_sparse.common.arguments import check_backward_passes, merge_num_gro
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
+from horovod_sparse.tensorflow.loss_scale import tracked_scale
 
 
 def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optional[str] = None,
@@ -60,10 +69,13 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     also be ``"tensor"`` / ``"model"`` / ``"size:N"`` / ``"mergecomp"`` (or a ``MergeCompOptions``)
     with one, and ``stats_log`` is an optional
     text stream receiving one JSON line of statistics per exchange. ``nonfinite`` is the NaN/Inf
-    policy of :func:`horovod_sparse.tensorflow.DistributedGradientTape`; in eager mode
-    (``run_eagerly=True``) an abandoned step also skips the optimizer's update (and its
-    ``iterations``), so the variables and the optimizer state stay as they were; traced, the
-    zero gradients are applied (see :mod:`horovod_sparse.tensorflow.exchanger`).
+    policy of :func:`horovod_sparse.tensorflow.DistributedGradientTape`, acting where the step
+    would be applied, as ``step()`` does in PyTorch: the gradients of an abandoned step are NaN
+    on every rank, and ``apply_gradients`` of them applies no update (nor ``iterations``), eager
+    or traced, so the variables and the optimizer state stay as they were, then raises
+    ``FloatingPointError`` (``"raise"``; traced, a ``tf.errors`` error carrying its message) or
+    warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
+    (see the module docstring).
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -91,7 +103,11 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
 
 
 def _install(optimizer: Any, exchanger: GradientExchanger) -> None:
-    """Make ``exchanger`` the gradient reduction of Horovod's wrapper ``optimizer``."""
+    """Make ``exchanger`` the gradient reduction of Horovod's wrapper ``optimizer``, reading the
+    loss scale of a LossScaleOptimizer that wraps it, with the ``nonfinite`` policy acting in
+    ``apply_gradients``."""
+    exchanger.loss_scale = tracked_scale(optimizer)
+    exchanger.reports_in = "apply"
     optimizer._allreduce_grads = exchanger
     helper = optimizer._agg_helper
     if helper is not None:
@@ -106,10 +122,26 @@ def _install(optimizer: Any, exchanger: GradientExchanger) -> None:
     apply_gradients = cls.apply_gradients
 
     def apply_gradients_unless_abandoned(self: Any, *args: Any, **kwargs: Any) -> Any:
-        """Horovod's ``apply_gradients``, skipped after an abandoned eager exchange."""
-        if self.exchanger.take_skip_apply():
-            return self.iterations
-        return apply_gradients(self, *args, **kwargs)
+        """Horovod's ``apply_gradients``, unless the gradients' exchange was abandoned: then no
+        update, and the ``nonfinite`` policy (raise or warn). Traced, a ``tf.cond`` decides."""
+        exchanger = self.exchanger
+        if exchanger.nonfinite is None:
+            return apply_gradients(self, *args, **kwargs)
+        abandoned = exchanger.take_abandoned()
+        if not tf.is_tensor(abandoned):
+            if abandoned:
+                exchanger.report_abandoned()
+                return self.iterations
+            return apply_gradients(self, *args, **kwargs)
+
+        def report() -> None:
+            tf.py_function(exchanger.report_abandoned, inp=[], Tout=[], name="horovod_sparse_abandoned")
+
+        def apply() -> None:
+            apply_gradients(self, *args, **kwargs)
+
+        tf.cond(abandoned, report, apply)
+        return self.iterations
 
     cls.apply_gradients = apply_gradients_unless_abandoned
 

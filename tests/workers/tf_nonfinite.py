@@ -57,7 +57,8 @@ def record(arrays: Dict[str, np.ndarray], run: str, step: int, trainer: Trainer,
         arrays[f"{run}_param_{step}_{i}"] = v.numpy()
         arrays[f"{run}_residual_{step}_{i}"] = residuals[i]
         if grads is not None:
-            arrays[f"{run}_grad_{step}_{i}"] = np.zeros(v.shape, np.float32) if grads is False else grads[i].numpy()
+            delivered = np.full(v.shape, np.nan, np.float32) if grads is False else grads[i].numpy()
+            arrays[f"{run}_grad_{step}_{i}"] = delivered
 
 
 def faulted(config: Dict[str, Any], api: str, policy: str, arrays: Dict[str, np.ndarray]) -> List[Dict[str, Any]]:
@@ -66,7 +67,7 @@ def faulted(config: Dict[str, Any], api: str, policy: str, arrays: Dict[str, np.
     steps = []
     for step in range(faults.STEPS):
         seen: Dict[str, Any] = {"raised": None}
-        grads: Any = False  # nothing delivered when the step raised
+        grads: Any = False  # nothing delivered when the step raised: recorded as NaN, as abandoned
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
