@@ -42,7 +42,9 @@ def apply_nonfinite_policy(policy: str, bad_ranks: Sequence[int], step: int, gro
                "abandoned on every rank: no update, replicas unchanged, finite gradients kept in the "
                "residuals.")
     if policy == "raise":
-        raise FloatingPointError(message + " Lower the learning rate, pass nonfinite='skip' to skip such "
-                                 "steps with a warning, or, with mixed precision, let the loss scaler skip "
-                                 "them (PyTorch: pass loss_scaler=scaler).")
+        raise FloatingPointError(message + " With mixed precision, let the loss scaler skip such steps: pass "
+                                 "loss_scaler=<your GradScaler> (PyTorch) or <your LossScaleOptimizer> "
+                                 "(TensorFlow's DistributedGradientTape; a Keras LossScaleOptimizer around the "
+                                 "wrapper is found by itself). Otherwise lower the learning rate, or pass "
+                                 "nonfinite='skip' to skip such steps with a warning.")
     warnings.warn(message, RuntimeWarning, stacklevel=2)
