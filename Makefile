@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo lint test
+.PHONY: install demo lint test mutations
 
 install:
 	bash scripts/install.sh
@@ -25,3 +25,9 @@ lint: install
 
 test: lint
 	$(PY) -m pytest -q tests $(ARGS)
+
+# The mutation check (not part of `make test`): every break of scripts/mutations.py applied to a
+# copy of HEAD in turn, its tests run there; prints caught or survived (and by which test) per
+# break and exits non-zero when one survives (`ARGS="--only NAME ..."`, `--list`, `--jobs N`).
+mutations: install
+	$(PY) scripts/mutations.py --results results/mutations.json $(ARGS)

@@ -1,0 +1,772 @@
+#!/usr/bin/env python
+"""The mutation check: does the test suite still catch realistic breaks of the package?
+
+Each entry of :data:`MUTATIONS` is one named, realistic break: a small textual patch (a file, a
+piece of today's code that must occur exactly once in it, and its replacement) and the pytest
+selection that should catch it (test files, node ids, ``-k`` filters: as small as the guarantee
+allows, so the whole check runs in reasonable time). For each break in turn the script
+
+1. copies the tree (``git archive HEAD`` by default, ``--source worktree`` for the working tree
+   with its uncommitted and untracked files; ``.venv`` and ``.git`` are never copied: the tests
+   run with this checkout's ``.venv/bin/python -m pytest``),
+2. applies the patch to the copy (a break whose text is gone or repeated fails the whole run
+   loudly: ``stale mutation NAME``; so does one that no longer compiles),
+3. for breaks that hang a job (a rank skipping a collective), lowers the suite's hang guard
+   (``tests/launch.py`` ``HANG_TIMEOUT``) in the copy, so the hang fails the test in bounded time,
+4. runs its selection in the copy (``-x -q``, ``OMP_NUM_THREADS=1``, a time limit per break) and
+   reports *caught* (some test failed: the first failing node id is named) or *survived*.
+
+The workers of the multi-process tests import the copy's package (``tests/launch.py`` puts the
+copy's root on ``PYTHONPATH``; the pytest process imports it from its root directory): the script
+checks that once before the first break and prints where ``horovod_sparse`` is imported from.
+
+    make mutations                                 # every break, results in results/mutations.json
+    python scripts/mutations.py --list             # the breaks and their selections
+    python scripts/mutations.py --only torch-pick-strict tf-average-scale-dropped
+    python scripts/mutations.py --check            # only that every break still applies
+    python scripts/mutations.py --baseline         # the selections must pass on the unbroken copy
+
+Exit status: 0 when every break run was caught, 1 when one survived (or its run failed to
+start, or ran past its time limit without a failure), 2 on a stale or broken mutation list.
+``--jobs N`` runs N breaks at a time (each in its own copy); the default, 1, suits a 2-core
+machine, where the multi-process tests already use both cores.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = ROOT / ".venv" / "bin" / "python"
+#: The hang guard a break marked ``hang`` runs under (seconds; the suite's own is 900 s): above
+#: what its selection's healthiest launch takes on a busy 2-core machine, far below 900.
+HANG_TIMEOUT = 240
+#: Seconds a break's whole pytest run may take before it is stopped (counted as not caught).
+TIME_LIMIT = 1500
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutation:
+    """One break: in ``path`` replace ``old`` (which must occur exactly once) by ``new``; the
+    pytest arguments ``tests`` should then fail. ``hang``: the break makes a job hang, so the
+    copy's hang guard is lowered to ``hang_timeout`` seconds. ``limit``: seconds the run may take."""
+
+    name: str
+    path: str
+    old: str
+    new: str
+    tests: Tuple[str, ...]
+    why: str
+    hang: bool = False
+    hang_timeout: int = HANG_TIMEOUT
+    limit: int = TIME_LIMIT
+
+
+def M(name: str, path: str, old: str, new: str, tests: Sequence[str], why: str, **extra: object) -> Mutation:
+    return Mutation(name, path, old, new, tuple(tests), why, **extra)  # type: ignore[arg-type]
+
+
+P = "horovod_sparse/"
+MUTATIONS: List[Mutation] = [
+    # -- common/ --------------------------------------------------------------------------------
+    M("partition-bounds-off-by-one", P + "common/partitions.py",
+      "return [p * size + min(p, extra) for p in range(parts + 1)]",
+      "return [p * size + min(p + 1, extra) for p in range(parts + 1)]",
+      ["tests/test_common_partitions.py"],
+      "MiCRO's equal partitions start one element late when numel % n != 0 (a coordinate never scanned)"),
+    M("exdyna-remainder-dropped", P + "common/partitions.py",
+      "        bounds[-1] = self.numel\n",
+      "",
+      ["tests/test_common_partitions.py"],
+      "ExDyna's last partition loses the remainder after the last block"),
+    M("prefix-rebalance-direction", P + "common/partitions.py",
+      "        if excess > BAND * share and blocks[j - 1] - 1 >= min_blocks:\n"
+      "            blocks[j - 1] -= 1\n"
+      "            blocks[j] += 1\n",
+      "        if excess > BAND * share and blocks[j - 1] - 1 >= min_blocks:\n"
+      "            blocks[j - 1] += 1\n"
+      "            blocks[j] -= 1\n",
+      ["tests/test_common_partitions.py"],
+      "ExDyna's prefix balancer moves a boundary the wrong way (the heavy partition grows)"),
+    M("pairwise-estimate-not-updated", P + "common/partitions.py",
+      "            blocks[i] -= 1\n"
+      "            blocks[i + 1] += 1\n"
+      "            loads[i] -= moved\n"
+      "            loads[i + 1] += moved\n",
+      "            blocks[i] -= 1\n"
+      "            blocks[i + 1] += 1\n",
+      ["tests/test_common_partitions.py"],
+      "the paper's pairwise balancer no longer moves the estimated loads before the next pair"),
+    M("butterfly-fold-in-host-wrong", P + "common/butterfly.py",
+      "from_extra = tuple(r + p if r + p < n else None for r in range(n))",
+      "from_extra = tuple(r + p - 1 if r + p - 1 < n else None for r in range(n))",
+      ["tests/test_common_butterfly.py"],
+      "gTop-k's fold-in pairs a host with the wrong extra rank (the tree merge is inconsistent)"),
+    M("lags-selection-does-not-delay-later-groups", P + "common/lags.py",
+      "        shift += local.select_pair * (count - measured)\n",
+      "",
+      ["tests/test_common_lags.py"],
+      "the LAGS count rule forgets that a group's extra selection delays the groups after it"),
+    M("lags-scatter-add-not-per-rank", P + "common/lags.py",
+      "applied = local.apply_pair * model.workers * sum(counts)",
+      "applied = local.apply_pair * sum(counts)",
+      ["tests/test_common_lags.py"],
+      "the LAGS count rule prices the scatter-add of one rank's pairs instead of every rank's"),
+    M("lags-meter-counts-the-first-step", P + "common/lags.py",
+      "        if self._seen > self.skip:\n",
+      "        if self._seen >= self.skip:\n",
+      ["tests/test_common_lags.py"],
+      "LAGS's backward-time meter averages the first (one-off) step too"),
+    M("merge-by-size-strict", P + "common/grouping.py",
+      "        if total >= threshold:\n",
+      "        if total > threshold:\n",
+      ["tests/test_common_lags.py", "-k", "merge_by_size or size_strategy"],
+      "size:N grouping closes a group only above N elements"),
+    M("split-evenly-longer-last", P + "common/grouping.py",
+      "runs = [list(items[i * size + min(i, extra):(i + 1) * size + min(i + 1, extra)]) for i in range(parts)]",
+      "runs = [list(items[i * size + max(0, i + extra - parts):(i + 1) * size + max(0, i + 1 + extra - parts)])\n"
+      "            for i in range(parts)]",
+      ["tests/test_common_options.py"],
+      "groups=N puts the longer runs last (Horovod puts them first)"),
+    M("target-count-can-be-zero", P + "common/options.py",
+      "    return max(1, int(density * numel))\n",
+      "    return int(density * numel)\n",
+      ["tests/test_common_options.py"],
+      "a small group can target zero coordinates"),
+    M("piecewise-schedule-off-by-one", P + "common/schedule.py",
+      "            if step < until:\n",
+      "            if step <= until:\n",
+      ["tests/test_common_schedule.py"],
+      "a piecewise density schedule keeps a stage one step too long"),
+    M("gaussiank-corrections-swapped", P + "common/threshold_baselines.py",
+      "    if count < GAUSSIANK_LOW * k:\n        return GAUSSIANK_LOWER\n"
+      "    if count > GAUSSIANK_HIGH * k:\n        return GAUSSIANK_RAISE\n",
+      "    if count < GAUSSIANK_LOW * k:\n        return GAUSSIANK_RAISE\n"
+      "    if count > GAUSSIANK_HIGH * k:\n        return GAUSSIANK_LOWER\n",
+      ["tests/test_torch_threshold_baselines.py::test_baseline_matches_slow_reference[2-gaussiank]"],
+      "Gaussian-k's corrections move the threshold the wrong way"),
+    M("controller-budget-ignores-last-count", P + "common/controllers.py",
+      "share = max(k / parts, last_counts[partition]) if len(last_counts) else 2.0 * k / parts",
+      "share = k / parts if len(last_counts) else 2.0 * k / parts",
+      ["tests/test_common_controllers.py"],
+      "the histogram controller reads too few candidate blocks after a partition's count grew"),
+    M("controller-interpolation-inverted", P + "common/controllers.py",
+      "        fraction = math.log(above / target) / math.log(above / beyond)\n",
+      "        fraction = math.log(target / beyond) / math.log(above / beyond)\n",
+      ["tests/test_common_controllers.py"],
+      "the histogram threshold is interpolated from the wrong end of its bin"),
+    M("mergecomp-announces-every-candidate", P + "common/mergecomp_scheduler.py",
+      "        self._splits = splits\n        return self._groups(splits)\n",
+      "        return self._groups(splits)\n",
+      ["tests/test_common_mergecomp.py"],
+      "the MergeComp scheduler announces a regrouping even when the grouping does not change"),
+    M("mergecomp-patience-one-late", P + "common/mergecomp.py",
+      "            if misses >= self.options.patience:\n",
+      "            if misses > self.options.patience:\n",
+      ["tests/test_common_mergecomp.py"],
+      "MergeComp's coarse scan times one candidate more than its patience"),
+    M("mergecomp-mean-not-median", P + "common/mergecomp_scheduler.py",
+      "(seconds,) = agree_seconds(self.B, [statistics.median(self._window)], self.process_set,",
+      "(seconds,) = agree_seconds(self.B, [statistics.mean(self._window)], self.process_set,",
+      ["tests/test_torch_mergecomp.py", "-k", "median"],
+      "MergeComp times a candidate by the mean of its steps: an outlier step decides"),
+    M("fingerprint-shapes-left-out", P + "common/model_state.py",
+      '                  "shapes": {key: shapes for key, _, _, shapes in groups},\n',
+      "",
+      ["tests/test_stock.py", "-k", "test_shape_or_dtype_mismatch_raises_on_every_rank and torch2"],
+      "the configuration fingerprint leaves parameter shapes out: another shape of as many elements "
+      "goes unnoticed"),
+    M("checkpoint-residual-not-restored", P + "common/model_state.py",
+      '            if entry.get("residual") is not None:\n                group.load_residual(entry["residual"])\n',
+      "",
+      ["tests/test_tf_resume.py", "-k", "test_resumed_run_is_bitwise_the_continuous_run"],
+      "a resumed run starts from empty residuals"),
+    M("checkpoint-step-counter-dropped", P + "common/model_state.py",
+      '        return {"steps": steps, "groups": records,',
+      '        return {"steps": 0, "groups": records,',
+      ["tests/test_ddp.py", "-k", "test_exact_resume"],
+      "a checkpoint saves step 0 instead of the step counter (schedules and warm-up restart)"),
+    M("agreement-not-adopted", P + "common/model_state.py",
+      "        return steps if self.process_set.rank() == root_rank else self.restore(shared, groups, regroup)\n",
+      "        return steps\n",
+      ["tests/test_torch_dropin.py", "-k", "test_checkpoint_idiom_resumes_in_step_on_every_rank"],
+      "the ranks other than the root keep their own step counter and shared state (Horovod's checkpoint "
+      "idiom: only rank 0 resumes in step; the others' collectives then differ)", hang=True),
+    M("grouping-mixes-dtypes", P + "common/grouping.py",
+      "        if runs and params[runs[-1][-1]].kind == params[i].kind:\n",
+      "        if runs:\n",
+      ["tests/test_common_options.py"],
+      "a group mixes dtypes or devices (one flat buffer cannot hold them)"),
+    M("method-state-not-rebuilt-for-another-size", P + "common/model_state.py",
+      "        if built_for != world_size:\n",
+      "        if built_for is None:\n",
+      ["tests/test_torch_resume.py", "-k", "another_worker_count"],
+      "a method state built for another world size is kept (partition tables, gTop-k's schedule)"),
+    M("nonfinite-names-first-bad-rank-only", P + "common/nonfinite.py",
+      'message = (f"non-finite (NaN/Inf) gradient on rank(s) {list(bad_ranks)} at step {step}; "',
+      'message = (f"non-finite (NaN/Inf) gradient on rank(s) {list(bad_ranks)[:1]} at step {step}; "',
+      ["tests/test_nonfinite.py", "-k", "test_torch"],
+      "the NaN/Inf error names only the first bad rank"),
+
+    # -- methods/ -------------------------------------------------------------------------------
+    M("topk-ignores-density-schedule", P + "methods/topk.py",
+      "        k = self.count(self.B.numel(x), step)\n",
+      "        k = self.options.count(self.B.numel(x))\n",
+      ["tests/test_torch_gtopk.py::test_matches_reference_of_the_same_schedule[2-topk_schedule]"],
+      "Top-k sends the final density's k at every step (its density schedule ignored)"),
+    M("threshold-from-numel-not-k", P + "methods/threshold.py",
+      "hard_threshold(self.options.count(numel, s))",
+      "hard_threshold(numel)",
+      ["tests/test_torch_threshold_baselines.py::test_baseline_matches_slow_reference[2-threshold]"],
+      "the hard threshold is 1/(2 sqrt(numel)) instead of 1/(2 sqrt(k))"),
+    M("dgc-momentum-correction-off", P + "methods/dgc.py",
+      "        return MomentumState() if self.options.momentum else None\n",
+      "        return None\n",
+      ["tests/test_torch_threshold_baselines.py::test_dgc_momentum_correction_matches_reference[2]"],
+      "DGC's momentum correction is silently off"),
+    M("dgc-velocity-not-saved", P + "methods/dgc.py",
+      "        return MomentumState(self.B.saved(state.velocity), self.B.saved(state.accumulated))\n",
+      "        return MomentumState()\n",
+      ["tests/test_torch_resume.py", "-k", "test_resume_is_bitwise_the_continuous_run and dgc"],
+      "a checkpoint drops DGC's velocity"),
+    M("dgc-refinement-raises-the-threshold", P + "methods/dgc.py",
+      "                threshold = as_float32(threshold * DGC_LOWER)\n",
+      "                threshold = as_float32(threshold / DGC_LOWER)\n",
+      ["tests/test_torch_threshold_baselines.py::test_baseline_matches_slow_reference[2-dgc]"],
+      "DGC raises its threshold when it selected too few"),
+    M("micro-partitions-do-not-rotate", P + "methods/micro.py",
+      "        owned = owned_partition(step, comm.rank, comm.size)\n",
+      "        owned = owned_partition(0, comm.rank, comm.size)\n",
+      ["tests/test_torch_partitioned.py::test_matches_slow_reference_and_decisions_are_identical_on_every_rank"
+       "[3-micro_histogram]"],
+      "MiCRO's partitions do not rotate: each rank always scans the same one"),
+    M("exdyna-never-rebalances", P + "methods/micro.py",
+      "        self.partitions.observe(state, step, counts)\n",
+      "",
+      ["tests/test_torch_partitioned.py::test_matches_slow_reference_and_decisions_are_identical_on_every_rank"
+       "[2-exdyna_default]"],
+      "ExDyna's boundaries never move"),
+    M("gtopk-merge-without-summing", P + "methods/gtopk.py",
+      "    idx, summed = B.coalesce(B.concat([a.idx, b.idx]), B.concat([a.val, b.val]))\n",
+      "    idx, summed = B.concat([a.idx, b.idx]), B.concat([a.val, b.val])\n",
+      ["tests/test_torch_gtopk.py", "-k", "merge_is_symmetric"],
+      "gTop-k's tree merge does not sum the two sets at common indices"),
+    M("gtopk-residual-keeps-dropped-tracking", P + "methods/gtopk.py",
+      "                tracked = {rank: carried(B, indices, held) for rank, indices in tracked.items()}\n",
+      "",
+      ["tests/test_torch_gtopk.py::test_nothing_lost_across_steps[3-model]"],
+      "gTop-k's exact residual removes local values a merge dropped on the way (they are lost)"),
+    M("lags-rule-never-applied", P + "methods/lags.py",
+      "        k = self.group_count(group, numel, step, comm.size)\n",
+      "        k = self.count(numel, step)\n",
+      ["tests/test_torch_lags.py", "-k", "hand_computed"],
+      "LAGS never applies its per-group densities"),
+    M("lags-measurement-not-saved", P + "methods/lags.py",
+      '                "meter": self._meter.state(per_rank)}\n',
+      '                "meter": BackwardTimeMeter(self.options.measure_steps).state(per_rank)}\n',
+      ["tests/test_torch_resume.py", "-k", "test_resume_is_bitwise_the_continuous_run and lags_measuring"],
+      "a checkpoint taken in the middle of LAGS's measurement does not save it"),
+
+    # -- PyTorch optimizer, buffers, selection -------------------------------------------------
+    M("torch-average-scale-dropped", P + "torch/optimizer.py",
+      "            scale = 1.0 / size\n",
+      "            scale = 1.0\n",
+      ["tests/test_torch_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost[2-per_tensor]"],
+      "the PyTorch optimizer sums the sparse aggregate instead of averaging it (1/size dropped)"),
+    M("torch-dense-group-summed", P + "torch/optimizer.py",
+      "            self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set, self.op,\n",
+      "            self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set,\n"
+      "                                                       hvd.Sum if self._sparse else self.op,\n",
+      ["tests/test_nonfinite.py", "-k", "test_torch"],
+      "the dense groups of a sparse step (below min_numel, warm-up) are summed, not averaged"),
+    M("torch-warmup-one-step-short", P + "torch/optimizer.py",
+      "        return (not self._sparse or self.steps < self._compression.options.warmup_steps\n",
+      "        return (not self._sparse or self.steps + 1 < self._compression.options.warmup_steps\n",
+      ["tests/test_torch_grouping.py::test_every_step_matches_the_reference[defaults-topk]"],
+      "the PyTorch optimizer's dense warm-up is one step short"),
+    M("torch-nan-decided-per-rank", P + "torch/optimizer.py",
+      '        counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)\n',
+      "        counts = torch.zeros(self.process_set.size(), dtype=torch.int32)\n"
+      "        counts[self._rank] = local[0]\n",
+      ["tests/test_nonfinite.py", "-k", "test_torch"],
+      "each rank decides alone whether to abandon a step (the agreement allgather skipped)"),
+    M("torch-abandoned-aggregate-not-nan", P + "torch/optimizer.py",
+      "                inflight.group.zeroed_output().fill_(math.nan)\n",
+      "                inflight.group.zeroed_output()\n",
+      ["tests/test_amp.py", "-k", "test_horovod_amp_recipe_trains_like_stock"],
+      "an abandoned step's sparse aggregates are zeros, not NaN: a loss scaler does not see the overflow"),
+    M("torch-undo-deliveries-no-op", P + "torch/communicator.py",
+      "        for x, idx, wire_values in reversed(self._deliveries):\n"
+      "            x.index_add_(0, idx, wire_values.to(x.dtype))\n",
+      "",
+      ["tests/test_nonfinite.py", "-k", "test_torch"],
+      "an abandoned step does not put back what it took out of the residuals"),
+    M("torch-residual-not-updated", P + "torch/communicator.py",
+      "        return x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)\n",
+      "        return x\n",
+      ["tests/test_torch_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost[2-per_tensor]"],
+      "what a rank delivered stays in its residual (remove_delivered skipped): sent twice"),
+    M("torch-fingerprint-without-backward-passes", P + "torch/optimizer.py",
+      '             "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,\n',
+      '             "nonfinite": self.nonfinite,\n',
+      ["tests/test_torch_reliability.py", "-k", "mismatch and backward_passes_per_step"],
+      "the PyTorch configuration fingerprint leaves backward_passes_per_step out"),
+    M("torch-elastic-no-agreement-after-shrink", P + "torch/optimizer.py",
+      "        if self._agree_with is None and not self._size_checked and self._world_size != "
+      "self.process_set.size():\n"
+      "            self._agree_with = 0\n",
+      "",
+      ["tests/test_torch_elastic.py"],
+      "after a worker left (no sync from Horovod) the optimizer does not agree again", hang=True,
+      hang_timeout=300),
+    M("torch-layout-ignored", P + "torch/buffers.py",
+      "    return chunk.as_strided(param.shape, param.stride())\n",
+      "    return chunk.view(param.shape)\n",
+      ["tests/test_amp.py", "-k", "test_gradients_keep_their_parameters_layout"],
+      "a channels_last or transposed parameter gets a contiguous .grad (fused optimizers step the wrong "
+      "elements)"),
+    M("torch-loss-scale-not-divided-out", P + "torch/buffers.py",
+      "                    view.addcmul_(p.grad, inv_scale)\n",
+      "                    view.add_(p.grad)\n",
+      ["tests/test_amp.py", "-k", "test_horovod_residuals_in_unscaled_units"],
+      "the loss scale is not divided out of the gradients entering the residual"),
+    M("torch-top-k-ties-to-the-higher-index", P + "torch/selection.py",
+      "    keep[tied[:k - int(keep.sum())]] = True\n",
+      "    keep[tied[tied.numel() - (k - int(keep.sum())):]] = True\n",
+      ["tests/test_top_k.py", "-k", "torch"],
+      "PyTorch's top-k breaks magnitude ties to the higher index"),
+    M("torch-pick-strict", P + "torch/selection.py",
+      "    reaches = torch.gt if strict else torch.ge\n",
+      "    reaches = torch.gt\n",
+      ["tests/test_torch_selection.py"],
+      "PyTorch's threshold pick selects |x| > t instead of |x| >= t"),
+    M("torch-candidate-filter-strict", P + "torch/tensor_backend.py",
+      "    return t >= threshold\n",
+      "    return t > threshold\n",
+      ["tests/test_backends.py", "-k", "candidates and torch"],
+      "PyTorch's candidate filter (MiCRO/ExDyna) keeps |x| > t instead of |x| >= t"),
+    M("torch-union-counts-duplicates", P + "torch/tensor_backend.py",
+      "        return int(torch.unique(indices).numel())\n",
+      "        return int(indices.numel())\n",
+      ["tests/test_torch_apply.py", "tests/test_parity.py", "-k",
+       "test_scatter_chunks or test_same_statistics and topk_model_fp16"],
+      "the union statistic counts an index sent by two ranks twice (below the marking threshold)"),
+
+    # -- TensorFlow tape, Keras, selection ----------------------------------------------------------
+    M("tf-average-scale-dropped", P + "tensorflow/exchanger.py",
+      "        scale = 1.0 / size if self.op == hvd.Average else 1.0\n",
+      "        scale = 1.0\n",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost[2-tape_per_tensor]"],
+      "the TensorFlow exchange sums the sparse aggregate instead of averaging it"),
+    M("tf-residual-not-updated", P + "tensorflow/collectives.py",
+      "        return tf.tensor_scatter_nd_sub(x, tf.expand_dims(idx, 1), tf.cast(wire_values, x.dtype))\n",
+      "        return x\n",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost[2-tape_per_tensor]"],
+      "TensorFlow's residual keeps what was delivered (remove_delivered skipped)"),
+    M("tf-traced-warmup-one-step-long", P + "tensorflow/exchanger.py",
+      "            return tf.cond(step < warmup, lambda: self._exchange_groups(kept, layout, step, ",
+      "            return tf.cond(step <= warmup, lambda: self._exchange_groups(kept, layout, step, ",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost"
+       "[2-keras_function_warmup]"],
+      "a traced step keeps the dense warm-up one step too long"),
+    M("traced-density-schedule-ignored", P + "methods/base.py",
+      "        return self.B.host_call(decide, [step], dtype)\n",
+      "        return decide(None)\n",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost"
+       "[2-function_schedule]"],
+      "inside a tf.function the density schedule is ignored (the final density from the first step)"),
+    M("keras-aggregation-helper-keeps-horovods-allreduce", P + "tensorflow/keras.py",
+      "        setattr(helper, attribute, exchanger)\n",
+      "",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost"
+       "[2-keras_function_two_passes]"],
+      "with backward_passes_per_step > 1 Keras still reduces through Horovod's dense allreduce"),
+    M("keras-exchanger-not-installed", P + "tensorflow/keras.py",
+      "    optimizer._allreduce_grads = exchanger\n",
+      "",
+      ["tests/test_tf_topk.py::test_topk_matches_slow_reference_replicas_identical_and_nothing_lost"
+       "[2-keras_two_groups]"],
+      "the Keras wrapper keeps Horovod's dense allreduce: nothing is sparsified"),
+    M("tf-abandon-drops-healthy-gradients", P + "tensorflow/exchanger.py",
+      "            group.store_residual(tf.where(tf.logical_and(finite[group.index], tf.logical_not(warm)), "
+      "x, before))\n",
+      "            group.store_residual(before)\n",
+      ["tests/test_nonfinite.py", "-k", "test_tensorflow"],
+      "an abandoned TensorFlow step drops the healthy ranks' gradients instead of keeping them in the residual"),
+    M("tf-fingerprint-without-sparse-as-dense", P + "tensorflow/exchanger.py",
+      '"sparse_as_dense": self.sparse_as_dense,',
+      "",
+      ["tests/test_tf_reliability.py", "-k", "mismatch and sparse_as_dense"],
+      "the TensorFlow configuration fingerprint leaves sparse_as_dense out"),
+    M("tf-restore-keeps-the-step-counter", P + "tensorflow/exchanger.py",
+      "            layout.step_counter().assign(steps)\n        return \"\"\n",
+      "        return \"\"\n",
+      ["tests/test_tf_resume.py", "-k", "test_resumed_run_is_bitwise_the_continuous_run"],
+      "a TensorFlow checkpoint restores everything but the step counter"),
+    M("tf-momentum-velocity-without-correction", P + "tensorflow/backend.py",
+      "    velocity = velocity * momentum + (x - accumulated)\n",
+      "    velocity = velocity * momentum + x\n",
+      ["tests/test_tf_methods.py", "-k", "dgc"],
+      "TensorFlow's DGC momentum takes g + v for the gradient (the accumulated velocity counted again)"),
+    M("tf-threshold-strict", P + "tensorflow/selection.py",
+      "    return tf.where(magnitude >= tf.cast(threshold, magnitude.dtype))[:, 0]\n",
+      "    return tf.where(magnitude > tf.cast(threshold, magnitude.dtype))[:, 0]\n",
+      ["tests/test_backends.py", "-k", "hard_threshold and tensorflow"],
+      "TensorFlow's threshold selects |x| > t instead of |x| >= t"),
+    M("tf-top-k-ties-to-the-higher-index", P + "tensorflow/selection.py",
+      "        return tf.where(above | ((tied > 0) & (tf.cumsum(tied) <= room)))[:, 0]\n",
+      "        return tf.where(above | ((tied > 0) & (tf.cumsum(tied, reverse=True) <= room)))[:, 0]\n",
+      ["tests/test_top_k.py", "-k", "tensorflow"],
+      "TensorFlow's top-k breaks magnitude ties to the higher index"),
+    M("tf-nan-decided-per-rank", P + "tensorflow/exchanger.py",
+      '        flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, '
+      'process_set=self.process_set)\n',
+      "        flags = tf.one_hot(self.process_set.rank(), self.process_set.size(), dtype=tf.int32) * local\n",
+      ["tests/test_nonfinite.py", "-k", "test_tensorflow"],
+      "each TensorFlow rank decides alone whether to abandon a step (the others wait in its exchange)",
+      hang=True, hang_timeout=360),
+
+    # -- DDP comm hook ---------------------------------------------------------------------------
+    M("ddp-average-scale-dropped", P + "ddp/hook.py",
+      "        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank",
+      "        comm = Communicator(self.process_group, group.name, stats, 1.0, size, rank",
+      ["tests/test_ddp.py", "-k", "test_same_aggregate_as_the_horovod_front_end"],
+      "the DDP hook sums the sparse aggregate instead of averaging it"),
+    M("ddp-dense-bucket-summed", P + "ddp/hook.py",
+      "    if usable:\n        wire.div_(comm.size)\n    else:\n",
+      "    if not usable:\n",
+      ["tests/test_ddp.py", "-k", "test_same_aggregate_as_the_horovod_front_end"],
+      "the DDP hook's dense buckets are summed, not averaged"),
+    M("ddp-saved-groups-not-followed", P + "ddp/buckets.py",
+      "        keys = self._cover(members) or [members]\n",
+      "        keys = [members]\n",
+      ["tests/test_ddp.py", "-k", "test_exact_resume"],
+      "after loading a checkpoint DDP's first bucket is exchanged as one new group, not as the saved ones"),
+    M("ddp-residuals-not-carried-to-new-buckets", P + "ddp/buckets.py",
+      "        carry_residuals(list(self._groups.values()), [group])\n",
+      "",
+      ["tests/test_ddp.py", "-k", "test_exact_resume"],
+      "when DDP rebuilds its buckets the new groups start from empty residuals"),
+    M("ddp-loss-scale-not-divided-out", P + "torch/buffers.py",
+      "self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)",
+      "self.residual.add_(gradient)",
+      ["tests/test_amp.py", "-k", "test_ddp_residuals_in_unscaled_units"],
+      "the DDP hook does not divide the loss scale out of the buckets entering the residual"),
+    M("ddp-nan-decided-per-rank", P + "ddp/hook.py",
+      "        counts = gather_ints(len(self._nonfinite_groups), self.process_group)\n",
+      "        counts = [0] * self.process_group.size()\n"
+      "        counts[self.process_group.rank()] = len(self._nonfinite_groups)\n",
+      ["tests/test_ddp.py", "-k", "test_nonfinite_gradient_abandons_the_step_everywhere"],
+      "each DDP rank decides alone whether to abandon a step"),
+    M("ddp-undo-skipped", P + "ddp/hook.py",
+      "                    inflight.comm.undo_deliveries()\n",
+      "                    pass\n",
+      ["tests/test_ddp.py", "-k", "test_nonfinite_gradient_abandons_the_step_everywhere"],
+      "an abandoned DDP step does not put back what it took out of the residuals"),
+]
+
+
+# -- copies of the tree ---------------------------------------------------------------------------
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], check=True, capture_output=True, text=True).stdout
+
+
+def make_source(kind: str, into: Path) -> str:
+    """Fill ``into`` with the tree the breaks are applied to; returns a description of it."""
+    into.mkdir(parents=True)
+    if kind == "head":
+        commit = git("rev-parse", "HEAD").strip()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+                                 check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+        return f"HEAD {commit}"
+    files = git("ls-files", "-z", "--cached", "--others", "--exclude-standard").split("\0")
+    for name in files:
+        if not name or not (ROOT / name).is_file():
+            continue  # deleted in the working tree, or a submodule
+        target = into / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / name, target)
+    return f"working tree of {git('rev-parse', 'HEAD').strip()} (uncommitted changes included)"
+
+
+def patched(text: str, mutation: Mutation) -> str:
+    """``text`` with ``mutation`` applied; raises ``ValueError`` naming it when it is stale."""
+    count = text.count(mutation.old)
+    if count != 1:
+        raise ValueError(f"stale mutation {mutation.name}: its text occurs {count} times in {mutation.path} "
+                         f"(exactly once expected):\n{mutation.old}")
+    return text.replace(mutation.old, mutation.new)
+
+
+def check_mutations(mutations: Sequence[Mutation], source: Path) -> List[str]:
+    """Every problem of the list against ``source``: duplicate names, stale texts, breaks that do
+    not compile, unknown test files."""
+    problems, seen = [], set()
+    for m in mutations:
+        if m.name in seen:
+            problems.append(f"duplicate mutation name {m.name}")
+        seen.add(m.name)
+        path = source / m.path
+        if not path.is_file():
+            problems.append(f"stale mutation {m.name}: {m.path} does not exist")
+            continue
+        try:
+            text = patched(path.read_text(), m)
+        except ValueError as error:
+            problems.append(str(error))
+            continue
+        if text == path.read_text():
+            problems.append(f"mutation {m.name} changes nothing")
+        try:
+            compile(text, str(path), "exec")
+        except SyntaxError as error:
+            problems.append(f"mutation {m.name} does not compile: {error}")
+        for arg in m.tests:
+            if arg.startswith("tests/") and not (source / arg.split("::")[0]).exists():
+                problems.append(f"mutation {m.name}: its test {arg} does not exist")
+    return problems
+
+
+def lower_hang_guard(copy: Path, seconds: int) -> None:
+    launch = copy / "tests" / "launch.py"
+    text = launch.read_text()
+    new, count = re.subn(r"^HANG_TIMEOUT = [0-9.]+$", f"HANG_TIMEOUT = {float(seconds)}", text, flags=re.M)
+    if count != 1:
+        raise ValueError("tests/launch.py no longer defines HANG_TIMEOUT = <seconds> on one line: "
+                         "scripts/mutations.py cannot lower the hang guard")
+    launch.write_text(new)
+
+
+def environment() -> Dict[str, str]:
+    # COLUMNS: pytest cuts the short summary's messages at the terminal's width.
+    env = dict(os.environ, OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONDONTWRITEBYTECODE="1",
+               PYTHONUNBUFFERED="1", COLUMNS="400")
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def check_imports(copy: Path) -> str:
+    """Where the pytest process and the workers of a copy import ``horovod_sparse`` from; raises
+    unless both are the copy's."""
+    probe = "import horovod_sparse, sys; print(horovod_sparse.__file__)"
+    # A worker: tests/launch.py's environment (the copy's root on PYTHONPATH), run from its folder.
+    worker = subprocess.run([str(PYTHON), "-c", probe], cwd=copy / "tests" / "workers", capture_output=True,
+                            text=True, env=dict(environment(), PYTHONPATH=str(copy)), check=True).stdout.strip()
+    # The pytest process: a throwaway test in the copy prints it.
+    (copy / "tests" / "test_zz_mutation_probe.py").write_text(
+        "import horovod_sparse\n\n\ndef test_probe():\n    print('PROBE', horovod_sparse.__file__)\n")
+    result = subprocess.run([str(PYTHON), "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                             "tests/test_zz_mutation_probe.py"], cwd=copy, capture_output=True, text=True,
+                            env=environment())
+    (copy / "tests" / "test_zz_mutation_probe.py").unlink()
+    found = re.search(r"^PROBE (.*)$", result.stdout, flags=re.M)
+    tested = found.group(1).strip() if found else f"(probe failed: {result.stdout[-2000:]})"
+    for where, path in (("workers", worker), ("pytest", tested)):
+        if not Path(path).resolve().is_relative_to(copy.resolve()):
+            raise RuntimeError(f"the {where} of a copy import horovod_sparse from {path}, not from the copy {copy}")
+    return f"pytest: {tested}; workers: {worker}"
+
+
+# -- running one break ----------------------------------------------------------------------------
+#: A line of pytest's short summary (``-rfE``); node ids may hold spaces (parametrize ids).
+FAILURE = re.compile(r"^(FAILED|ERROR) (.+?)(?: - (.*))?$", flags=re.M)
+
+
+def run_selection(copy: Path, tests: Sequence[str], limit: int) -> Dict[str, object]:
+    """Run pytest on ``tests`` in ``copy``: returncode, seconds, the first failing node id and
+    its message, whether the limit stopped it, and the tail of the output."""
+    command = [str(PYTHON), "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
+               f"--basetemp={copy / '.pytest_tmp'}", *tests]
+    start = time.monotonic()
+    process = subprocess.Popen(command, cwd=copy, env=environment(), stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    timed_out = False
+    try:
+        output, _ = process.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        os.killpg(process.pid, signal.SIGKILL)  # the run's own session: pytest, launchers, workers
+        output, _ = process.communicate()
+    try:  # workers a timed-out launch left behind (the hang guard stops the launcher only)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    seconds = time.monotonic() - start
+    failure = FAILURE.search(output or "")
+    return {"returncode": process.returncode, "seconds": round(seconds, 1), "timed_out": timed_out,
+            "test": failure.group(2) if failure else None,
+            "message": (failure.group(3) or "").strip()[:300] if failure else None,
+            "summary": last_line(output or ""), "tail": (output or "")[-4000:]}
+
+
+def last_line(output: str) -> str:
+    lines = [line for line in output.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def verdict(result: Dict[str, object]) -> str:
+    """caught: a test failed (or errored); survived: the selection passed; otherwise why not."""
+    if result["timed_out"]:
+        return "timeout"
+    if result["returncode"] == 0:
+        return "survived"
+    if result["returncode"] in (1, 2) and result["test"]:  # 2: pytest stopped at a collection error
+        return "caught"
+    if result["returncode"] == 5:
+        return "no-tests"
+    return "error"
+
+
+def run_break(mutation: Optional[Mutation], pristine: Path, work: Path, keep: bool,
+              tests: Optional[Sequence[str]] = None) -> Dict[str, object]:
+    """Apply ``mutation`` (None: nothing, for the baseline) to a fresh copy of ``pristine`` and run
+    its selection there."""
+    name = mutation.name if mutation else "baseline"
+    copy = Path(tempfile.mkdtemp(prefix=f"{name}.", dir=work))
+    shutil.rmtree(copy)
+    shutil.copytree(pristine, copy, symlinks=True)
+    try:
+        limit = TIME_LIMIT
+        if mutation is not None:
+            target = copy / mutation.path
+            target.write_text(patched(target.read_text(), mutation))
+            if mutation.hang:
+                lower_hang_guard(copy, mutation.hang_timeout)
+            tests, limit = mutation.tests, mutation.limit
+        assert tests is not None
+        return run_selection(copy, tests, limit)
+    finally:
+        if not keep:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+# -- the command ----------------------------------------------------------------------------------
+def describe(m: Mutation) -> str:
+    flags = f" [hang guard {m.hang_timeout}s]" if m.hang else ""
+    return f"{m.name}: {m.path}: {m.why}{flags}\n    tests: {' '.join(m.tests)}"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run these breaks only")
+    parser.add_argument("--list", action="store_true", help="list the breaks and their test selections")
+    parser.add_argument("--check", action="store_true", help="only check that every break applies and compiles")
+    parser.add_argument("--baseline", action="store_true",
+                        help="run each selection on the unbroken copy instead: every one must pass")
+    parser.add_argument("--jobs", type=int, default=1, help="breaks run at the same time (default 1)")
+    parser.add_argument("--results", type=Path, help="write the results as JSON here")
+    parser.add_argument("--source", choices=("head", "worktree"), default="head",
+                        help="break a copy of HEAD (default) or of the working tree")
+    parser.add_argument("--keep", action="store_true", help="keep each break's copy (under the work folder)")
+    parser.add_argument("--workdir", type=Path, help="where the copies go (default: a new temporary folder)")
+    args = parser.parse_args(argv)
+
+    mutations = MUTATIONS
+    if args.only:
+        known = {m.name: m for m in MUTATIONS}
+        unknown = [name for name in args.only if name not in known]
+        if unknown:
+            parser.error(f"unknown break(s): {', '.join(unknown)} (see --list)")
+        mutations = [known[name] for name in args.only]
+    if args.list:
+        for m in mutations:
+            print(describe(m))
+        print(f"{len(mutations)} breaks")
+        return 0
+
+    work = Path(tempfile.mkdtemp(prefix="hs-mutations.")) if args.workdir is None else args.workdir
+    work.mkdir(parents=True, exist_ok=True)
+    pristine = work / "pristine"
+    if pristine.exists():
+        shutil.rmtree(pristine)
+    source = make_source(args.source, pristine)
+    problems = check_mutations(MUTATIONS, pristine)
+    if problems:
+        for problem in problems:
+            print(problem, file=sys.stderr)
+        print(f"{len(problems)} problem(s) in the mutation list of scripts/mutations.py", file=sys.stderr)
+        return 2
+    print(f"{len(MUTATIONS)} breaks apply to the {source}")
+    if args.check:
+        return 0
+    print("horovod_sparse imported from the copy:", check_imports(pristine))
+
+    start = time.monotonic()
+    results: List[Dict[str, object]] = []
+    lock = threading.Lock()
+    if args.baseline:
+        selections = list(dict.fromkeys(m.tests for m in mutations))
+        jobs = [(None, tests) for tests in selections]
+    else:
+        jobs = [(m, None) for m in mutations]
+
+    def one(index: int, mutation: Optional[Mutation], tests: Optional[Tuple[str, ...]]) -> Dict[str, object]:
+        result = run_break(mutation, pristine, work, args.keep, tests)
+        label = mutation.name if mutation else "baseline " + " ".join(tests or ())
+        status = verdict(result)
+        if mutation is None:
+            status = "passed" if result["returncode"] == 0 else f"FAILED ({status})"
+        record = {"name": label, "status": status, "test": result["test"], "message": result["message"],
+                  "seconds": result["seconds"], "returncode": result["returncode"], "summary": result["summary"]}
+        if mutation is not None:
+            record.update(path=mutation.path, why=mutation.why, tests=list(mutation.tests), hang=mutation.hang)
+        else:
+            record["tests"] = list(tests or ())
+        if status not in ("caught", "passed"):
+            record["tail"] = result["tail"]
+        with lock:
+            results.append(record)
+            by = f" by {result['test']}" if status == "caught" else ""
+            print(f"[{len(results)}/{len(jobs)}] {label}: {status}{by} ({result['seconds']} s)"
+                  + ("" if status in ("caught", "passed") else f"\n    {result['summary']}"), flush=True)
+        return record
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(one, i, m, t) for i, (m, t) in enumerate(jobs)]
+        for future in futures:
+            future.result()
+    order = {m.name: i for i, m in enumerate(mutations)}
+    results.sort(key=lambda r: order.get(str(r["name"]), 0))
+    total = time.monotonic() - start
+
+    print()
+    width = max(len(str(r["name"])) for r in results) if results else 10
+    for r in results:
+        print(f"{str(r['name']):{width}}  {str(r['status']):9}  {r['test'] or r['summary']}")
+    bad = [r for r in results if r["status"] not in ("caught", "passed")]
+    if args.baseline:
+        print(f"\nbaseline: {len(results) - len(bad)} of {len(results)} selections passed in {total / 60:.1f} min")
+    else:
+        caught = sum(r["status"] == "caught" for r in results)
+        print(f"\n{caught} of {len(results)} breaks caught in {total / 60:.1f} min"
+              + (f"; not caught: {', '.join(str(r['name']) for r in bad)}" if bad else ""))
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps({
+            "command": " ".join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])]),
+            "source": source, "baseline": args.baseline, "breaks": len(results),
+            "caught": sum(r["status"] == "caught" for r in results), "seconds": round(total, 1),
+            "finished": time.strftime("%Y-%m-%d %H:%M:%S"), "results": results}, indent=1) + "\n")
+        print(f"results: {args.results}")
+    if args.workdir is None and not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
