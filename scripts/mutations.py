@@ -458,7 +458,7 @@ MUTATIONS: List[Mutation] = [
     M("ddp-residuals-not-carried-to-new-buckets", P + "ddp/buckets.py",
       "        carry_residuals(list(self._groups.values()), [group])\n",
       "",
-      ["tests/test_ddp.py", "-k", "test_exact_resume"],
+      ["tests/test_ddp.py", "-k", "test_residuals_follow_their_parameters_into_new_buckets"],
       "when DDP rebuilds its buckets the new groups start from empty residuals"),
     M("ddp-loss-scale-not-divided-out", P + "torch/buffers.py",
       "self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)",

@@ -47,6 +47,9 @@ RESUME = [{**c, "options": {**OPTIONS, "adaptive": False}} if m == "lags" else c
           for m in METHODS for c in (config(f"{m}_whole", m, steps=7), config(f"{m}_resumed", m, steps=7,
                                                                                resume_at=4))]
 NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[3, 1], nonfinite=policy) for policy in ("skip", "raise")]
+#: Saved with one bucket of every parameter, resumed with two: the saved group is split.
+REBUCKETED = [config(f"{m}_rebucketed", m, steps=7, resume_at=4, bucket_cap_mb=25, resume_bucket_cap_mb=BUCKET_MB)
+              for m in ("topk", "micro")]
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +57,7 @@ def two(tmp_path_factory):
     """Every parity, resume and non-finite config on 2 processes, and the Horovod optimizer on
     the parity configs with the groups DDP formed."""
     out = tmp_path_factory.mktemp("ddp2")
-    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE, backend="torchrun")
+    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE + REBUCKETED, backend="torchrun")
     horovod = []
     for c in PARITY:
         groups = Observed(out, c["name"], 2).groups
@@ -150,6 +153,17 @@ def test_exact_resume(two, method):
             np.testing.assert_array_equal(resumed.arrays[rank][key], value, err_msg=f"{method} rank {rank} {key}")
     groups = [[g["name"] for g in step["groups"]] for step in resumed.stats(0)]
     assert groups[4] == groups[3], "the resumed step exchanged the saved groups"
+
+
+@pytest.mark.parametrize("cfg", REBUCKETED, ids=[c["name"] for c in REBUCKETED])
+def test_residuals_follow_their_parameters_into_new_buckets(two, cfg):
+    """Resumed with other buckets (two where there was one), the saved residual reaches the new
+    groups: identical replicas, and nothing lost over the whole run."""
+    obs = Observed(two, cfg["name"], 2)
+    groups = [[g["name"] for g in step["groups"]] for step in obs.stats(0)]
+    assert len(groups[3]) == 1 and len(groups[-1]) == 2, groups
+    assert_identical_replicas(obs)
+    assert_conservation(obs, cfg)
 
 
 @pytest.mark.parametrize("policy", ["skip", "raise"])

@@ -10,7 +10,8 @@ Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "
   under ``ddp.no_sync()`` (parts 1:2:..., as torch_exchange's ``backward_passes``);
 - ``resume_at``: after that many steps this rank's ``State.state_dict()``, the parameters and the
   optimizer's state go through ``torch.save`` / ``torch.load(weights_only=True)`` into a fresh
-  model, DDP and State (DDP's first iteration again), and training goes on;
+  model, DDP and State (DDP's first iteration again; with ``resume_bucket_cap_mb``, other
+  buckets from then on), and training goes on;
 - ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that step (the policy is
   ``nonfinite``); the step's error, if any, is recorded and ``optimizer.step()`` is skipped
   when ``state.last_stats.abandoned``;
@@ -71,7 +72,8 @@ def resumed(config, params, state, opt, rank):
     with torch.no_grad():
         for p, value in zip(fresh, saved["params"]):
             p.copy_(value)
-    ddp, state, opt = build(config, fresh, rank)
+    buckets = config.get("resume_bucket_cap_mb", config.get("bucket_cap_mb", 25))
+    ddp, state, opt = build({**config, "bucket_cap_mb": buckets}, fresh, rank)
     state.load_state_dict(saved["state"])
     opt.load_state_dict(saved["opt"])
     return fresh, ddp, state, opt
