@@ -30,4 +30,5 @@ def test_host_reads_per_step_within_the_budget(job, method):
     for rank, record in enumerate(obs.meta):
         assert record["groups"] == len(SHAPES)
         assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        print(f"{method} rank {rank}: {len(record['reads'])} host reads per step ({len(SHAPES)} groups)")
         assert len(record["reads"]) <= BUDGET[method], (rank, len(record["reads"]), record["reads"])

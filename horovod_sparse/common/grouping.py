@@ -158,9 +158,6 @@ def _explicit_groups(lists: Sequence[Sequence[int]], count: int) -> List[List[in
     return groups
 
 
-Clock = Callable[[], float]
-
-
 @dataclass
 class StepTimeline:
     """When gradients and groups became ready in one step (seconds on this rank's clock).

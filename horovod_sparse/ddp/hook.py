@@ -129,15 +129,15 @@ class State:
     def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Start the exchange of ``bucket``'s groups; the future completes once the last
         bucket's call finished the step. What :func:`hook` runs."""
-        self.process_group.follow(bucket.buffer())
+        buffer, params = bucket.buffer(), bucket.parameters()
+        self.process_group.follow(buffer)
         if not self._timeline_placed:  # the model's device is known from its first bucket on
             self._timeline_placed = True
-            if bucket.buffer().is_cuda:
-                self.timeline = ready_timeline(bucket.buffer().device)
+            if buffer.is_cuda:
+                self.timeline = ready_timeline(buffer.device)
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
-        buffer, params = bucket.buffer(), bucket.parameters()
         if bucket.index() == 0 and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         groups = self.buckets.of_bucket(bucket.index(), params)
