@@ -1,8 +1,11 @@
-"""Shared fixtures: the repository root on sys.path so tests import the ``tests`` helpers; and
+"""Shared fixtures: the repository root on sys.path so tests import the ``tests`` helpers;
 Hypothesis without its timing checks (a 200 ms deadline per example, a "too slow" health check):
-on a shared 2-core machine they fail by how busy the machine is, not by what the code does."""
+on a shared 2-core machine they fail by how busy the machine is, not by what the code does; and
+a closing line counting the multi-process jobs the session launched and their time."""
+import collections
 import sys
 from pathlib import Path
+from typing import Any
 
 from hypothesis import HealthCheck, settings
 
@@ -12,3 +15,18 @@ if str(ROOT) not in sys.path:
 
 settings.register_profile("untimed", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("untimed")
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """How many jobs each launcher started and their wall time (where the suite's time goes)."""
+    from tests.launch import LAUNCHES
+
+    if not LAUNCHES:
+        return
+    count: collections.Counter = collections.Counter()
+    seconds: collections.Counter = collections.Counter()
+    for launcher, took in LAUNCHES:
+        count[launcher] += 1
+        seconds[launcher] += took
+    terminalreporter.write_line("jobs launched: " + ", ".join(
+        f"{launcher} {count[launcher]} ({seconds[launcher]:.0f} s)" for launcher in sorted(count)))

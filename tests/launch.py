@@ -5,12 +5,14 @@ back and makes its assertions in the pytest process, so a failure shows the test
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 #: Seconds a test's subprocess may run: only a guard against a hang, far above what a healthy
@@ -18,6 +20,36 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 HANG_TIMEOUT = 900.0
 HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
+#: ``horovodrun`` without its per-launch build probe (tests/hvdrun.py says why).
+SUITE_HOROVODRUN = [sys.executable, "-m", "tests.hvdrun"]
+#: (launcher, seconds) of every job this pytest session launched, for the summary conftest prints.
+LAUNCHES: List[Tuple[str, float]] = []
+
+
+@functools.lru_cache(maxsize=None)
+def built_collectives() -> str:
+    """Horovod's own answer, probed once per session in a fresh process, to whether it was built
+    with Gloo and with MPI: ``gloo=1,mpi=0`` style, for tests/hvdrun.py."""
+    probe = ("from horovod.common.util import gloo_built, mpi_built; "
+             "print(f'gloo={int(bool(gloo_built()))},mpi={int(bool(mpi_built()))}')")
+    result = subprocess.run([sys.executable, "-c", probe], env=worker_env(), capture_output=True, text=True,
+                            check=True, timeout=HANG_TIMEOUT)
+    return result.stdout.strip().splitlines()[-1]
+
+
+def launcher_env() -> Dict[str, str]:
+    """:func:`worker_env` plus the session's build answer that tests/hvdrun.py reads."""
+    return dict(worker_env(), HS_TEST_HOROVOD_BUILT=built_collectives())
+
+
+def _run_launch(launcher: str, command: List[str], env: Dict[str, str],
+                timeout: float) -> subprocess.CompletedProcess:
+    """Run one job's ``command`` and note its ``launcher`` and how long it took in :data:`LAUNCHES`."""
+    start = time.monotonic()
+    try:
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        LAUNCHES.append((launcher, time.monotonic() - start))
 
 
 def worker_env() -> Dict[str, str]:
@@ -32,13 +64,13 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
     """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
     :func:`worker_env`) with ``horovodrun`` over ``backend``, or with ``torchrun`` for
     ``backend="torchrun"`` (its own rendezvous on a free port); raise with the output on failure."""
-    env = {**worker_env(), **(env or {})}
+    env = {**launcher_env(), **(env or {})}
     if backend == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc-per-node", str(np), str(WORKERS / script), *args]
     else:
-        command = [HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
+        command = [*SUITE_HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
                    sys.executable, str(WORKERS / script), *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    result = _run_launch("torchrun" if backend == "torchrun" else "horovodrun", command, env, timeout)
     if result.returncode != 0:
         # Both launchers prefix worker lines with the rank ([1]<stderr> or [rank1]:); show the
         # workers' errors first, then the tail of everything else.
@@ -61,13 +93,13 @@ def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, m
     discover.chmod(0o755)
     # Gloo's rendezvous gives a joining worker 30 s to start by default, a timing dependency (a
     # worker starting on a busy machine takes longer): the hang guard is the only limit here.
-    env = dict(worker_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(HANG_TIMEOUT)))
+    env = dict(launcher_env(), HOROVOD_GLOO_TIMEOUT_SECONDS=str(int(HANG_TIMEOUT)))
     start = sum(int(line.split(":")[1]) for line in hosts.split())
     # --network-interface lo: without it the elastic driver's interface discovery stalls here.
-    command = [HOROVODRUN, "--network-interface", "lo", "-np", str(start), "--min-np", str(min_np),
+    command = [*SUITE_HOROVODRUN, "--network-interface", "lo", "-np", str(start), "--min-np", str(min_np),
                "--max-np", str(max_np), "--host-discovery-script", str(discover), "--gloo", sys.executable,
                str(WORKERS / script), *args]
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    result = _run_launch("horovodrun (elastic)", command, env, HANG_TIMEOUT)
     assert result.returncode == 0, f"{' '.join(command)} exited {result.returncode}\n" + (
         result.stdout[-4000:] + result.stderr[-4000:])
 
