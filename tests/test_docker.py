@@ -89,7 +89,7 @@ def test_installs_through_the_shared_script_only(name):
     assert any(re.search(r"\bbash scripts/install\.sh\b", run) for run in runs), \
         f"{name} does not run scripts/install.sh"
     copied = {s for keyword, args in steps if keyword == "COPY" for s in shlex.split(args)[:-1]}
-    assert {"scripts", "setup.py", "horovod_sparse"} <= copied
+    assert {"scripts", "pyproject.toml", "horovod_sparse"} <= copied
     for run in runs:  # no second recipe: Python packages and Horovod only come from install.sh
         assert not re.search(r"\bpip3? install\b|-m pip\b|horovod==|setup\.py", run), run
 
