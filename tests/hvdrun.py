@@ -6,8 +6,8 @@ process that imports ``horovod.tensorflow``: seconds of one core per launch, pai
 one of the suite's launches, for an answer that does not change. Here the answer comes from
 ``HS_TEST_HOROVOD_BUILT`` (``gloo=1,mpi=1``), which :func:`tests.launch.built_collectives` probes
 once per pytest session with Horovod's own probe. The workers, the rendezvous and the
-collectives are untouched; the benchmarks' and the main job's tests launch the installed
-``horovodrun`` itself.
+collectives are untouched. The launches the benchmarks make themselves (the main job, the
+emulated cluster) use the installed ``horovodrun``.
 
 Usage: ``python -m tests.hvdrun`` followed by ``horovodrun``'s own arguments.
 """

@@ -17,16 +17,15 @@ import torch
 from benchmarks import models, netem, scaling, synthetic
 from benchmarks.cluster import add_ratios, merge_repeats, sweep
 from horovod_sparse.common.cost_model import AlphaBeta
-from tests.launch import HANG_TIMEOUT, HOROVODRUN
+from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, launcher_env
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(ROOT))
 PNG = b"\x89PNG\r\n\x1a\n"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="network namespaces need root")
 
 
 def run(argv: List[str]) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=HANG_TIMEOUT)
+    result = subprocess.run(argv, env=launcher_env(), cwd=ROOT, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
     return result
 
@@ -124,8 +123,8 @@ def test_front_door_lists_and_refuses():
     listing = run([sys.executable, "-m", "benchmarks"]).stdout
     for name in ("synthetic", "convergence", "cluster", "overhead", "digits"):
         assert re.search(rf"^  {name} ", listing, re.M)
-    result = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], env=ENV, cwd=ROOT, capture_output=True,
-                            text=True)
+    result = subprocess.run([sys.executable, "-m", "benchmarks", "nope"], env=launcher_env(), cwd=ROOT,
+                            capture_output=True, text=True)
     assert result.returncode == 2 and "unknown benchmark 'nope'" in result.stderr
 
 
@@ -138,7 +137,7 @@ SYNTHETIC_SWEEP = [{"compressor": "none"}, {"compressor": "topk", "density": 0.0
 def synthetic_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("synthetic")
     (out / "sweep.json").write_text(json.dumps(SYNTHETIC_SWEEP))
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "synthetic", "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "1",
                   "--num-batches-per-iter", "1", "--num-iters", "2", "--sweep", str(out / "sweep.json"),
                   "--results", str(out / "rows.json")])
@@ -187,7 +186,7 @@ def test_synthetic_reports_sparsification_figures(synthetic_run):
 
 def test_synthetic_tensorflow_prints_the_same_format(tmp_path):
     (tmp_path / "sweep.json").write_text(json.dumps(SYNTHETIC_SWEEP[:2]))
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "synthetic", "--framework", "tensorflow", "--model", "resnet20", "--batch-size", "4",
                   "--num-warmup-batches", "1", "--num-batches-per-iter", "1", "--num-iters", "2",
                   "--sweep", str(tmp_path / "sweep.json"), "--results", str(tmp_path / "rows.json")])
@@ -203,7 +202,7 @@ def test_synthetic_tensorflow_prints_the_same_format(tmp_path):
 
 # -- overhead -----------------------------------------------------------------------------------------------
 def test_overhead_compares_both_optimizers(tmp_path):
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "overhead", "--batch-size", "2", "--warmup", "1", "--rounds", "2", "--steps", "1",
                   "--results", str(tmp_path / "overhead.json")])
     text = "\n".join(rank0_lines(result.stdout))
@@ -217,7 +216,7 @@ def test_overhead_compares_both_optimizers(tmp_path):
 
 # -- MiCRO/ExDyna controllers and selection cost -------------------------------------------------------------
 def test_controllers_tables_and_json(tmp_path):
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "controllers", "--steps", "12", "--densities", "0.01", "--hidden", "64", "--drain-after", "4",
                   "--drain-cap", "2", "--results", str(tmp_path / "controllers.json")])
     text = "\n".join(rank0_lines(result.stdout))
@@ -253,7 +252,7 @@ def test_selection_cost_prints_ratios(tmp_path):
 
 # -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
 def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "grouping_overhead", "--compressors", "topk:density=0.05", "--batch-size", "2", "--size", "8",
                   "--warmup", "1", "--rounds", "2", "--steps", "1", "--search-warmup", "1", "--search-timed", "1",
                   "--results", str(tmp_path / "grouping.json")])
@@ -270,7 +269,7 @@ def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
 
 
 def test_lags_overlap_reports_the_model_and_the_chosen_densities(tmp_path):
-    result = run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
                   "lags_overlap", "--batch-size", "2", "--size", "8", "--warmup", "3", "--rounds", "1", "--steps", "1",
                   "--sweep", "5", "--results", str(tmp_path / "lags.json")])
     text = "\n".join(rank0_lines(result.stdout))
@@ -309,7 +308,8 @@ def run_cluster(tmp_path: Path, methods: List[str], *extra: str) -> Tuple[subpro
     argv = [sys.executable, "-m", "benchmarks", "cluster", "--model", "resnet20", "--batch-size", "2",
             "--workers", "2", "--rates", "100mbit", "--densities", "0.01", "--methods", *methods,
             "--num-batches-per-iter", "1", "--num-iters", "1", "--out", str(tmp_path), *extra]
-    process = subprocess.Popen(argv, env=ENV, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(argv, env=launcher_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
     stdout, stderr = process.communicate(timeout=HANG_TIMEOUT)
     return process, stdout, stderr
 
