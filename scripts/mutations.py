@@ -477,6 +477,11 @@ MUTATIONS: List[Mutation] = [
       "                    pass\n",
       ["tests/test_ddp.py", "-k", "test_nonfinite_gradient_abandons_the_step_everywhere"],
       "an abandoned DDP step does not put back what it took out of the residuals"),
+    M("union-counts-read-out-of-order", P + "torch/tensor_backend.py",
+      "        for i, value in zip(positions, read):\n",
+      "        for i, value in zip(positions, read[::-1]):\n",
+      ["tests/test_host_reads.py"],
+      "the step's union counts, read from the device together, go to the wrong groups"),
     # -- packaging ---------------------------------------------------------------------------------
     M("wheel-without-subpackages", "pyproject.toml",
       'include = ["horovod_sparse", "horovod_sparse.*"]',

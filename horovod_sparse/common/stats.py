@@ -151,9 +151,19 @@ class StatsLog:
         self._stream.flush()
 
 
-def finish_step(stats: StepStats, log: Optional[StatsLog]) -> StepStats:
+#: Reads device-held counts (0-dim tensors) on the host together: their values, in order.
+ReadCounts = Callable[[List[Any]], List[int]]
+
+
+def finish_step(stats: StepStats, log: Optional[StatsLog], read_counts: Optional[ReadCounts] = None) -> StepStats:
     """A finished step's statistics as a front end publishes them (its ``last_stats``): groups
-    sorted by name, and written to ``log`` when there is one."""
+    settled (:meth:`GroupStats.settle`), sorted by name, and written to ``log`` when there is
+    one. With ``read_counts`` (the front end's, for counts left on an accelerator) every group's
+    device-held ``union`` is read in one go, not one host read per group."""
+    on_device = [g for g in stats.groups if not isinstance(g.union, int) and hasattr(g.union, "item")]
+    if read_counts is not None and on_device:
+        for group, union in zip(on_device, read_counts([g.union for g in on_device])):
+            group.union = union
     for group in stats.groups:
         group.settle()
     stats.groups.sort(key=lambda g: g.name)

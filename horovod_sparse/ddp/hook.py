@@ -38,7 +38,7 @@ from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.tensor_backend import all_finite
+from horovod_sparse.torch.tensor_backend import all_finite, read_counts
 
 
 def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: bool) -> Exchange:
@@ -239,7 +239,7 @@ class State:
     def _close_step(self) -> None:
         self.buckets.end_step()
         self._model.end_step(self.timeline.end_step())
-        self.last_stats = finish_step(self._step_stats, self._stats_log)
+        self.last_stats = finish_step(self._step_stats, self._stats_log, read_counts)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 

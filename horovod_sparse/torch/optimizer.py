@@ -38,7 +38,7 @@ from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.tensor_backend import all_finite
+from horovod_sparse.torch.tensor_backend import all_finite, read_counts
 from horovod_sparse.methods.base import Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -394,7 +394,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              self._use_groups)
 
     def _close_step(self) -> None:
-        self.last_stats = finish_step(self._step_stats, self._stats_log)
+        self.last_stats = finish_step(self._step_stats, self._stats_log, read_counts)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 

@@ -151,6 +151,20 @@ def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def read_counts(counts: List[torch.Tensor]) -> List[int]:
+    """The values of 0-dim integer tensors (counts left on a device) as ints, in order: one
+    host read per device, however many counts (:func:`horovod_sparse.common.stats.finish_step`)."""
+    values: List[int] = [0] * len(counts)
+    by_device: dict = {}
+    for i, count in enumerate(counts):
+        by_device.setdefault(count.device, []).append(i)
+    for positions in by_device.values():
+        read = torch.stack([counts[i].reshape(()).to(torch.int64) for i in positions]).tolist()
+        for i, value in zip(positions, read):
+            values[i] = int(value)
+    return values
+
+
 def synchronize(like: torch.Tensor) -> None:
     if like.is_cuda:
         torch.cuda.synchronize(like.device)
