@@ -18,7 +18,6 @@ WORKERS = Path(__file__).resolve().parent / "workers"
 #: Seconds a test's subprocess may run: only a guard against a hang, far above what a healthy
 #: launch takes even on a 2-core machine shared with other suites (a few minutes at worst).
 HANG_TIMEOUT = 900.0
-HOROVODRUN = str(Path(sys.executable).with_name("horovodrun"))
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 #: ``horovodrun`` without its per-launch build probe (tests/hvdrun.py says why).
 SUITE_HOROVODRUN = [sys.executable, "-m", "tests.hvdrun"]
@@ -62,8 +61,9 @@ def worker_env() -> Dict[str, str]:
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
-    :func:`worker_env`) with ``horovodrun`` over ``backend``, or with ``torchrun`` for
-    ``backend="torchrun"`` (its own rendezvous on a free port); raise with the output on failure."""
+    :func:`launcher_env`) with ``horovodrun`` (:data:`SUITE_HOROVODRUN`) over ``backend``, or
+    with ``torchrun`` for ``backend="torchrun"`` (its own rendezvous on a free port); raise with
+    the output on failure."""
     env = {**launcher_env(), **(env or {})}
     if backend == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc-per-node", str(np), str(WORKERS / script), *args]
