@@ -11,15 +11,20 @@ from tests.launch import job_fixture
 
 SHAPES = [[40, 30], [30], [36, 40]]
 OPTIONS = {"density": 0.05, "min_numel": 0}
-#: Host reads of one step of three groups on the accelerators' paths. Per group: one finiteness
-#: check; per step: one read of every group's union count when the step's statistics settle and
-#: the agreement on non-finite gradients; and what each method's selection reads.
-#: The most of either rank (their selections differ: Gaussian-k's and DGC's retries depend on the data).
-BUDGET = {"topk": 5, "lags": 5, "threshold": 11, "dgc": 15, "gaussiank": 22, "gtopk": 19, "micro": 38, "exdyna": 38}
+#: Host reads of one step of three groups on the accelerators' paths. Per step: one read of every
+#: group's finiteness (decided on the device), one of every group's union count when the step's
+#: statistics settle, and the agreement on non-finite gradients; and what each method's
+#: selection reads. The most of either rank (their selections differ: Gaussian-k's and DGC's
+#: retries depend on the data).
+BUDGET = {"topk": 3, "lags": 3, "threshold": 9, "dgc": 13, "gaussiank": 20, "gtopk": 17, "micro": 36, "exdyna": 36}
 CONFIGS = [{"method": m, "shapes": SHAPES, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})}}
            for m in method_names()]
+#: The same with a NaN in rank 1's first gradient (group ``p0``) at step 1, policy ``"skip"``.
+NAN_STEP = 1
+NAN_CONFIGS = [{**c, "name": f"{c['method']}_nan", "steps": 4, "nan_step": NAN_STEP, "nonfinite": "skip"}
+               for c in CONFIGS]
 
-job = job_fixture("torch_host_reads.py", 2, CONFIGS)
+job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS)
 
 
 @pytest.mark.parametrize("method", method_names())
@@ -31,4 +36,22 @@ def test_host_reads_per_step_within_the_budget(job, method):
         assert record["groups"] == len(SHAPES)
         assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
         print(f"{method} rank {rank}: {len(record['reads'])} host reads per step ({len(SHAPES)} groups)")
+        assert len(record["reads"]) <= BUDGET[method], (rank, len(record["reads"]), record["reads"])
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_nonfinite_gradient_decided_on_the_device_abandons_the_step_as_on_the_host(job, method):
+    """The accelerators' paths keep a group's finiteness on the device until the step ends (no
+    read per group): rank 1's NaN at step 1 still abandons that step on both ranks (NaN
+    aggregates there only), leaves the same residuals and aggregates as the host paths, bitwise,
+    and gives the same warning, naming rank 1 and, on rank 1, its group ``p0``; the finite step
+    after it stays within the budget."""
+    obs = Observed(job, f"{method}_nan", 2)
+    for rank, record in enumerate(obs.meta):
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert record["abandoned"] == [step == NAN_STEP for step in range(4)], (rank, record["abandoned"])
+        assert record["warnings"] == record["host_warnings"] and len(record["warnings"]) == 1, record["warnings"]
+        message = record["warnings"][0]
+        assert f"rank(s) [1] at step {NAN_STEP}" in message, message
+        assert ("affected groups: p0." in message) == (rank == 1), message
         assert len(record["reads"]) <= BUDGET[method], (rank, len(record["reads"]), record["reads"])

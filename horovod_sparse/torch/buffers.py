@@ -10,7 +10,7 @@ parameter and its gradient as flat memory).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -66,25 +66,30 @@ class FlatGroup:
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
 
-    def load_gradients(self, usable: bool = True, inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def load_gradients(self, usable: Union[bool, torch.Tensor] = True,
+                       inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add every parameter's gradient into the residual and return it: ``x = g + e`` (only
         ``e`` when the gradients are not ``usable``).
 
-        Parameters without a gradient contribute zero. With ``inv_scale`` (a 0-dim tensor: the
-        reciprocal of a loss scale) the gradients are unscaled as they are added, so the residual
-        and what the method selects stay in the loss's own units.
+        ``usable`` is a bool, or a 0-dim bool tensor on the gradients' device (decided there, not
+        read on the host): then each gradient is added where it is True and ``-0.0``, which
+        leaves every element of ``e`` as it is, where it is False. Parameters without a gradient
+        contribute zero. With ``inv_scale`` (a 0-dim tensor: the reciprocal of a loss scale) the
+        gradients are unscaled as they are added, so the residual and what the method selects
+        stay in the loss's own units.
         """
         if self.residual is None:
             self._allocate()
         assert self.residual is not None
-        if not usable:
+        if usable is False:
             return self.residual
         for p, view in zip(self.params, self.views(self.residual)):
             if p.grad is not None:
+                grad = p.grad if usable is True else torch.where(usable, p.grad, -0.0)
                 if inv_scale is None:
-                    view.add_(p.grad)
+                    view.add_(grad)
                 else:
-                    view.addcmul_(p.grad, inv_scale)
+                    view.addcmul_(grad, inv_scale)
         return self.residual
 
     def load_flat(self, gradient: Optional[torch.Tensor], inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:

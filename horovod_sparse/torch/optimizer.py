@@ -38,7 +38,8 @@ from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.tensor_backend import all_finite, read_counts
+from horovod_sparse.torch.selection import on_accelerator
+from horovod_sparse.torch.tensor_backend import all_finite, finite_flag, read_counts
 from horovod_sparse.methods.base import Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -129,7 +130,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.timeline = ready_timeline(ordered[0][1].device if ordered else torch.device("cpu"))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
-        self._nonfinite_groups: List[str] = []
+        #: This step's finiteness decisions in launch order: (group or parameter name, whether
+        #: its gradients were finite: a bool, or a 0-dim bool tensor left on an accelerator).
+        self._finiteness: List[Tuple[str, Union[bool, torch.Tensor]]] = []
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
         self._inflight: Dict[int, Union[Inflight, _DenseFlight]] = {}
@@ -247,12 +250,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             elif p.grad is None and p not in self._sparse_rows:
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
                 p.grad = torch.zeros_like(p)
-        usable = self.nonfinite is None or all_finite(*[p.grad for p in group.params if p.grad is not None])
-        if not usable:
-            # This rank's gradient contributes nothing this step and never reaches the residual
-            # (it stays in .grad until synchronize()); synchronize() tells every rank and applies
-            # the policy.
-            self._nonfinite_groups.append(group.name)
+        usable = self._finite(group)
         sparse = not self._is_dense(group)
         target = self._compression.options.count(group.numel, self.steps) if sparse else group.numel
         stats = GroupStats(group.name, group.numel, target, dense=not sparse)
@@ -292,7 +290,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         p.grad = None
         if self.nonfinite is not None and not all_finite(grad._values()):
-            self._nonfinite_groups.append(self._parameter_names[p])
+            self._finiteness.append((self._parameter_names[p], False))
             grad = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.shape)
         self._sparse_rows[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._parameter_names[p]}",
                                                           op=self.op, process_set=self.process_set)
@@ -327,7 +325,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index in self._ready_count:
             self._ready_count[index] = 0
         self._size_checked = False
-        bad_ranks = self._ranks_with_nonfinite_gradients()
+        nonfinite_groups = self._nonfinite_groups()
+        bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
         if bad_ranks:
             self._abandon_step(finished)
         for inflight in finished:
@@ -342,8 +341,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             p.grad = p.grad.to_sparse()  # back to the layout the optimizer expects, as Horovod does
         self._densified.clear()
         if bad_ranks:
-            groups, self._nonfinite_groups = self._nonfinite_groups, []
-            self._abandoned = (bad_ranks, self.steps, groups)
+            self._abandoned = (bad_ranks, self.steps, nonfinite_groups)
         self._close_step()
         self._after_step()
         self._synchronized = True
@@ -365,11 +363,36 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                           RuntimeWarning, stacklevel=3)
         self._abandoned = None
 
-    def _ranks_with_nonfinite_gradients(self) -> List[int]:
-        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather)."""
+    def _finite(self, group: FlatGroup) -> Union[bool, torch.Tensor]:
+        """Whether ``group``'s gradients on this rank are all finite (True without a
+        ``nonfinite`` policy), noted for :meth:`synchronize`: a host bool, or on an accelerator a
+        0-dim bool tensor that nothing reads until the step ends. A non-finite gradient
+        contributes nothing this step and never reaches the residual (it stays in ``.grad``
+        until :meth:`synchronize`, which tells every rank and applies the policy)."""
+        if self.nonfinite is None:
+            return True
+        grads = [p.grad for p in group.params if p.grad is not None]
+        usable = finite_flag(*grads) if grads and on_accelerator(grads[0]) else all_finite(*grads)
+        self._finiteness.append((group.name, usable))
+        return usable
+
+    def _nonfinite_groups(self) -> List[str]:
+        """This step's groups (and sparse-gradient parameters) whose gradients were not finite on
+        this rank, in launch order; the decisions left on an accelerator are read together, one
+        host read per device. Clears the step's decisions."""
+        deferred = [usable.to(torch.int64) for _, usable in self._finiteness if isinstance(usable, torch.Tensor)]
+        read = iter(read_counts(deferred))
+        names = [name for name, usable in self._finiteness
+                 if not (next(read) if isinstance(usable, torch.Tensor) else usable)]
+        self._finiteness = []
+        return names
+
+    def _ranks_with_nonfinite_gradients(self, nonfinite_here: int) -> List[int]:
+        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
+        of each rank's count ``nonfinite_here``)."""
         if self.nonfinite is None:
             return []
-        local = torch.tensor([len(self._nonfinite_groups)], dtype=torch.int32)
+        local = torch.tensor([nonfinite_here], dtype=torch.int32)
         counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)
         return [rank for rank, count in enumerate(counts.tolist()) if count]
 

@@ -191,6 +191,15 @@ def index_dtype(numel: int) -> torch.dtype:
     return torch.int32 if numel < 2 ** 31 else torch.int64
 
 
+def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
+    """Whether every element of every one of ``tensors`` (on one device) is finite, as a 0-dim
+    bool tensor on that device: :func:`all_finite` without its host read, for accelerators (an
+    exact pass per tensor is cheap there; a host read stalls the queue)."""
+    if not tensors:
+        return torch.tensor(True)
+    return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
+
+
 def all_finite(*tensors: torch.Tensor) -> bool:
     """Whether every element of every one of ``tensors`` (on one device) is finite, read on the
     host once for all of them. A NaN or Inf anywhere makes a sum non-finite, so one summing pass

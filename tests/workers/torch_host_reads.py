@@ -7,10 +7,15 @@ behind), one step's ``step()`` runs inside
 the same run on the host paths must give bitwise the same aggregates, residuals and statistics.
 The gradients are set, not backpropagated, so that ``step()`` launches every group's exchange
 itself, through the same code as the hooks (the autograd engine runs hooks outside Python's
-function modes, where nothing would be counted). Record per config: the reads' names, the
-number of groups and whether both paths agreed.
+function modes, where nothing would be counted). A config with ``nan_step`` puts a NaN in rank
+1's first gradient at that step (policy ``"skip"``): the accelerators' paths decide finiteness on
+the device and read it when the step ends; both paths must abandon the step alike (NaN
+aggregates, the same residuals, the same warning). Record per config: the reads' names (of the
+last step, a finite one), the number of groups, whether both paths agreed and their warnings.
 """
 import contextlib
+import math
+import warnings
 from typing import Any, Dict
 
 import horovod.torch as hvd
@@ -24,36 +29,47 @@ from tests.workers.given_gradients import make_params, step_gradients
 
 
 def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
-    """Three steps; the last one's host reads (accelerators' paths ``forced`` on CPU tensors or
-    not), every step's aggregates and the final residuals."""
+    """``steps`` steps (3 by default); the last one's host reads (accelerators' paths ``forced``
+    on CPU tensors or not), every step's aggregates, the final residuals and the warnings."""
     params = make_params(config["shapes"], 5, torch.float32)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                   compression=hs.Compression.create(config["method"], **config["options"]),
-                                  groups="tensor")
+                                  groups="tensor", nonfinite=config.get("nonfinite", "raise"))
     aggregates = []
-    for step in range(3):
-        opt.zero_grad()
-        for p, g in zip(params, step_gradients(params, 5, step, hvd.rank())):
-            p.grad = g  # no backward pass: step() launches every group itself, inside the count
-        with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads:
-            opt.step()
-        aggregates.append([p.grad.clone() for p in params])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for step in range(config.get("steps", 3)):
+            opt.zero_grad()
+            for p, g in zip(params, step_gradients(params, 5, step, hvd.rank())):
+                p.grad = g  # no backward pass: step() launches every group itself, inside the count
+            if step == config.get("nan_step") and hvd.rank() == 1:
+                params[0].grad.view(-1)[0] = math.nan
+            with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads:
+                opt.step()
+            aggregates.append([p.grad.clone() for p in params])
     assert opt.last_stats is not None and not any(g.dense for g in opt.last_stats.groups)
     return {"reads": reads.names, "groups": len(opt.groups), "aggregates": aggregates,
-            "residuals": list(opt.residuals().values()), "unions": [g.union for g in opt.last_stats.groups]}
+            "residuals": list(opt.residuals().values()), "unions": [g.union for g in opt.last_stats.groups],
+            "warnings": [str(w.message) for w in caught]}
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equal, NaNs in the same places."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
 
 
 def count(config: Dict[str, Any]) -> Dict[str, Any]:
     """The accelerators' paths' reads, and whether they computed bitwise what the host paths do
     (aggregates, residuals, union statistics)."""
     device, host = run(config, forced=True), run(config, forced=False)
-    same = (all(torch.equal(a, b) for step_a, step_b in zip(device["aggregates"], host["aggregates"])
-                for a, b in zip(step_a, step_b))
-            and all(torch.equal(a, b) for a, b in zip(device["residuals"], host["residuals"]))
-            and device["unions"] == host["unions"])
+    agree = (all(same(a, b) for step_a, step_b in zip(device["aggregates"], host["aggregates"])
+                 for a, b in zip(step_a, step_b))
+             and all(torch.equal(a, b) for a, b in zip(device["residuals"], host["residuals"]))
+             and device["unions"] == host["unions"])
     return {"reads": device["reads"], "host_path_reads": len(host["reads"]), "groups": device["groups"],
-            "same_as_host_paths": same}
+            "same_as_host_paths": agree, "warnings": device["warnings"], "host_warnings": host["warnings"],
+            "abandoned": [bool(step[0].isnan().all()) for step in device["aggregates"]]}
 
 
 def main() -> None:
@@ -61,7 +77,7 @@ def main() -> None:
     hvd.init()
     torch.set_num_threads(1)
     for config in configs:
-        write_record(out, config["method"], hvd.rank(), {}, count(config))
+        write_record(out, config.get("name", config["method"]), hvd.rank(), {}, count(config))
 
 
 if __name__ == "__main__":
