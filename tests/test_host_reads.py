@@ -1,7 +1,7 @@
 """Host synchronisations per step, counted on the CPU as a GPU would make them
 (``tests/workers/torch_host_reads.py``, a 2-worker horovodrun job, three groups of 1200, 30 and
 1440 elements; ``tests/host_reads.py`` says what counts): no method's count may grow beyond
-:data:`BUDGET`, the README's table (there per group: these totals over three groups)."""
+:data:`BUDGET`, docs/benchmarks.md's table (there per group too: these totals over three groups)."""
 import pytest
 
 import horovod_sparse.methods  # noqa: F401  (registers the methods)

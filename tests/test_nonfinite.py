@@ -1,4 +1,4 @@
-"""NaN and Inf on any rank, for every method, in both front ends (README, Guarantees: "NaN/Inf
+"""NaN and Inf on any rank, for every method, in both front ends (docs/guarantees.md: "NaN/Inf
 policy"): three workers train through the faults of :mod:`tests.nonfinite_faults` (NaN, +Inf and
 -Inf; on rank 0, on rank 1, on several ranks at once; in a sparse group, in the dense group of a
 sparse step, during warm-up) under ``nonfinite="raise"`` and ``"skip"``, and the tests check that

@@ -195,7 +195,8 @@ class GradientExchanger:
         groups: with a sparsifier: an int, ``"tensor"``, ``"model"``, ``"size:N"`` or lists of
             variables (``None``: the method's natural grouping); densely: Horovod's meaning.
         process_set: the Horovod process set to reduce over.
-        device_dense / device_sparse: devices of the dense and IndexedSlices collectives.
+        device_dense: device of the dense collectives.
+        device_sparse: device of the IndexedSlices collectives.
         stats_log: optional text stream; one JSON line of statistics per exchange.
         nonfinite: what a NaN/Inf gradient on any rank does to a sparse exchange: ``"raise"``
             (``"default"`` with a sparsifier) or ``"skip"`` (see the module docstring); None

@@ -87,7 +87,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
 
     Args:
         gradtape: the ``tf.GradientTape`` that recorded the loss.
-        device_dense / device_sparse: devices of the dense and ``tf.IndexedSlices`` collectives.
+        device_dense: device of the dense collectives.
+        device_sparse: device of the ``tf.IndexedSlices`` collectives.
         compression: a horovod_sparse sparsifier (``horovod_sparse.tensorflow.Compression.topk(...)``
             and friends) or Horovod's ``Compression.none`` / ``Compression.fp16``.
         sparse_as_dense: exchange ``tf.IndexedSlices`` gradients as dense tensors (sparsified

@@ -9,7 +9,8 @@ from typing import Any, Dict, List, Tuple
 
 def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
     """The list of configs to run, one after another in this launch, and the output directory.
-    A config's ``plugin`` (a Python file, such as the README's example method) is run first, once."""
+    A config's ``plugin`` (a Python file, such as the example method of docs/adding-a-method.md)
+    is run first, once."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", required=True)
     parser.add_argument("--out", required=True)
