@@ -483,7 +483,7 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_host_reads.py"],
       "the step's union counts, read from the device together, go to the wrong groups"),
     M("deferred-nonfinite-gradient-enters-the-residual", P + "torch/buffers.py",
-      "                grad = p.grad if usable is True else torch.where(usable, p.grad, -0.0)\n",
+      "                grad = p.grad if staged is None else torch.where(usable, p.grad, negative_zero, out=staged)\n",
       "                grad = p.grad\n",
       ["tests/test_host_reads.py"],
       "on an accelerator a rank's non-finite gradient, decided on the device, still enters the residual"),

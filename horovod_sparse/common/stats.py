@@ -58,13 +58,10 @@ class GroupStats:
         self._pending.append((phase, seconds))
 
     def settle(self) -> None:
-        """Add the pending device phases' times (waiting for the device where they are not done)
-        and read a ``union`` count left on a device (a 0-dim tensor) as an int."""
+        """Add the pending device phases' times (waiting for the device where they are not done)."""
         for phase, seconds in self._pending:
             self.add_time(phase, seconds())
         self._pending.clear()
-        if not isinstance(self.union, int) and hasattr(self.union, "item"):
-            self.union = int(self.union.item())
 
 
 @dataclass
@@ -151,18 +148,25 @@ class StatsLog:
         self._stream.flush()
 
 
-#: Reads device-held counts (0-dim tensors) on the host together: their values, in order.
+#: Reads counts that are not Python ints yet (0-dim tensors left on a device, NumPy scalars):
+#: their values, in order.
 ReadCounts = Callable[[List[Any]], List[int]]
 
 
-def finish_step(stats: StepStats, log: Optional[StatsLog], read_counts: Optional[ReadCounts] = None) -> StepStats:
-    """A finished step's statistics as a front end publishes them (its ``last_stats``): groups
-    settled (:meth:`GroupStats.settle`), sorted by name, and written to ``log`` when there is
-    one. With ``read_counts`` (the front end's, for counts left on an accelerator) every group's
-    device-held ``union`` is read in one go, not one host read per group."""
-    on_device = [g for g in stats.groups if not isinstance(g.union, int) and hasattr(g.union, "item")]
-    if read_counts is not None and on_device:
-        for group, union in zip(on_device, read_counts([g.union for g in on_device])):
+def read_each(counts: List[Any]) -> List[int]:
+    """:data:`ReadCounts` one count at a time."""
+    return [int(count) for count in counts]
+
+
+def finish_step(stats: StepStats, log: Optional[StatsLog], read_counts: ReadCounts = read_each) -> StepStats:
+    """A finished step's statistics as a front end publishes them (its ``last_stats``): every
+    group's ``union`` an int (those that are not yet read by ``read_counts``: a front end
+    whose counts stay on an accelerator passes one that reads them all in one go, not one host
+    read per group), groups settled (:meth:`GroupStats.settle`), sorted by name, and written to
+    ``log`` when there is one."""
+    unread = [g for g in stats.groups if not isinstance(g.union, int)]
+    if unread:
+        for group, union in zip(unread, read_counts([g.union for g in unread])):
             group.union = union
     for group in stats.groups:
         group.settle()

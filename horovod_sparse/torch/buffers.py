@@ -73,7 +73,8 @@ class FlatGroup:
 
         ``usable`` is a bool, or a 0-dim bool tensor on the gradients' device (decided there, not
         read on the host): then each gradient is added where it is True and ``-0.0``, which
-        leaves every element of ``e`` as it is, where it is False. Parameters without a gradient
+        leaves every element of ``e`` as it is, where it is False (the choice is staged in the
+        output buffer, which the exchange zeroes next: no allocation). Parameters without a gradient
         contribute zero. With ``inv_scale`` (a 0-dim tensor: the reciprocal of a loss scale) the
         gradients are unscaled as they are added, so the residual and what the method selects
         stay in the loss's own units.
@@ -83,9 +84,12 @@ class FlatGroup:
         assert self.residual is not None
         if usable is False:
             return self.residual
-        for p, view in zip(self.params, self.views(self.residual)):
+        assert self.output is not None
+        staging = [None] * len(self.params) if usable is True else self.views(self.output)
+        negative_zero = None if usable is True else self.output.new_full((), -0.0)
+        for p, view, staged in zip(self.params, self.views(self.residual), staging):
             if p.grad is not None:
-                grad = p.grad if usable is True else torch.where(usable, p.grad, -0.0)
+                grad = p.grad if staged is None else torch.where(usable, p.grad, negative_zero, out=staged)
                 if inv_scale is None:
                     view.add_(grad)
                 else:

@@ -380,7 +380,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         """This step's groups (and sparse-gradient parameters) whose gradients were not finite on
         this rank, in launch order; the decisions left on an accelerator are read together, one
         host read per device. Clears the step's decisions."""
-        deferred = [usable.to(torch.int64) for _, usable in self._finiteness if isinstance(usable, torch.Tensor)]
+        deferred = [usable for _, usable in self._finiteness if isinstance(usable, torch.Tensor)]
         read = iter(read_counts(deferred))
         names = [name for name, usable in self._finiteness
                  if not (next(read) if isinstance(usable, torch.Tensor) else usable)]

@@ -194,9 +194,7 @@ def index_dtype(numel: int) -> torch.dtype:
 def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
     """Whether every element of every one of ``tensors`` (on one device) is finite, as a 0-dim
     bool tensor on that device: :func:`all_finite` without its host read, for accelerators (an
-    exact pass per tensor is cheap there; a host read stalls the queue)."""
-    if not tensors:
-        return torch.tensor(True)
+    exact pass per tensor is cheap there; a host read stalls the queue). One tensor or more."""
     return torch.stack([torch.isfinite(t).all() for t in tensors]).all()
 
 
