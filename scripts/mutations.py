@@ -201,8 +201,8 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_ddp.py", "-k", "test_exact_resume"],
       "a checkpoint saves step 0 instead of the step counter (schedules and warm-up restart)"),
     M("agreement-not-adopted", P + "common/model_state.py",
-      "        return steps if self.process_set.rank() == root_rank else self.restore(shared, groups, regroup)\n",
-      "        return steps\n",
+      "        if self.process_set.rank() != root_rank:\n            steps = self.restore(shared, groups, regroup)\n",
+      "",
       ["tests/test_torch_dropin.py", "-k", "test_checkpoint_idiom_resumes_in_step_on_every_rank"],
       "the ranks other than the root keep their own step counter and shared state (Horovod's checkpoint "
       "idiom: only rank 0 resumes in step; the others' collectives then differ)", hang=True),
@@ -212,7 +212,7 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_common_options.py"],
       "a group mixes dtypes or devices (one flat buffer cannot hold them)"),
     M("method-state-not-rebuilt-for-another-size", P + "common/model_state.py",
-      "        if built_for != world_size:\n",
+      "        if built_for != (world_size, numel):\n",
       "        if built_for is None:\n",
       ["tests/test_torch_resume.py", "-k", "another_worker_count"],
       "a method state built for another world size is kept (partition tables, gTop-k's schedule)"),
@@ -366,6 +366,35 @@ MUTATIONS: List[Mutation] = [
        "test_scatter_chunks or test_same_statistics and topk_model_fp16"],
       "the union statistic counts an index sent by two ranks twice (below the marking threshold)"),
 
+    # -- the two-tier exchange (common/tiers.py through the PyTorch optimizer) ---------------------
+    M("two-tier-residual-kept-outside-the-slice", P + "common/tiers.py",
+      "    x = B.embed(x, lo, node_sum)\n"
+      "    update, residual = yield from method.exchange(x[lo:hi], cross, state, step)\n"
+      "    (whole,) = yield [node.allgather(update, \"node.update\", NODE_KIND)]\n"
+      "    return whole, B.embed(x, lo, residual)\n",
+      "    x[lo:hi] = node_sum\n"
+      "    update, residual = yield from method.exchange(x[lo:hi], cross, state, step)\n"
+      "    (whole,) = yield [node.allgather(update, \"node.update\", NODE_KIND)]\n"
+      "    return whole, x\n",
+      ["tests/test_two_tier.py", "-k", "flat_method_on_node_sums and topk"],
+      "a rank keeps its g + e outside its slice after handing it to the slice's owner: counted twice"),
+    M("two-tier-scale-per-node", P + "torch/communicator.py",
+      "    return (cls(tiers.cross_set, name, stats, scale, tiers.cross_size, tiers.cross_rank, device),\n",
+      "    return (cls(tiers.cross_set, name, stats, 1 / tiers.cross_size, tiers.cross_size, tiers.cross_rank, "
+      "device),\n",
+      ["tests/test_two_tier.py", "-k", "flat_method_on_node_sums and topk"],
+      "the cross-node update averages over the nodes, not over every worker (the node sums are sums)"),
+    M("two-tier-state-built-for-the-group", P + "torch/optimizer.py",
+      "        state = self._model.method_state(group, comm.size, numel)\n",
+      "        state = self._model.method_state(group, comm.size)\n",
+      ["tests/test_two_tier.py", "-k", "flat_method_on_node_sums and micro"],
+      "the method's state (MiCRO's partitions) is built for the whole group, not for this rank's slice"),
+    M("two-tier-slice-state-agreed-from-rank-0", P + "common/model_state.py",
+      "            mine[\"groups\"] = {name: {\"numel\": entry[\"numel\"]} "
+      "for name, entry in mine[\"groups\"].items()}\n",
+      "            pass\n",
+      ["tests/test_two_tier.py", "-k", "flat_method_on_node_sums and exdyna"],
+      "every rank adopts rank 0's slice state (its thresholds and partitions) instead of its cross set's"),
     # -- TensorFlow tape, Keras, selection ----------------------------------------------------------
     M("tf-average-scale-dropped", P + "tensorflow/exchanger.py",
       "        scale = 1.0 / size if self.op == hvd.Average else 1.0\n",
@@ -442,8 +471,8 @@ MUTATIONS: List[Mutation] = [
 
     # -- DDP comm hook ---------------------------------------------------------------------------
     M("ddp-average-scale-dropped", P + "ddp/hook.py",
-      "        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank",
-      "        comm = Communicator(self.process_group, group.name, stats, 1.0, size, rank",
+      "                                         1.0 / size, gradient.device)",
+      "                                         1.0, gradient.device)",
       ["tests/test_ddp.py", "-k", "test_same_aggregate_as_the_horovod_front_end"],
       "the DDP hook sums the sparse aggregate instead of averaging it"),
     M("ddp-dense-bucket-summed", P + "ddp/hook.py",

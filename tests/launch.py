@@ -59,16 +59,19 @@ def worker_env() -> Dict[str, str]:
 
 
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
-               timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+               timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None,
+               hosts: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
     :func:`launcher_env`) with ``horovodrun`` (:data:`SUITE_HOROVODRUN`) over ``backend``, or
     with ``torchrun`` for ``backend="torchrun"`` (its own rendezvous on a free port); raise with
-    the output on failure."""
+    the output on failure. ``hosts``: horovodrun's ``-H`` (default ``localhost:np``); names of
+    this machine such as ``localhost:2,127.0.0.1:2`` emulate several hosts (Horovod gives each
+    name its own ``cross_rank``)."""
     env = {**launcher_env(), **(env or {})}
     if backend == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc-per-node", str(np), str(WORKERS / script), *args]
     else:
-        command = [*SUITE_HOROVODRUN, "-np", str(np), "-H", f"localhost:{np}", f"--{backend}",
+        command = [*SUITE_HOROVODRUN, "-np", str(np), "-H", hosts or f"localhost:{np}", f"--{backend}",
                    sys.executable, str(WORKERS / script), *args]
     result = _run_launch("torchrun" if backend == "torchrun" else "horovodrun", command, env, timeout)
     if result.returncode != 0:
@@ -105,23 +108,27 @@ def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, m
 
 
 def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",
-                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
+                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None,
+                hosts: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run one launch that goes through every config in ``configs`` (one launch amortises the
-    few seconds of start-up every worker pays); results go under ``out``."""
+    few seconds of start-up every worker pays); results go under ``out`` (``hosts``: see
+    :func:`horovodrun`)."""
     spec = out / "configs.json"
     spec.write_text(json.dumps(configs))
-    return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout, env)
+    return horovodrun(script, np, ["--configs", str(spec), "--out", str(out)], backend, timeout, env, hosts)
 
 
-def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = HANG_TIMEOUT) -> Any:
+def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = HANG_TIMEOUT,
+                hosts: Optional[str] = None) -> Any:
     """A module-scoped pytest fixture running every config of ``configs`` in one ``script`` job
-    on ``np`` workers (:func:`run_configs`); it yields the folder of the workers' records."""
+    on ``np`` workers (:func:`run_configs`, ``hosts`` as there); it yields the folder of the
+    workers' records."""
     import pytest
 
     @pytest.fixture(scope="module")
     def job(tmp_path_factory: Any) -> Path:
         out = tmp_path_factory.mktemp(Path(script).stem)
-        run_configs(script, np, out, configs, timeout=timeout)
+        run_configs(script, np, out, configs, timeout=timeout, hosts=hosts)
         return out
 
     return job

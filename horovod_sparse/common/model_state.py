@@ -23,6 +23,7 @@ from horovod_sparse.common.consensus import require_same_configuration, state_of
 from horovod_sparse.common.grouping import StepTimeline
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.plain import from_plain, to_plain
+from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.methods.backend import Backend
 from horovod_sparse.methods.base import Sparsifier
 
@@ -64,19 +65,32 @@ class ModelState:
         self.B = backend
         self.process_set = process_set
         self.mergecomp = mergecomp
-        #: Each group's method state by group index, with the world size it was built for.
-        self.states: Dict[int, Tuple[int, Any]] = {}
+        #: Where the method runs when that is not ``process_set`` (a two-tier front end's cross
+        #: set: its state is agreed and its measurements are taken there), else None; and the
+        #: rank there that stands for a root rank of ``process_set`` (:meth:`use_tiers`).
+        self.method_set: Any = None
+        self.method_root: Optional[Callable[[int], int]] = None
+        #: Each group's method state by group index, with what it was built for: ``(world size,
+        #: elements)`` (the elements of this rank's slice in a two-tier exchange).
+        self.states: Dict[int, Tuple[Tuple[int, int], Any]] = {}
 
-    def method_state(self, group: Group, world_size: int) -> Any:
-        """``group``'s method state for ``world_size`` ranks: built on the group's first sparse
-        step, rebuilt (``Sparsifier.resized_state``: partition tables, thresholds, schedules;
-        DGC keeps its velocity) when it was built for another world size (an elastic change, or
-        a checkpoint of another worker count). The residual is never touched."""
+    def use_tiers(self, tiers: Tiers) -> None:
+        """Run the method over ``tiers``' cross set from now on (a two-tier front end)."""
+        self.method_set, self.method_root = tiers.cross_set, tiers.cross_root
+
+    def method_state(self, group: Group, world_size: int, numel: Optional[int] = None) -> Any:
+        """``group``'s method state for ``world_size`` ranks and ``numel`` elements (default: the
+        group's): built on the group's first sparse step, rebuilt (``Sparsifier.resized_state``:
+        partition tables, thresholds, schedules; DGC keeps its velocity) when it was built for
+        another world size (an elastic change, or a checkpoint of another worker count), built
+        anew when it was built for another number of elements (a checkpoint saved with another
+        split into tiers). The residual is never touched."""
+        numel = group.numel if numel is None else numel
         built_for, state = self.states.get(group.index, (None, None))
-        if built_for != world_size:
-            state = (self.compression.new_state(group.numel, world_size) if built_for is None
-                     else self.compression.resized_state(state, group.numel, world_size))
-            self.states[group.index] = (world_size, state)
+        if built_for != (world_size, numel):
+            state = (self.compression.new_state(numel, world_size) if built_for is None or built_for[1] != numel
+                     else self.compression.resized_state(state, numel, world_size))
+            self.states[group.index] = ((world_size, numel), state)
         return state
 
     # -- checkpoints and agreement --------------------------------------------------------------
@@ -94,7 +108,8 @@ class ModelState:
             if per_rank or not per_rank_state:
                 built = self.states.get(g.index)
                 entry["state"] = None if built is None else {
-                    "world_size": built[0], "state": to_plain(self.compression.export_state(built[1]))}
+                    "world_size": built[0][0], "numel": built[0][1],
+                    "state": to_plain(self.compression.export_state(built[1]))}
             records[g.name] = entry
         return {"steps": steps, "groups": records,
                 "method": self.compression.method_state(per_rank) if self.sparse else None,
@@ -126,12 +141,12 @@ class ModelState:
                 self.states[group.index] = self.saved_group_state(entry["state"], group.numel)
         return int(record["steps"])
 
-    def saved_group_state(self, saved: Dict[str, Any], numel: int) -> Tuple[int, Any]:
-        """A group's method state from a record's ``state`` entry, with the world size it was
-        built for."""
-        size = saved["world_size"]
+    def saved_group_state(self, saved: Dict[str, Any], numel: int) -> Tuple[Tuple[int, int], Any]:
+        """A group's method state from a record's ``state`` entry, with the world size and
+        elements it was built for (``numel``, the group's, where the record does not say)."""
+        size, numel = saved["world_size"], saved.get("numel", numel)
         template = self.compression.new_state(numel, size)
-        return size, self.compression.import_state(from_plain(template, saved["state"]))
+        return (size, numel), self.compression.import_state(from_plain(template, saved["state"]))
 
     def groups_mismatch(self, saved: Dict[str, int], groups: Sequence[Group], decided: bool) -> str:
         """What differs between a record's groups (name -> elements) and ``groups``, with the
@@ -150,10 +165,23 @@ class ModelState:
     def agree(self, root_rank: int, groups: Sequence[Group], steps: int, regroup: Regroup) -> int:
         """Every rank of the process set takes ``root_rank``'s shared :meth:`record` (step
         counter, MergeComp grouping, method state every rank holds alike); residuals and
-        per-rank state stay each rank's own. Returns the step counter. Collective."""
+        per-rank state stay each rank's own. With a ``method_set``, the groups' method states
+        are agreed there instead, from the rank standing for ``root_rank`` (each cross set
+        exchanges its own slices). Returns the step counter. Collective."""
         mine = self.record(groups, steps, per_rank=False) if self.process_set.rank() == root_rank else None
+        if mine is not None and self.method_set is not None:
+            mine["groups"] = {name: {"numel": entry["numel"]} for name, entry in mine["groups"].items()}
         shared = state_of_rank(root_rank, mine, self._allgather_bytes())
-        return steps if self.process_set.rank() == root_rank else self.restore(shared, groups, regroup)
+        if self.process_set.rank() != root_rank:
+            steps = self.restore(shared, groups, regroup)
+        if self.method_set is None:
+            return steps
+        assert self.method_root is not None
+        method_root = self.method_root(root_rank)
+        mine = self.record(groups, steps, per_rank=False) if self.method_set.rank() == method_root else None
+        shared = state_of_rank(method_root, mine, functools.partial(self.B.allgather_bytes,
+                                                                    process_set=self.method_set))
+        return steps if self.method_set.rank() == method_root else self.restore(shared, groups, regroup)
 
     def require_same_configuration(self, settings: Dict[str, Any],
                                    groups: Sequence[Tuple[str, int, str, List[List[int]]]]) -> None:
@@ -182,7 +210,7 @@ class ModelState:
         and switch groups when MergeComp says so (``groups``, ``decay`` and ``regroup`` are
         needed with MergeComp only)."""
         if self.sparse:
-            self.compression.on_step_end(self.process_set, timeline)
+            self.compression.on_step_end(self.process_set if self.method_set is None else self.method_set, timeline)
         if self.mergecomp is None:
             return
         assert decay is not None and regroup is not None, "MergeComp regroups through the front end"

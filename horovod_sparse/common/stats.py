@@ -11,7 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
-BYTE_KINDS = ("values", "indices", "meta")
+#: What a byte count is: the method's values, indices and metadata (across nodes in a two-tier
+#: exchange, across all ranks in a flat one) and ``node``, the dense collectives inside a node
+#: of a two-tier exchange (:mod:`horovod_sparse.common.tiers`).
+BYTE_KINDS = ("values", "indices", "meta", "node")
 
 
 @dataclass
@@ -26,7 +29,8 @@ class GroupStats:
         union: distinct coordinates that reached the model (the aggregated update's support).
         dense: True when the group went through a dense allreduce (warm-up, small group,
             dense compressor).
-        sent / received: payload bytes per kind (``values``, ``indices``, ``meta``).
+        sent / received: payload bytes per kind (:data:`BYTE_KINDS`: ``values``, ``indices``, ``meta``,
+            ``node``).
         seconds: wall time per phase (``select``, ``communicate``, ``apply``, ...).
         collectives: number of collective operations issued.
         extra: method-specific figures (threshold, load_inc, padding, rounds, ...).

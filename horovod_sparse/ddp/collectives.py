@@ -12,6 +12,7 @@ every rank issues them in the same order, which the front end guarantees.
 """
 from __future__ import annotations
 
+import os
 import pickle
 from typing import Any, List, Optional, Tuple
 
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from horovod_sparse.common.tiers import NodeLayout, Tiers, make_tiers, slice_bounds
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch.tensor_backend import synchronize
 
@@ -93,6 +95,30 @@ def allgather_bytes(payload: bytes, name: str, process_set: ProcessGroup) -> Lis
     return [pickle.loads(item) for item in gathered]
 
 
+def ddp_tiers(hierarchical: Optional[bool], node_size: Optional[int], process_group: ProcessGroup) -> Optional[Tiers]:
+    """This rank's :class:`~horovod_sparse.common.tiers.Tiers` over ``torch.distributed``
+    (:func:`~horovod_sparse.common.tiers.make_tiers`): nodes of ``node_size`` consecutive ranks
+    (default ``LOCAL_WORLD_SIZE``, one node without it), one new group per node and per slice.
+    Collective: every rank of the default group."""
+
+    def find_layout() -> NodeLayout:
+        if process_group.group is not None:
+            raise ValueError("hierarchical=True splits the job into its nodes, so it needs the default process "
+                             "group; use hierarchical=False with another process_group")
+        size = node_size if node_size is not None else int(os.environ.get("LOCAL_WORLD_SIZE", process_group.size()))
+        sizes = gather_ints(size, process_group)
+        if len(set(sizes)) > 1 or size < 1:
+            raise ValueError(f"hierarchical=True needs the same node_size >= 1 on every rank (LOCAL_WORLD_SIZE by "
+                             f"default); the ranks have {sizes}")
+        return NodeLayout.from_places([(rank // size, rank % size) for rank in range(process_group.size())])
+
+    def new_group(ranks: List[int]) -> Optional[ProcessGroup]:
+        group = dist.new_group(ranks)
+        return ProcessGroup(group) if dist.get_rank() in ranks else None
+
+    return make_tiers(hierarchical, dist.get_rank(), find_layout, new_group)
+
+
 class Communicator(TorchCommunicator):
     """Launches ``torch.distributed`` collectives for one group in one step (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`, with a :class:`ProcessGroup`)."""
@@ -118,6 +144,14 @@ class Communicator(TorchCommunicator):
         output = tensor.new_empty((int(received.sum()), *tensor.shape[1:]))
         work = dist.all_to_all_single(output, tensor, received.tolist(), splits.tolist(), group=group, async_op=True)
         return self._alltoall_launched((work, lambda: (output, received.to(splits.dtype))), tensor, splits, kind)
+
+    def reducescatter(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Sum ``tensor`` over the group and hand rank ``r`` its slice of the sum
+        (:func:`~horovod_sparse.common.tiers.slice_bounds`, Horovod's split)."""
+        sizes = [hi - lo for lo, hi in (slice_bounds(tensor.shape[0], self.size, r) for r in range(self.size))]
+        output = tensor.new_empty(sizes[self.rank])
+        work = dist.reduce_scatter(output, list(tensor.split(sizes)), group=self.process_set.group, async_op=True)
+        return self._reducescatter_launched((work, lambda: output), tensor, kind)
 
     def _complete(self, handle: Any) -> Any:
         work, finish = handle

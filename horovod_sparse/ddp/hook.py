@@ -32,10 +32,12 @@ from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonf
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
+from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ddp_tiers, gather_ints
 from horovod_sparse.ddp.compression import Compression, DenseCompression
 from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.communicator import group_communicators, start_exchange
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.tensor_backend import all_finite, read_counts
@@ -86,6 +88,15 @@ class State:
             the loss's own units (a scale change loses nothing), and a non-finite step is left
             to the scaler (see ``nonfinite``). Required with a scaler and a sparsifier: without
             it the first overflow raises (``"raise"``).
+        hierarchical: the two-tier sparse exchange (:mod:`horovod_sparse.common.tiers`, as the
+            Horovod front ends' argument): each node sums its buckets densely (reduce-scatter),
+            each slice of the node sum is exchanged by the method across nodes among the ranks
+            owning it, and the node gathers the slices' updates. ``None`` follows
+            ``HOROVOD_HIERARCHICAL_ALLREDUCE``. It needs the default process group; its
+            subgroups (one per node, one per slice) are made at the first exchange.
+        node_size: workers per node with ``hierarchical``, ranks ``[c * node_size, (c + 1) *
+            node_size)`` on node ``c`` (as ``torchrun`` numbers them); default: ``torchrun``'s
+            ``LOCAL_WORLD_SIZE`` (one node without it). Every rank must see the same.
 
     Every rank compares the configuration (method and options, ``nonfinite``, step counter)
     at its first exchange and after :meth:`load_state_dict`, and raises the same
@@ -94,7 +105,8 @@ class State:
 
     def __init__(self, compression: Any = Compression.none, process_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
-                 loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
+                 loss_scaler: Optional[torch.amp.GradScaler] = None, hierarchical: Optional[bool] = None,
+                 node_size: Optional[int] = None) -> None:
         sparse = isinstance(compression, Sparsifier)
         if sparse and compression.B is not backend:
             raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
@@ -110,6 +122,11 @@ class State:
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first bucket.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._model = ModelState(compression, backend, self.process_group, None)
+        self._hierarchical = sparse and wants_hierarchical(hierarchical)
+        self._hierarchical_arg = hierarchical
+        self._node_size = node_size
+        #: The two-tier exchange's groups (None: flat), made after the first configuration check.
+        self.tiers: Optional[Tiers] = None
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
         #: When the buckets became ready, step after step (read by LAGS's adaptive rule).
         self.timeline = ReadyTimeline()
@@ -137,7 +154,12 @@ class State:
                 self.timeline = ready_timeline(buffer.device)
         if self._check_due:
             self._check_due = False
-            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
+            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
+                                                    "hierarchical": self._hierarchical}, [])
+            if self._hierarchical and self.tiers is None:  # every rank asks for it: checked just now
+                self.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
+                if self.tiers is not None:
+                    self._model.use_tiers(self.tiers)
         if bucket.index() == 0 and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         groups = self.buckets.of_bucket(bucket.index(), params)
@@ -155,19 +177,23 @@ class State:
         self.timeline.group_ready(group.name)
         if not usable:
             self._nonfinite_groups.append(group.name)
-        sparse = self.sparse and self._sparse_step() and group.numel >= self.compression.options.min_numel
+        sparse = (self.sparse and self._sparse_step() and group.numel >= self.compression.options.min_numel
+                  and (self.tiers is None or self.tiers.splits(group.numel)))
         size, rank = self.process_group.size(), self.process_group.rank()
-        target = self.compression.options.count(group.numel, self.steps) if sparse else group.numel
-        stats = GroupStats(group.name, group.numel, target, dense=not sparse)
+        tiers = self.tiers if sparse else None
+        numel = exchanged_numel(tiers, group.numel)
+        target = self.compression.options.count(numel, self.steps) if sparse else numel
+        stats = GroupStats(group.name, numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
-        comm = Communicator(self.process_group, group.name, stats, 1.0 / size, size, rank, gradient.device)
+        comm, node = group_communicators(Communicator, self.process_group, size, rank, tiers, group.name, stats,
+                                         1.0 / size, gradient.device)
         if sparse:
-            state = self._model.method_state(group, size)
+            state = self._model.method_state(group, comm.size, numel)
             with comm.timer("flatten"):
                 x = group.load_flat(gradient if usable else None,
                                     None if self._scale_factors is None else self._scale_factors[1])
                 comm.output_buffer = group.zeroed_output()
-            exchange = self.compression.exchange(x, comm, state, self.steps)
+            exchange = start_exchange(self.compression, x, comm, node, tiers, state, self.steps)
         else:
             exchange = _dense_exchange(gradient, comm, self.compression, usable)
         inflight = Inflight(exchange, comm, group, sparse)

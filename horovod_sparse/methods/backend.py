@@ -126,6 +126,10 @@ class Backend(Protocol):
         """Alltoall splits sending all of ``tensor``'s rows to rank ``target`` only (none when
         None)."""
 
+    def embed(self, out: Tensor, lo: int, values: Tensor) -> Tensor:
+        """``out`` holding ``values`` from position ``lo`` on and zeros everywhere else (``values``
+        may be that very slice of ``out``: then it stays)."""
+
     def zero_at(self, t: Tensor, idx: Tensor) -> Tensor:
         """``t[idx] = 0``."""
 

@@ -170,6 +170,11 @@ def splits_to(size: int, target: Optional[int], tensor: tf.Tensor) -> Union[List
     return tf.one_hot(target, size, dtype=tf.int32) * tf.shape(tensor)[0]
 
 
+def embed(out: tf.Tensor, lo: int, values: tf.Tensor) -> tf.Tensor:
+    total, length = numel(out), numel(values)
+    return tf.concat([tf.zeros([lo], out.dtype), values, tf.zeros([total - lo - length], out.dtype)], 0)
+
+
 def zero_at(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
     return tf.tensor_scatter_nd_update(t, tf.expand_dims(idx, 1), tf.zeros(tf.shape(idx), t.dtype))
 

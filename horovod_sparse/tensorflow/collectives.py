@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Union
+from typing import Any, ContextManager, Iterator, List, Optional, Sequence, Tuple, Union
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -27,6 +27,7 @@ import tensorflow as tf
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.tiers import slice_bounds
 from horovod_sparse.common.timing import timed
 
 #: A byte count: a Python int when the shape is static, else an int64 scalar tensor.
@@ -41,6 +42,9 @@ class Pending:
     kind: str
     #: bytes of the output that this rank contributed itself (not received from others).
     own_bytes: ByteCount
+    #: bytes received from the other ranks where they are not the output less ``own_bytes``
+    #: (a reduce-scatter: every other rank's contribution to this rank's slice).
+    received: Optional[int] = None
 
 
 def nbytes(tensor: tf.Tensor) -> ByteCount:
@@ -79,6 +83,12 @@ def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -
     with tf.init_scope():
         return hvd.allgather(tf.constant(array), name=op_name(name), ignore_name_scope=True,
                              process_set=process_set).numpy()
+
+
+def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """Every rank's ``(cross_rank, local_rank)``, in rank order (blocking, eager, global)."""
+    rows = hvd.allgather(tf.constant([list(place)], tf.int64), name="hs.tiers.places", ignore_name_scope=True)
+    return [(int(node), int(local)) for node, local in rows.numpy().tolist()]
 
 
 def allgather_payload(numel: int, like: Optional[tf.Tensor], process_set: hvd.ProcessSet, name: str) -> None:
@@ -153,6 +163,20 @@ class Communicator(CommunicatorBase):
                                     process_set=self.process_set)
         return self._launched(output, kind, sent=nbytes(tensor), own=0)
 
+    def reducescatter(self, tensor: tf.Tensor, tag: str, kind: str) -> Pending:
+        """Sum ``tensor`` (static length) over the process set and hand rank ``r`` its slice of
+        the sum (:func:`~horovod_sparse.common.tiers.slice_bounds`, Horovod's split)."""
+        numel = tensor.shape.num_elements()
+        lo, hi = slice_bounds(numel, self.size, self.rank)
+        with self.timer("communicate"), self._in_order():
+            output = hvd._reducescatter(tensor, name=self._name(tag), op=hvd.Sum, ignore_name_scope=True,
+                                        process_set=self.process_set)
+        output = tf.reshape(output, [hi - lo])  # the length a traced op cannot infer
+        own = (hi - lo) * tensor.dtype.size
+        pending = self._launched(output, kind, sent=numel * tensor.dtype.size - own, own=own)
+        pending.received = own * (self.size - 1)
+        return pending
+
     def alltoall(self, tensor: tf.Tensor, splits: Union[Sequence[int], tf.Tensor], tag: str, kind: str) -> Pending:
         """Alltoall with explicit splits (rows for each rank, a list of ints or an int32 tensor);
         a split non-zero only for one peer is a point-to-point send. The output is
@@ -192,7 +216,8 @@ class Communicator(CommunicatorBase):
         for pending in pendings:
             outputs.append(pending.output)
             tensor = pending.output[0] if isinstance(pending.output, tuple) else pending.output
-            self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
+            self.stats.received[pending.kind] += (nbytes(tensor) - pending.own_bytes if pending.received is None
+                                                  else pending.received)
         return outputs
 
     def timer(self, phase: str) -> ContextManager[None]:

@@ -85,10 +85,12 @@ from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.horovod_tiers import horovod_tiers
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.tiers import Tiers, exchanged_numel, two_tier_exchange, wants_hierarchical
 from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
-from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, nbytes, phase_timer
+from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, gather_places, nbytes, phase_timer
 from horovod_sparse.tensorflow.elastic import refuse_elastic
 from horovod_sparse.tensorflow.loss_scale import ScaleReader, rescaled, scale_of
 from horovod_sparse.methods.base import Sparsifier, Step
@@ -211,6 +213,8 @@ class GradientExchanger:
             sparsifier and a loss scaler (also one found around the Keras wrapper, at its first
             exchange) ``nonfinite=None`` raises ``ValueError``: overflows would put Inf into the
             residuals for good.
+        hierarchical: the two-tier exchange of sparse groups (see the tape's argument); the
+            process sets are found or added at the first exchange, after the configuration check.
 
     Attributes:
         loss_scale: reads the loss scale of the gradients exchanged (None: not scaled); the
@@ -226,7 +230,7 @@ class GradientExchanger:
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
                  device_sparse: str = "", stats_log: Optional[IO[str]] = None,
                  nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1,
-                 loss_scaler: Any = None) -> None:
+                 loss_scaler: Any = None, hierarchical: Optional[bool] = None) -> None:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
@@ -243,6 +247,10 @@ class GradientExchanger:
         self.gradient_predivide_factor = gradient_predivide_factor
         self.groups_spec = groups
         self.process_set = process_set
+        self._hierarchical_arg = hierarchical
+        self._hierarchical = self.sparse and wants_hierarchical(hierarchical)
+        #: The two-tier exchange's process sets (None: flat), found at the first exchange.
+        self.tiers: Optional[Tiers] = None
         self.device_dense = device_dense
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
         horovod_groups = None if self.sparse else _horovod_groups(groups)
@@ -392,6 +400,7 @@ class GradientExchanger:
         if layout is None:
             layout = self._new_layout(grads, sources)
             self._require_same_configuration(layout)
+            self._split_into_tiers(layout)
             self._restore_everywhere(layout)
             self._agree(layout)
             self._layouts[key] = layout
@@ -412,6 +421,19 @@ class GradientExchanger:
             steps = layout.model.agree(0, layout.groups, layout.steps(), functools.partial(self._use_groups, layout))
             layout.step_counter().assign(steps)
 
+    def _split_into_tiers(self, layout: Layout) -> None:
+        """With ``hierarchical``, find or add the tiers' process sets (once, eagerly: collective,
+        after the configuration check, so every rank asks for them or none does) and run the
+        method's state of ``layout`` over this rank's cross set."""
+        if not self._hierarchical:
+            return
+        if self.tiers is None:
+            with tf.init_scope():
+                self.tiers = horovod_tiers(self._hierarchical_arg, hvd, self.process_set, gather_places)
+            self._hierarchical = self.tiers is not None  # a flat layout: nothing to split, ever
+        if self.tiers is not None:
+            layout.model.use_tiers(self.tiers)
+
     def _require_same_configuration(self, layout: Layout) -> None:
         """Every rank raises the same ``ValueError`` unless all have the same configuration
         (:meth:`ModelState.require_same_configuration`). Sparse collectives are named after
@@ -421,7 +443,7 @@ class GradientExchanger:
             {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
              "nonfinite": self.nonfinite, "nonfinite_reported_in": self.reports_in,
              "sparse_as_dense": self.sparse_as_dense,
-             "backward_passes_per_step": self.backward_passes_per_step},
+             "backward_passes_per_step": self.backward_passes_per_step, "hierarchical": self._hierarchical},
             [(g.name if self.sparse else str(g.index), g.numel, g.dtype.name, [s.as_list() for s in g.shapes])
              for g in layout.groups])
 
@@ -636,7 +658,7 @@ class GradientExchanger:
         keep their residual as it was."""
         warm = self._dense_step(layout, step)
         for group in layout.groups:
-            if group.numel < self.compression.options.min_numel:
+            if self._dense_group(group):
                 continue  # exchanged densely: this step's gradient is dropped
             before = group.residual_value()
             x = group.load_gradients(kept, loss_scale)
@@ -697,19 +719,30 @@ class GradientExchanger:
             for group in layout.groups:
                 if host:
                     layout.timeline.group_ready(group.name)
-                if warm or group.numel < self.compression.options.min_numel:
+                if warm or self._dense_group(group):
                     dense_groups.append(group)
                     continue
-                group_stats = GroupStats(group.name, group.numel, 0)
+                tiers = self.tiers
+                numel = exchanged_numel(tiers, group.numel)
+                group_stats = GroupStats(group.name, numel, 0)
                 stats.groups.append(group_stats)
-                with tf.init_scope():
-                    state = layout.model.method_state(group, size)
                 with phase_timer(group_stats, "flatten"):
                     x = group.load_gradients(kept, loss_scale)
                 # The index keeps collective names distinct after op-name normalisation.
-                comm = Communicator(self.process_set, f"{group.index}.{group.name}", group_stats, scale, anchor=x)
-                group_stats.target = self.compression.count(group.numel, step)
-                exchange = self.compression.exchange(x, comm, state, step)
+                name = f"{group.index}.{group.name}"
+                if tiers is None:
+                    comm = Communicator(self.process_set, name, group_stats, scale, anchor=x)
+                else:
+                    comm = Communicator(tiers.cross_set, name, group_stats, scale)
+                with tf.init_scope():
+                    state = layout.model.method_state(group, comm.size, numel)
+                group_stats.target = self.compression.count(numel, step)
+                if tiers is None:
+                    exchange = self.compression.exchange(x, comm, state, step)
+                else:
+                    node = Communicator(tiers.node_set, name, group_stats, 1.0, anchor=x)
+                    exchange = two_tier_exchange(self.compression, x, node, comm, state, step,
+                                                 tiers.bounds(group.numel))
                 inflight.append(Inflight(exchange, comm, group))
                 inflight[-1].advance()
             self._exchange_dense_groups(dense_groups, kept, results, stats)
@@ -729,6 +762,12 @@ class GradientExchanger:
         if host:
             self._end_step(layout)
         return results
+
+    def _dense_group(self, group: FlatGroup) -> bool:
+        """Whether ``group`` takes Horovod's dense allreduce at every step: it is below
+        ``min_numel``, or in two tiers too small to give every rank of a node a slice."""
+        return (group.numel < self.compression.options.min_numel
+                or (self.tiers is not None and not self.tiers.splits(group.numel)))
 
     def _exchange_dense_groups(self, groups: List[FlatGroup], kept: List[Any], results: List[Any],
                                stats: StepStats) -> None:
@@ -771,7 +810,8 @@ def _groups_key(groups: Any) -> Any:
 def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any,
                      gradient_predivide_factor: float, groups: Any, process_set: hvd.ProcessSet,
                      device_dense: str, device_sparse: str, stats_log: Optional[IO[str]],
-                     nonfinite: Optional[str], loss_scaler: Any = None) -> GradientExchanger:
+                     nonfinite: Optional[str], loss_scaler: Any = None,
+                     hierarchical: Optional[bool] = None) -> GradientExchanger:
     """The exchanger for these arguments, created once per process and reused.
 
     A training loop wraps a new ``tf.GradientTape`` every step; the residuals must outlive it.
@@ -781,10 +821,10 @@ def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any
     """
     key = (name, _compression_key(compression), sparse_as_dense, op, gradient_predivide_factor,
            _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log), nonfinite,
-           id(loss_scaler))
+           id(loss_scaler), hierarchical)
     exchanger = _EXCHANGERS.get(key)
     if exchanger is None:
         exchanger = _EXCHANGERS[key] = GradientExchanger(
             name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
-            device_dense, device_sparse, stats_log, nonfinite, loss_scaler=loss_scaler)
+            device_dense, device_sparse, stats_log, nonfinite, loss_scaler=loss_scaler, hierarchical=hierarchical)
     return exchanger

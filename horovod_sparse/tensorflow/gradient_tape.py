@@ -79,7 +79,8 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             process_set: hvd.ProcessSet = hvd.global_process_set,
                             scale_local_gradients: bool = True,
                             stats_log: Optional[IO[str]] = None,
-                            nonfinite: Optional[str] = "default", loss_scaler: Any = None) -> tf.GradientTape:
+                            nonfinite: Optional[str] = "default", loss_scaler: Any = None,
+                            hierarchical: Optional[bool] = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so ``gradient()`` returns gradients exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -123,6 +124,14 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             default) takes the ``nonfinite`` policy's place. Without it, a loss scaler still
             sees NaN gradients on an overflow, but ``"raise"`` raises first, and the residuals
             carry each step's scale.
+        hierarchical: the two-tier sparse exchange (:mod:`horovod_sparse.common.tiers`): each
+            node sums its gradients densely (reduce-scatter), each slice of the node sum is
+            exchanged by the method across nodes among the ranks owning it, and the node gathers
+            the slices' updates. ``None`` follows Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE``
+            (``horovodrun --hierarchical-allreduce``). It needs the global process set, as many
+            workers on every node and Horovod's process sets for the nodes and slices (added at
+            the first exchange when Horovod was started with ``hvd.init(process_sets="dynamic")``,
+            else registered at ``hvd.init``). One node, or one worker per node, runs flat.
 
     Returns:
         A tape of the same class as ``gradtape`` (dynamically subclassed, as Horovod does), with
@@ -141,7 +150,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
-                                 stats_log, nonfinite, loss_scaler)
+                                 stats_log, nonfinite, loss_scaler, hierarchical)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables,
                process_set, scale_local_gradients)
@@ -155,7 +164,8 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    local_layers: Optional[Iterable[tf.keras.layers.Layer]] = None,
                                    scale_local_gradients: bool = True,
                                    stats_log: Optional[IO[str]] = None,
-                                   nonfinite: Optional[str] = "default", loss_scaler: Any = None) -> tf.GradientTape:
+                                   nonfinite: Optional[str] = "default", loss_scaler: Any = None,
+                                   hierarchical: Optional[bool] = None) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers`` keep their gradients local (not
     exchanged), as ``hvd.PartialDistributedGradientTape``."""
     if local_layers is None:
@@ -166,7 +176,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
-                                   scale_local_gradients, stats_log, nonfinite, loss_scaler)
+                                   scale_local_gradients, stats_log, nonfinite, loss_scaler, hierarchical)
     for layer in local_layers:
         for variable in layer.trainable_weights:
             tape.register_local_source(variable)

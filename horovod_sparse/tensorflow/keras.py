@@ -60,7 +60,8 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
                          process_set: hvd.ProcessSet = hvd.global_process_set,
                          scale_local_gradients: bool = True,
                          stats_log: Optional[IO[str]] = None,
-                         nonfinite: Optional[str] = "default") -> tf.keras.optimizers.Optimizer:
+                         nonfinite: Optional[str] = "default",
+                         hierarchical: Optional[bool] = None) -> tf.keras.optimizers.Optimizer:
     """Wrap a Keras optimizer so its gradients are exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -75,7 +76,8 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     or traced, so the variables and the optimizer state stay as they were, then raises
     ``FloatingPointError`` (``"raise"``; traced, a ``tf.errors`` error carrying its message) or
     warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
-    (see the module docstring).
+    (see the module docstring). ``hierarchical`` is the two-tier sparse exchange, as on
+    :func:`horovod_sparse.tensorflow.DistributedGradientTape`.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -89,7 +91,7 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
                                   groups, process_set, device_dense, device_sparse, stats_log, nonfinite,
-                                  backward_passes_per_step)
+                                  backward_passes_per_step, hierarchical=hierarchical)
     # Horovod builds its wrapper (class, checks, local-gradient aggregation) around a dense
     # reduction; the exchanger then takes that reduction's place everywhere Horovod calls it.
     wrapped = _impl.create_distributed_optimizer(

@@ -4,7 +4,7 @@ blocking host collectives for rare metadata.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import horovod.torch as hvd
 import numpy as np
@@ -35,6 +35,12 @@ def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: hvd
     synchronize(hvd.allgather(payload, name=name, process_set=process_set))
 
 
+def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:
+    """Every rank's ``(cross_rank, local_rank)``, in rank order (blocking, global)."""
+    rows = hvd.allgather(torch.tensor([list(place)], dtype=torch.int64), name="hs.tiers.places")
+    return [(int(node), int(local)) for node, local in rows.tolist()]
+
+
 class Communicator(TorchCommunicator):
     """Launches Horovod collectives for one group in one step (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`)."""
@@ -50,6 +56,12 @@ class Communicator(TorchCommunicator):
         handle = hvd.allreduce_async_(tensor, name=self._name(tag), op=op, prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, process_set=self.process_set)
         return self._launched(handle, kind, sent=nbytes(tensor), own=0)
+
+    def reducescatter(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
+        """Sum ``tensor`` over the process set and hand rank ``r`` the ``r``-th of ``size`` slices
+        of the sum along dim 0 (Horovod's split: the first ``numel % size`` one element longer)."""
+        handle = hvd.reducescatter_async(tensor, name=self._name(tag), op=hvd.Sum, process_set=self.process_set)
+        return self._reducescatter_launched(handle, tensor, kind)
 
     def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, tag: str, kind: str) -> Pending:
         """Alltoall with explicit splits; a split non-zero only for one peer is a point-to-point send."""

@@ -11,13 +11,15 @@ Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collect
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ContextManager, List, Optional, Sequence, Tuple
+from typing import Any, ContextManager, List, Optional, Sequence, Tuple, Type
 
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.tiers import Tiers, slice_bounds, two_tier_exchange
 from horovod_sparse.common.timing import timed
+from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.device_timing import cuda_timed
 
 
@@ -29,6 +31,9 @@ class Pending:
     kind: str
     #: bytes of the output that this rank contributed itself (not received from others).
     own_bytes: int
+    #: bytes received from the other ranks where they are not the output less ``own_bytes``
+    #: (a reduce-scatter: every other rank's contribution to this rank's slice).
+    received: Optional[int] = None
 
 
 def nbytes(tensor: torch.Tensor) -> int:
@@ -41,8 +46,9 @@ class TorchCommunicator(CommunicatorBase):
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`). Subclasses provide
     ``allgather(tensor, tag, kind)`` (variable length along dim 0), ``allreduce(tensor, tag,
     kind)`` (a sum, in place), ``alltoall(tensor, splits, tag, kind)`` (output and received
-    splits) and :meth:`_complete`. ``device``: where the group's tensors live (its phases are
-    timed with CUDA events there, see :meth:`timer`)."""
+    splits), ``reducescatter(tensor, tag, kind)`` (a sum, this rank's slice of
+    :func:`~horovod_sparse.common.tiers.slice_bounds`) and :meth:`_complete`. ``device``: where
+    the group's tensors live (its phases are timed with CUDA events there, see :meth:`timer`)."""
 
     def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float,
                  size: Optional[int] = None, rank: Optional[int] = None,
@@ -68,6 +74,15 @@ class TorchCommunicator(CommunicatorBase):
         own = int(splits[self.rank]) * row_bytes
         return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
 
+    def _reducescatter_launched(self, handle: Any, tensor: torch.Tensor, kind: str) -> Pending:
+        """Account for a reduce-scatter of ``tensor`` (the slices of :func:`slice_bounds`): all
+        but this rank's slice leaves it, every other rank's share of that slice arrives."""
+        lo, hi = slice_bounds(tensor.shape[0], self.size, self.rank)
+        own = (hi - lo) * nbytes(tensor) // max(1, tensor.shape[0])
+        pending = self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
+        pending.received = own * (self.size - 1)
+        return pending
+
     def _complete(self, handle: Any) -> Any:
         """Wait for one launched collective; its output (alltoall: ``(output, received_splits)``)."""
         raise NotImplementedError
@@ -80,7 +95,8 @@ class TorchCommunicator(CommunicatorBase):
                 output = self._complete(pending.handle)
                 outputs.append(output)
                 tensor = output[0] if isinstance(output, tuple) else output
-                self.stats.received[pending.kind] += nbytes(tensor) - pending.own_bytes
+                self.stats.received[pending.kind] += (nbytes(tensor) - pending.own_bytes if pending.received is None
+                                                      else pending.received)
         return outputs
 
     def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> torch.Tensor:
@@ -107,3 +123,30 @@ class TorchCommunicator(CommunicatorBase):
         if self.device is not None and self.device.type == "cuda":
             return cuda_timed(self.stats, phase, self.device)
         return timed(self.stats.add_time, phase)
+
+
+def group_communicators(cls: Type[TorchCommunicator], process_set: Any, size: int, rank: int, tiers: Optional[Tiers],
+                        name: str, stats: GroupStats, scale: float, device: torch.device
+                        ) -> Tuple[TorchCommunicator, Optional[TorchCommunicator]]:
+    """A sparse group's communicators of class ``cls``: the one its method exchanges over (the
+    front end's ``process_set`` of ``size`` ranks, or in two tiers this rank's cross set) and,
+    in two tiers, the node's (None when flat). Both account into ``stats``; ``scale`` is the
+    method's (``1 / size`` of the whole job for Average, in either case)."""
+    if tiers is None:
+        return cls(process_set, name, stats, scale, size, rank, device), None
+    return (cls(tiers.cross_set, name, stats, scale, tiers.cross_size, tiers.cross_rank, device),
+            cls(tiers.node_set, name, stats, 1.0, tiers.node_size, tiers.node_rank, device))
+
+
+def start_exchange(method: Sparsifier, x: torch.Tensor, comm: TorchCommunicator, node: Optional[TorchCommunicator],
+                   tiers: Optional[Tiers], state: Any, step: int) -> Exchange:
+    """The exchange of a group's ``x = g + e`` over the communicators of
+    :func:`group_communicators`: the method's own, or with ``node`` the two-tier exchange of
+    this rank's slice (``comm.output_buffer``, the group's, narrowed to the slice)."""
+    if node is None:
+        return method.exchange(x, comm, state, step)
+    assert tiers is not None
+    lo, hi = tiers.bounds(x.numel())
+    if comm.output_buffer is not None:
+        comm.output_buffer = comm.output_buffer[lo:hi]
+    return two_tier_exchange(method, x, node, comm, state, step, (lo, hi))

@@ -33,9 +33,12 @@ from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.horovod_tiers import horovod_tiers
+from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
-from horovod_sparse.torch.collectives import Communicator
+from horovod_sparse.torch.collectives import Communicator, gather_places
+from horovod_sparse.torch.communicator import group_communicators, start_exchange
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.selection import on_accelerator
@@ -94,7 +97,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
-                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scale: Optional[LossScale]) -> None:
+                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scale: Optional[LossScale],
+                 hierarchical: Optional[bool]) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression
         self._sparse = isinstance(compression, Sparsifier)
@@ -156,9 +160,20 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: their state, so the configuration check waits for the agreement, which all ranks reach
         #: together (:meth:`agree_shared_state`); elsewhere it runs here, at construction.
         self._elastic = bool(int(os.environ.get("HOROVOD_ELASTIC", "0")))
+        #: Whether sparse groups take the two-tier exchange (horovod_sparse.common.tiers) ...
+        self._hierarchical = self._sparse and wants_hierarchical(hierarchical)
+        if self._hierarchical and self._elastic:
+            raise ValueError("hierarchical=True does not follow elastic changes of the node set yet; "
+                             "use hierarchical=False in a Horovod elastic job")
+        #: ... over these process sets (None: flat, asked for or not: the layout may be flat).
+        self._tiers: Optional[Tiers] = None
         if self.process_set.included():
             if not self._elastic:
                 self._require_same_configuration()
+            if self._hierarchical:  # after the check: every rank asks for it, or none does
+                self._tiers = horovod_tiers(hierarchical, hvd, process_set, gather_places)
+            if self._tiers is not None:
+                self._model.use_tiers(self._tiers)
             # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
             # a bound method there would keep the optimizer and its flat buffers alive for good.
             hook = _weak_hook(self._hook)
@@ -171,7 +186,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._model.require_same_configuration(
             {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
              "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
-             "sparse_as_dense": self.sparse_as_dense},
+             "sparse_as_dense": self.sparse_as_dense, "hierarchical": self._hierarchical},
             [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self._groups])
 
     @property
@@ -206,6 +221,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         return groups
 
     @property
+    def tiers(self) -> Optional[Tiers]:
+        """The two-tier exchange's process sets and this rank's slice (``hierarchical``), None
+        when the exchange is flat."""
+        return self._tiers
+
+    @property
     def groups(self) -> List[List[str]]:
         """Parameter names of every group, in group order."""
         return [list(g.names) for g in self._groups]
@@ -236,6 +257,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     def _is_dense(self, group: FlatGroup) -> bool:
         return (not self._sparse or self.steps < self._compression.options.warmup_steps
                 or group.numel < self._compression.options.min_numel
+                or (self._tiers is not None and not self._tiers.splits(group.numel))
                 or (self.mergecomp is not None and self.mergecomp.recording))
 
     def _launch(self, group: FlatGroup) -> None:
@@ -252,8 +274,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = torch.zeros_like(p)
         usable = self._finite(group)
         sparse = not self._is_dense(group)
-        target = self._compression.options.count(group.numel, self.steps) if sparse else group.numel
-        stats = GroupStats(group.name, group.numel, target, dense=not sparse)
+        tiers = self._tiers if sparse else None
+        numel = exchanged_numel(tiers, group.numel)
+        target = self._compression.options.count(numel, self.steps) if sparse else numel
+        stats = GroupStats(group.name, numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
         size = self._world_size
         if self.op == hvd.Average:
@@ -266,14 +290,15 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set, self.op,
                                                        prescale, postscale)
             return
-        comm = Communicator(self.process_set, group.name, stats, scale, size, self._rank, group.params[0].device)
-        state = self._model.method_state(group, size)
+        comm, node = group_communicators(Communicator, self.process_set, size, self._rank, tiers, group.name, stats,
+                                         scale, group.params[0].device)
+        state = self._model.method_state(group, comm.size, numel)
         if self._scale_factors is None and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         with comm.timer("flatten"):
             x = group.load_gradients(usable, None if self._scale_factors is None else self._scale_factors[1])
             comm.output_buffer = group.zeroed_output()
-        inflight = Inflight(self._compression.exchange(x, comm, state, self.steps), comm, group)
+        inflight = Inflight(start_exchange(self._compression, x, comm, node, tiers, state, self.steps), comm, group)
         if inflight.advance():
             self._inflight[group.index] = inflight
         else:
@@ -601,7 +626,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          process_set: hvd.ProcessSet = hvd.global_process_set,
                          stats_log: Optional[IO[str]] = None,
                          nonfinite: Optional[str] = "default",
-                         loss_scaler: Optional[torch.amp.GradScaler] = None) -> torch.optim.Optimizer:
+                         loss_scaler: Optional[torch.amp.GradScaler] = None,
+                         hierarchical: Optional[bool] = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so gradients are exchanged, sparsely when ``compression`` sparsifies.
 
     Takes every argument of ``horovod.torch.DistributedOptimizer`` with the same meaning:
@@ -645,6 +671,15 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             residual and the aggregate multiplied by it again, so the method selects, and error
             feedback keeps, values in the loss's own units: a scale change loses nothing. Without
             it, AMP still trains (see ``nonfinite``), but the residuals carry each step's scale.
+        hierarchical: the two-tier sparse exchange (:mod:`horovod_sparse.common.tiers`): each
+            node sums its gradients densely (reduce-scatter), each slice of the node sum is
+            exchanged by the method across nodes among the ranks owning it, and the node gathers
+            the slices' updates. ``None`` follows Horovod's ``HOROVOD_HIERARCHICAL_ALLREDUCE``
+            (``horovodrun --hierarchical-allreduce``). It needs the global process set, as many
+            workers on every node and Horovod's process sets for the nodes and slices: started
+            with ``hvd.init(process_sets="dynamic")`` they are added here (collectively), else
+            they must have been registered at ``hvd.init``. A job of one node, or of one worker
+            per node, runs flat. Each rank's residual then holds its slice's error feedback only.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -675,7 +710,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     cls = type(base.__name__, (initialising,), attributes)
     SparseDistributedOptimizer.register(cls)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scale)
+               gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scale,
+               hierarchical)
 
 
 __all__ = ["DistributedOptimizer", "SparseDistributedOptimizer"]

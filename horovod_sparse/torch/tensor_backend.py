@@ -16,10 +16,10 @@ import torch
 from horovod_sparse.torch.selection import on_accelerator, pick, pick_with_magnitudes, scan, select, top_k
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "chunk_counts", "clone", "coalesce", "concat",
-           "distinct", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
-           "mask", "momentum_step", "numel", "pick", "pick_with_magnitudes", "reshape_one", "saved", "scan",
-           "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire",
-           "top_k", "wire_index", "zero_at"]
+           "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin",
+           "kth_magnitude", "mask", "momentum_step", "numel", "pick", "pick_with_magnitudes", "reshape_one", "saved",
+           "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy",
+           "to_wire", "top_k", "wire_index", "zero_at"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
@@ -144,6 +144,15 @@ def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.T
     if target is not None:
         splits[target] = tensor.shape[0]
     return splits
+
+
+def embed(out: torch.Tensor, lo: int, values: torch.Tensor) -> torch.Tensor:
+    out[:lo].zero_()
+    out[lo + values.numel():].zero_()
+    target = out[lo:lo + values.numel()]
+    if values.data_ptr() != target.data_ptr():  # else ``values`` is that slice already
+        target.copy_(values)
+    return out
 
 
 def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ horovod_sparse's comm hook and writes what it observed, in the layout of
 both and the two front ends compare bitwise.
 
 Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "stream",
-"bucket_cap_mb", "passes", "resume_at", "nan_at", "nonfinite", "options_of_rank"}:
+"bucket_cap_mb", "passes", "resume_at", "nan_at", "nonfinite", "options_of_rank", "hierarchical",
+"node_size"} (the last two: ``State``'s arguments):
 
 - ``passes``: each step's gradient arrives over that many backward passes, all but the last
   under ``ddp.no_sync()`` (parts 1:2:..., as torch_exchange's ``backward_passes``);
@@ -54,7 +55,8 @@ def build(config, params, rank, stats_log=None):
     """DDP over ``params`` with horovod_sparse's hook, its State and an optimizer."""
     options = config.get("options_of_rank", {}).get(str(rank), config.get("options", {}))
     state = hsd.State(compression=hsd.Compression.create(config["method"], **options),
-                      nonfinite=config.get("nonfinite", "default"), stats_log=stats_log)
+                      nonfinite=config.get("nonfinite", "default"), stats_log=stats_log,
+                      hierarchical=config.get("hierarchical"), node_size=config.get("node_size"))
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
     ddp.register_comm_hook(state, hsd.hook)

@@ -4,8 +4,9 @@ file format as ``torch_exchange.py``, so the same checks (``tests/checks.py``) a
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype", "stream",
 "zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock",
-"step_seconds", "cost_model", "local_cost", "prefix"} (``prefix``: of the variable names, which
-are ``<prefix><i>``; the config's name and ``_p`` by default).
+"step_seconds", "cost_model", "local_cost", "prefix", "hierarchical"} (``prefix``: of the variable
+names, which are ``<prefix><i>``; the config's name and ``_p`` by default; ``hierarchical``: the
+wrapper's argument, Horovod then started with dynamic process sets).
 ``groups`` is what ``groups=`` takes, with lists of variable indices for lists of variables and
 ``{"mergecomp": {options}}`` for ``MergeCompOptions``; for the gradients see ``gradient_stream``.
 ``api`` is how the exchange is driven:
@@ -78,6 +79,8 @@ class Trainer:
         self.wrapper_args = {"compression": compression}
         if groups is not None:
             self.wrapper_args["groups"] = groups
+        if config.get("hierarchical") is not None:
+            self.wrapper_args["hierarchical"] = config["hierarchical"]
         self.optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         self.passes = config.get("backward_passes", 1)
         #: The exchanger's clock with ``step_seconds`` (given step times), else None (measured).
@@ -178,7 +181,7 @@ def run(config, out: Path):
 
 def main():
     configs, out = configs_and_out()
-    init_tensorflow_worker()
+    init_tensorflow_worker("dynamic" if any(c.get("hierarchical") for c in configs) else None)
     for config in configs:
         run(config, out)
 

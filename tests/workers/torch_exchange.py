@@ -3,7 +3,7 @@ writes what it observed (aggregated gradients, residuals, parameters, statistics
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype",
 "compare_stock", "stream", "backward_passes", "backward_seconds", "step_seconds", "cost_model",
-"local_cost"}:
+"local_cost", "hierarchical"}:
 
 - ``stream``: see ``tests.streams.raw_gradient``;
 - ``groups``: what ``groups=`` takes, with lists of parameter indices for lists of parameters
@@ -17,6 +17,8 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 - ``cost_model``: ``{"alpha", "beta"}``, the alpha-beta model LAGS uses instead of timing
   allgathers at the end of step 0; ``local_cost``: the ``LocalCost`` fields LAGS uses instead
   of timing its selection and scatter-add there;
+- ``hierarchical``: the optimizer's argument (the job starts Horovod with dynamic process sets
+  when a config sets it);
 - ``compare_stock``: a second copy of the parameters is trained by
   ``horovod.torch.DistributedOptimizer`` with the same compression and both results are written.
 """
@@ -73,7 +75,7 @@ def run(config, out: Path):
     passes = config.get("backward_passes", 1)
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9), named_parameters=named,
                                   compression=compression, groups=grouping(config.get("groups"), params),
-                                  backward_passes_per_step=passes)
+                                  backward_passes_per_step=passes, hierarchical=config.get("hierarchical"))
     clock = None
     if "backward_seconds" in config or "step_seconds" in config:
         clock = VirtualClock()
@@ -123,7 +125,7 @@ def main(run_config: Callable[[dict, Path], None] = run) -> None:
     """A worker's main: ``run_config(config, out)`` for every config of this launch (``--configs
     FILE --out DIR``), after ``hvd.init()``."""
     configs, out = configs_and_out()
-    hvd.init()
+    hvd.init(process_sets="dynamic" if any(c.get("hierarchical") for c in configs) else None)
     torch.set_num_threads(1)
     for config in configs:
         run_config(config, out)

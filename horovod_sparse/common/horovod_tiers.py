@@ -1,0 +1,44 @@
+"""The two-tier exchange's process sets in a Horovod job (both Horovod front ends): the nodes
+are Horovod's (``cross_rank``, ``local_rank``), the sets Horovod process sets, found among those
+registered at ``hvd.init`` or added (dynamic process sets). See :mod:`horovod_sparse.common.tiers`."""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, List, Optional, Tuple
+
+from horovod_sparse.common.tiers import NodeLayout, Tiers, make_tiers
+
+#: Horovod's switch allowing process sets to be added after ``hvd.init()``.
+DYNAMIC_ENV = "HOROVOD_DYNAMIC_PROCESS_SETS"
+
+
+def horovod_tiers(hierarchical: Optional[bool], hvd: Any, process_set: Any,
+                  gather_places: Callable[[Tuple[int, int]], List[Tuple[int, int]]]) -> Optional[Tiers]:
+    """This rank's :class:`Tiers` in a Horovod job (:func:`make_tiers`): ``hvd`` is the front
+    end's Horovod module, ``process_set`` the one it was given (only the global one can be split
+    into nodes), ``gather_places(place)`` allgathers every rank's ``(cross_rank, local_rank)``."""
+
+    def find_layout() -> NodeLayout:
+        if process_set.process_set_id != 0:
+            raise ValueError("hierarchical=True splits the job into its nodes, so it needs the global process "
+                             "set; use hierarchical=False with another process_set")
+        return NodeLayout.from_places(gather_places((hvd.cross_rank(), hvd.local_rank())))
+
+    return make_tiers(hierarchical, hvd.rank(), find_layout, lambda ranks: _process_set(hvd, ranks))
+
+
+def _process_set(hvd: Any, ranks: List[int]) -> Any:
+    """The Horovod process set of exactly ``ranks``: the one registered already (at ``hvd.init``
+    or by an earlier front end), else a new one (dynamic process sets). Collective."""
+    from horovod.common import process_sets
+
+    for set_id, members in process_sets._basics._get_process_set_ids_and_ranks().items():
+        if sorted(members) == sorted(ranks) and set_id != 0:
+            found = process_sets.ProcessSet(ranks)
+            found.process_set_id = set_id
+            return found
+    if os.environ.get(DYNAMIC_ENV, "0") != "1":
+        raise ValueError("hierarchical=True needs a Horovod process set per node and per slice: start Horovod "
+                         "with hvd.init(process_sets=\"dynamic\") (or HOROVOD_DYNAMIC_PROCESS_SETS=1) so that "
+                         f"they can be added, or register them at hvd.init (missing: ranks {ranks})")
+    return hvd.add_process_set(ranks)
