@@ -27,6 +27,15 @@ def keras(method, **extra):
 TAPES_TWO = ([tape(m, warmup_steps=2) if m in ("topk", "micro") else tape(m, momentum=0.9) if m == "dgc" else tape(m)
               for m in METHODS] + [tape(m, traced=True) for m in TRACEABLE])
 KERAS_TWO = [keras("topk", warmup_steps=2), keras("micro"), keras("dgc", momentum=0.9), keras("gtopk")]
+# A codebase migrated by a global swap at start-up (hvd.DistributedGradientTape =
+# hs.DistributedGradientTape, hvd.DistributedOptimizer = hs.DistributedOptimizer,
+# hvd_keras.DistributedOptimizer = hsk.DistributedOptimizer), each config run without and with it:
+# without it, a config is the two-worker job's run of the same config (one run, one launch).
+SWAP_TAPES = [tape("topk", warmup_steps=2), tape("topk", traced=True), tape("dgc", momentum=0.9)]
+SWAP_KERAS = [keras("topk", warmup_steps=2), keras("dgc", momentum=0.9)]
+GRAPH = {"scenario": "graph_checkpoint", "method": "none", "steps": 4, "more": 3}
+SWAPPED = [dict(config, swap=True) for config in SWAP_TAPES + SWAP_KERAS + [GRAPH]]
+
 TWO = TAPES_TWO + KERAS_TWO + [
     {"scenario": "indexed_slices", "method": "none"},
     {"scenario": "indexed_slices", "method": "topk", "options": SPARSE},
@@ -34,23 +43,14 @@ TWO = TAPES_TWO + KERAS_TWO + [
     {"scenario": "keras_behaviours", "method": "none"},
     {"scenario": "keras_behaviours", "method": "topk", "options": {"density": 1.0, "min_numel": 0},
      "nonfinite": "skip"},
-]
+    GRAPH,
+] + SWAPPED
 TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", traced=True), tape("dgc", momentum=0.9)]
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
 THREE = TAPES_THREE + KERAS_THREE
 
-# A codebase migrated by a global swap at start-up (hvd.DistributedGradientTape =
-# hs.DistributedGradientTape, hvd.DistributedOptimizer = hs.DistributedOptimizer,
-# hvd_keras.DistributedOptimizer = hsk.DistributedOptimizer), each config run without and with it.
-SWAP_TAPES = [tape("topk", warmup_steps=2), tape("topk", traced=True), tape("dgc", momentum=0.9)]
-SWAP_KERAS = [keras("topk", warmup_steps=2), keras("dgc", momentum=0.9)]
-GRAPH = {"scenario": "graph_checkpoint", "method": "none", "steps": 4, "more": 3}
-SWAP = [dict(config, swap=swap) for config in SWAP_TAPES + SWAP_KERAS + [GRAPH] for swap in (False, True)]
-
 job2 = job_fixture("tf_dropin.py", 2, TWO)
 job3 = job_fixture("tf_dropin.py", 3, THREE)
-job_swap = job_fixture("tf_dropin.py", 2, SWAP)
-
 
 
 def label(config):
@@ -85,16 +85,16 @@ def assert_resumed_in_step(ranks, steps):
 
 def swap_records(job, config):
     """The ranks' records of ``config`` run without and with the global swap."""
-    return [rank_records(job, SWAP.index(dict(config, swap=swap)), 2) for swap in (False, True)]
+    return [rank_records(job, TWO.index(dict(config, swap=True) if swap else config), 2) for swap in (False, True)]
 
 
 @pytest.mark.parametrize("config", SWAP_TAPES, ids=label)
-def test_tape_checkpoint_idiom_after_a_global_swap(job_swap, config):
+def test_tape_checkpoint_idiom_after_a_global_swap(job2, config):
     """With ``hvd.DistributedGradientTape = hs.DistributedGradientTape`` at start-up and the tape
     wrapped by Horovod's name: the checkpoint idiom as in
     test_tape_checkpoint_idiom_resumes_in_step, bitwise the run without the swap; Horovod's own
     PartialDistributedGradientTape, which looks DistributedGradientTape up when called, gives ours."""
-    plain, swapped = swap_records(job_swap, config)
+    plain, swapped = swap_records(job2, config)
     assert_resumed_in_step(swapped, config["steps"] + config["more"])
     assert max(swapped[0]["residual_norms"]) > 0
     for rank in range(2):
@@ -104,13 +104,13 @@ def test_tape_checkpoint_idiom_after_a_global_swap(job_swap, config):
 
 
 @pytest.mark.parametrize("config", SWAP_KERAS, ids=lambda c: f"{c['method']}-{c['options']}")
-def test_keras_load_model_and_broadcast_callback_after_a_global_swap(job_swap, config):
+def test_keras_load_model_and_broadcast_callback_after_a_global_swap(job2, config):
     """With ``hvd_keras.DistributedOptimizer = hsk.DistributedOptimizer`` at start-up, rank 0 alone
     resumes through Horovod's ``hvd_keras.load_model(path, compression=<sparsifier>)`` (it wraps
     the loaded optimizer through the swapped name: ours, iterations restored from the file), the
     others build theirs by Horovod's name, BroadcastGlobalVariablesCallback(0): every rank at rank
     0's exchange count and iterations, identical weights, bitwise those of the run without the swap."""
-    plain, swapped = swap_records(job_swap, config)
+    plain, swapped = swap_records(job2, config)
     steps = config["steps"] + config["more"]
     for rank in range(2):
         assert (swapped[rank]["steps"], swapped[rank]["iterations"]) == (steps, steps)
@@ -120,13 +120,13 @@ def test_keras_load_model_and_broadcast_callback_after_a_global_swap(job_swap, c
     assert max(swapped[0]["residual_norms"]) > 0
 
 
-def test_tf1_optimizer_checkpoint_idiom_after_a_global_swap(job_swap):
+def test_tf1_optimizer_checkpoint_idiom_after_a_global_swap(job2):
     """With ``hvd.DistributedOptimizer = hs.DistributedOptimizer`` at start-up, a
     ``tf.compat.v1.train`` optimizer wrapped by Horovod's name in a graph goes to Horovod's own
     wrapper (not back to the swapped name: an endless recursion); rank 0 alone restores,
     hvd.broadcast_global_variables(0): every rank at rank 0's global step, replicas, the
     original run's continuation, bitwise the run without the swap."""
-    plain, swapped = swap_records(job_swap, GRAPH)
+    plain, swapped = swap_records(job2, GRAPH)
     steps = GRAPH["steps"] + GRAPH["more"]
     for records in (plain, swapped):
         assert_resumed_in_step(records, steps)
