@@ -23,6 +23,8 @@ CONFIGS = [
     topk_config("per_tensor", 0.05),
     topk_config("model", 0.02, groups="model"),
     topk_config("two_groups", 0.1, groups=2),
+    # hierarchical=True on one host: nothing to split, so exactly the flat run of "model"
+    topk_config("model_one_host_two_tier", 0.02, groups="model", hierarchical=True),
 ]
 
 
@@ -60,6 +62,16 @@ def test_topk_statistics(gloo_run):
         assert record["density_ratio"] == pytest.approx(group["union"] / k)
         assert record["bytes_sent"]["values"] == 4 * k and record["bytes_sent"]["indices"] == 4 * k
         assert record["bytes_received"]["values"] == 4 * k * (size - 1)
+
+
+def test_two_tier_on_one_host_runs_exactly_as_flat(gloo_run):
+    size, out = gloo_run
+    flat, asked = Observed(out, "model", size), Observed(out, "model_one_host_two_tier", size)
+    for rank in range(size):
+        assert asked.arrays[rank].keys() == flat.arrays[rank].keys()
+        for key, value in flat.arrays[rank].items():
+            np.testing.assert_array_equal(asked.arrays[rank][key], value, err_msg=f"rank {rank} {key}")
+        assert all(record["bytes_sent"]["node"] == 0 for record in asked.stats(rank))
 
 
 def test_topk_fp16_values_over_mpi(tmp_path):

@@ -9,7 +9,8 @@ the 2 ranks owning the same slice, fed the node sums of ``g + e`` split as Horov
 reduce-scatter splits, its updates gathered in the node. Bitwise: a node of 2 adds two numbers,
 whose sum does not depend on the order. The test then checks identical replicas, conservation
 (every finite gradient given is delivered or held in some rank's residual), the bytes of each
-tier and, on the configs that ask, exact resume and the NaN policy. The DDP hook and the
+tier and, on the configs that ask, exact resume, a two-tier checkpoint loaded into a flat optimizer
+(nothing lost) and the NaN policy. The DDP hook and the
 TensorFlow front ends are compared with the Horovod optimizer on DDP's buckets, step by step
 (TensorFlow up to float rounding, as tests/test_parity.py compares the frameworks flat).
 """
@@ -29,12 +30,12 @@ def config(name, method, steps=4, **options):
 
 
 CONFIGS = [
-    {**config("topk", "topk"), "resume_at": 1},
+    {**config("topk", "topk"), "resume_at": 1, "flat_steps": 2},
     config("threshold", "threshold"),
     config("gaussiank", "gaussiank"),
     {**config("dgc", "dgc", momentum=0.9), "resume_at": 1},
     config("gtopk", "gtopk"),
-    {**config("micro", "micro"), "groups": "model", "resume_at": 1},
+    {**config("micro", "micro"), "groups": "model", "resume_at": 1, "flat_steps": 2},
     {**config("exdyna", "exdyna", num_blocks=4), "groups": "model", "resume_at": 1},
     config("lags", "lags", adaptive=False, group_size=100),
     {**config("topk_nan", "topk", steps=4), "nan_at": [2, 1]},

@@ -15,10 +15,13 @@ Horovod side of the DDP front end's comparison, in one launch with the rest).
 Each config: {"name", "method", "options", "shapes", "groups", "steps", "seed", "nan_at"
 ([step, rank]: that rank's gradient is NaN at that step, nonfinite="skip"), "resume_at" (a
 checkpoint saved after that step is loaded into a new optimizer, which must continue bitwise as
-the first)}. Per rank it writes {index}.rank{r}.json: every step's update and residual compared
-(``mismatches``: the first few, empty when bitwise), the node and cross bytes of every group, the
-replicas' comparison and the totals for the conservation check.
+the first), "flat_steps" (then the state is loaded into a flat optimizer, hierarchical=False,
+which trains that many steps more: nothing may be lost)}. Per rank it writes
+{index}.rank{r}.json: every step's update and residual compared (``mismatches``: the first few,
+empty when bitwise), the node and cross bytes of every group, the replicas' comparison and the
+totals for the conservation check.
 """
+import gc
 import io
 import json
 from pathlib import Path
@@ -106,14 +109,14 @@ def train_step(opt, params, grads):
     return update
 
 
-def build(config, params):
+def build(config, params, hierarchical=True):
     named = [(f"p{i}", p) for i, p in enumerate(params)]
     groups = config.get("groups", "tensor")
     if isinstance(groups, list):
         groups = [[params[i] for i in members] for members in groups]
     return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01), named_parameters=named,
                                    compression=hs.Compression.create(config["method"], **config.get("options", {})),
-                                   groups=groups, hierarchical=True,
+                                   groups=groups, hierarchical=hierarchical,
                                    nonfinite="skip" if "nan_at" in config else "raise")
 
 
@@ -129,6 +132,16 @@ def run(index, config, out: Path):
     # Conservation: every finite gradient given = what the updates delivered + what the residuals hold.
     given = [torch.zeros(p.numel(), dtype=torch.float64) for p in params]
     delivered = [torch.zeros(p.numel(), dtype=torch.float64) for p in params]
+
+    def account(step, grads, update, abandoned):
+        # A rank's non-finite gradient never enters (its whole group's, that step).
+        dropped = next((members for members in groups.values() if 0 in members), []) if nan_at == [step, rank] else []
+        for i in range(len(params)):
+            mine = torch.zeros(params[i].numel(), dtype=torch.float64) if i in dropped else grads[rank][i].double()
+            given[i] += hvd.allreduce(mine.reshape(-1), op=hvd.Sum, name=f"given.{config['name']}.{step}.{i}")
+            if not abandoned:
+                delivered[i] += world * update[i].double().reshape(-1)
+
     for step in range(config["steps"]):
         grads = gradients(config, params, step, nan_at)
         update = train_step(opt, params, grads[rank])
@@ -136,13 +149,7 @@ def run(index, config, out: Path):
         abandoned.append(stats.abandoned)
         node_bytes.append({g.name: g.sent["node"] for g in stats.groups if not g.dense})
         cross_bytes.append({g.name: g.sent["values"] + g.sent["indices"] for g in stats.groups if not g.dense})
-        # A rank's non-finite gradient never enters (its whole group's, that step).
-        dropped = next((members for members in groups.values() if 0 in members), []) if nan_at == [step, rank] else []
-        for i in range(len(params)):
-            mine = torch.zeros(params[i].numel(), dtype=torch.float64) if i in dropped else grads[rank][i].double()
-            given[i] += hvd.allreduce(mine.reshape(-1), op=hvd.Sum, name=f"given.{config['name']}.{step}.{i}")
-            if not stats.abandoned:
-                delivered[i] += world * update[i].double().reshape(-1)
+        account(step, grads, update, stats.abandoned)
         residuals = opt.residuals()
         sparse = {g.name for g in stats.groups if not g.dense}
         for name, members in groups.items():
@@ -180,6 +187,17 @@ def run(index, config, out: Path):
             update = train_step(opt2, params2, gradients(config, params2, step, nan_at)[rank])
             if not all(torch.equal(a, b) for a, b in zip(update, expected)):
                 mismatches.append(f"after resume, step {step}: the update differs from the uninterrupted run")
+    if config.get("flat_steps"):  # the two-tier state loaded into a flat optimizer goes on, losing nothing
+        state = opt.state_dict()
+        del opt
+        gc.collect()  # its gradient hooks end with it
+        opt = build(config, params, hierarchical=False)
+        opt.load_state_dict(state)
+        for step in range(config["steps"], config["steps"] + config["flat_steps"]):
+            grads = gradients(config, params, step, nan_at)
+            update = train_step(opt, params, grads[rank])
+            assert opt.tiers is None and opt.last_stats.bytes_sent("node") == 0
+            account(step, grads, update, opt.last_stats.abandoned)
     replicas = [hvd.allgather(p.detach().reshape(1, -1), name=f"replica.{config['name']}.{i}")
                 for i, p in enumerate(params)]
     residuals = opt.residuals()
@@ -195,7 +213,7 @@ def run(index, config, out: Path):
         {"mismatches": mismatches[:10], "node_bytes": node_bytes, "cross_bytes": cross_bytes,
          "numels": {name: int(r.numel()) for name, r in residuals.items()},
          "identical": all(bool((r == r[0]).all()) for r in replicas), "lost": lost, "abandoned": abandoned,
-         "node_size": opt.tiers.node_size, "cross_size": opt.tiers.cross_size}))
+         "node_size": ref.node_set.size(), "cross_size": ref.cross_set.size()}))
 
 
 def main():
