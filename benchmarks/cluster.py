@@ -4,6 +4,8 @@ cluster: workers in network namespaces joined by links shaped with ``tc tbf`` (s
 
     python -m benchmarks.cluster --model vgg --batch-size 16 --workers 2 4 \\
         --rates 1gbit 10gbit --densities 0.001 0.01
+    python -m benchmarks.cluster --model vgg --batch-size 16 --workers 4 --workers-per-host 2 \\
+        --rates 1gbit --densities 0.001 0.01
 
 For every (rate, worker count) the cluster is built, one link is measured (bulk TCP bandwidth and
 ping-pong latency), and one Horovod job over Gloo runs :mod:`benchmarks.synthetic` through:
@@ -11,15 +13,21 @@ ping-pong latency), and one Horovod job over Gloo runs :mod:`benchmarks.syntheti
 density, one after the other in the same job, so every figure of a row of the table is measured
 side by side with its baselines (``--repeats R`` runs the whole sweep R times in turn and keeps
 the median throughput of each configuration, so a load spike of a shared machine does not
-decide a ratio). With ``--ddp``, a ``torch.distributed`` job on the same cluster then runs
+decide a ratio). With ``--workers-per-host L`` the ``n`` workers run as ``n / L`` hosts of ``L``
+(:class:`~benchmarks.netem.EmulatedCluster`: unshaped inside a host, the shaped link between
+hosts), and on more than one host each method at each density runs twice in a row: flat, then
+two-tier (``hierarchical=True``: dense inside the host, the method across hosts; rows labelled
+``... two-tier``). With ``--ddp``, a ``torch.distributed`` job on the same cluster then runs
 :mod:`benchmarks.synthetic_ddp` through dense DDP (PyTorch's bucket allreduce), PyTorch's
 PowerSGD hook (rank 4) and each method at each density through ``horovod_sparse.ddp.hook``
 (rows labelled ``ddp ...``). Then the namespaces are removed.
 
 Columns: images/s per worker and in total (Horovod's figures), *speed-up* (``vs dense``) =
 throughput / dense throughput of the same job (dense Horovod, or dense DDP for the DDP rows),
-``vs hvd`` = throughput / dense Horovod throughput, *efficiency* = throughput / ``local``
-throughput (of the Horovod job; no exchange, so the same for DDP).
+``vs hvd`` = throughput / dense Horovod throughput, ``vs flat`` = a two-tier row's throughput /
+its flat twin's, *efficiency* = throughput / ``local`` throughput (of the Horovod job; no
+exchange, so the same for DDP); bytes sent per step per worker across hosts (the whole network
+when flat) and inside the host (two-tier).
 The workers share this machine's cores, so the compute-only baseline is measured with the same
 sharing; efficiency is then the fraction of the compute-only speed that survives communication,
 which is what an n-host cluster with the same links would see per host.
@@ -43,7 +51,7 @@ import numpy as np
 from benchmarks import plots
 from benchmarks.netem import EmulatedCluster, JobOutput, measure_link, run_horovod, run_torch_distributed
 from benchmarks.results import RESULTS_DIR, Progress, command_line, read_results, write_results
-from benchmarks.synthetic import available_methods
+from benchmarks.synthetic import available_methods, tier_bytes
 from benchmarks.synthetic_ddp import POWERSGD_START_ITER
 
 
@@ -51,9 +59,12 @@ def _methods(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[st
     return [{"compressor": m, "density": d} for m in methods for d in densities]
 
 
-def sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
-    """The configurations of one job: compute-only, dense, then every method at every density."""
-    return [{"optimizer": "local"}, {"compressor": "none"}] + _methods(methods, densities)
+def sweep(methods: Sequence[str], densities: Sequence[float], two_tier: bool = False) -> List[Dict[str, Any]]:
+    """The configurations of one job: compute-only, dense, then every method at every density;
+    with ``two_tier``, each of those followed by its two-tier twin (``"hierarchical": true``)."""
+    tiers = [{}, {"hierarchical": True}] if two_tier else [{}]
+    return [{"optimizer": "local"}, {"compressor": "none"}] + [{**c, **t} for c in _methods(methods, densities)
+                                                             for t in tiers]
 
 
 def ddp_sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
@@ -84,45 +95,66 @@ def frontend(row: Dict[str, Any]) -> str:
     return row.get("frontend", "horovod")
 
 
+def method_key(row: Dict[str, Any]) -> str:
+    """What a row ran, whatever the tier (equal for a two-tier row and its flat twin): front
+    end, optimizer, compressor, options, grouping."""
+    return json.dumps([frontend(row), row["optimizer"], row["compressor"], row.get("options"), row.get("groups")],
+                      sort_keys=True, default=str)
+
+
 def add_ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Within one (workers, rate)'s rows: speed-up over the dense row of the same front end
-    (dense Horovod, or DDP's own allreduce), speed-up over dense Horovod, and efficiency against
-    compute-only (Horovod's ``local`` row: no exchange, whatever the front end)."""
+    (dense Horovod, or DDP's own allreduce), speed-up over dense Horovod, efficiency against
+    compute-only (Horovod's ``local`` row: no exchange, whatever the front end), and for a
+    two-tier row (``hierarchical``) ``speedup_vs_flat``, over the flat row of the same
+    configuration (None without one)."""
     local = next(r for r in rows if r["optimizer"] == "local")["total_img_sec"]
     dense = {frontend(r): r["total_img_sec"] for r in rows
-             if r["optimizer"] in ("hs", "ddp") and r["compressor"] == "none"}
+             if r["optimizer"] in ("hs", "ddp") and r["compressor"] == "none" and not r.get("hierarchical")}
+    flat = {method_key(r): r["total_img_sec"] for r in rows if not r.get("hierarchical")}
     for row in rows:
         row["speedup_vs_dense"] = row["total_img_sec"] / dense[frontend(row)]
         row["speedup_vs_horovod_dense"] = row["total_img_sec"] / dense["horovod"]
         row["efficiency"] = row["total_img_sec"] / local
+        if row.get("hierarchical"):
+            twin = flat.get(method_key(row))
+            row["speedup_vs_flat"] = None if twin is None else row["total_img_sec"] / twin
     return rows
+
+
+def place(row: Dict[str, Any]) -> str:
+    """Where a row ran: ``hosts x workers per host`` (e.g. ``2x2``; ``4x1`` for one worker per host)."""
+    per_host = row.get("workers_per_host", 1)
+    return f"{row['workers'] // per_host}x{per_host}"
 
 
 def table(rows: Sequence[Dict[str, Any]]) -> str:
     """The human-readable table of all rows (``vs dense``: against the dense row of the same front
     end; ``vs hvd``: against dense Horovod)."""
-    head = (f"{'n':>2} {'rate':>7} {'compressor':28s} {'img/s/worker':>12} {'total img/s':>11} {'vs dense':>8} "
-            f"{'vs hvd':>6} {'efficiency':>10} {'sent/step':>10} {'select ms':>9} {'comm ms':>8}")
+    head = (f"{'hosts':>5} {'rate':>7} {'compressor':37s} {'img/s/worker':>12} {'total img/s':>11} "
+            f"{'vs dense':>8} {'vs hvd':>6} {'vs flat':>7} {'efficiency':>10} {'across/step':>11} {'node/step':>10} "
+            f"{'select ms':>9} {'comm ms':>8}")
     lines = [head, "-" * len(head)]
     for r in rows:
         stats = r.get("stats") or {}
         seconds = stats.get("seconds", {})
-        sent = f"{stats['bytes_sent'] / 1e6:.2f} MB" if stats else "-"
-        lines.append(f"{r['workers']:>2} {r['rate']:>7} {r['label'][:28]:28s} {r['img_sec_per_worker']:12.2f} "
+        across, node = (f"{b / 1e6:.2f} MB" for b in tier_bytes(stats)) if stats else ("-", "-")
+        vs_flat = f"{r['speedup_vs_flat']:7.2f}" if r.get("speedup_vs_flat") is not None else f"{'-':>7}"
+        lines.append(f"{place(r):>5} {r['rate']:>7} {r['label'][:37]:37s} {r['img_sec_per_worker']:12.2f} "
                      f"{r['total_img_sec']:11.2f} {r['speedup_vs_dense']:8.2f} {r['speedup_vs_horovod_dense']:6.2f} "
-                     f"{r['efficiency']:10.2f} "
-                     f"{sent:>10} {1e3 * seconds.get('select', 0):9.1f} {1e3 * seconds.get('communicate', 0):8.1f}")
+                     f"{vs_flat} {r['efficiency']:10.2f} {across:>11} {node:>10} "
+                     f"{1e3 * seconds.get('select', 0):9.1f} {1e3 * seconds.get('communicate', 0):8.1f}")
     return "\n".join(lines)
 
 
 def plot(rows: Sequence[Dict[str, Any]], out: Path, name: str, model: str) -> List[Path]:
     """Speed-up (over dense Horovod, the one yardstick of both front ends) and efficiency bars,
-    one panel per (workers, rate)."""
+    one panel per (hosts x workers per host, rate)."""
     panels: Dict[str, Dict[str, Dict[str, float]]] = {"speedup_vs_horovod_dense": {}, "efficiency": {}}
     for r in rows:
         if r["optimizer"] == "local":
             continue
-        panel = f"n={r['workers']}, {r['rate']}"
+        panel = f"{place(r)}, {r['rate']}"
         for key in panels:
             panels[key].setdefault(panel, {})[r["label"]] = r[key]
     return [plots.grouped_bars(out / f"{name}_speedup.png", f"{model}: throughput / dense Horovod throughput",
@@ -138,7 +170,7 @@ def run_sweep(cluster: EmulatedCluster, launch: Callable[..., JobOutput], module
     :mod:`benchmarks.synthetic_ddp`, with ``extra`` arguments) across ``cluster`` with ``launch``
     (:func:`~benchmarks.netem.run_horovod` or :func:`~benchmarks.netem.run_torch_distributed`).
     Returns the rows it wrote (also those before a failure) and the failure, if any."""
-    where = f"n={cluster.workers} {cluster.rate or 'unshaped'}"
+    where = f"{cluster.hosts}x{cluster.workers_per_host} {cluster.rate or 'unshaped'}"
     label = ""
 
     def follow(line: str) -> None:
@@ -169,12 +201,13 @@ def run_sweep(cluster: EmulatedCluster, launch: Callable[..., JobOutput], module
 
 def run_job(args: argparse.Namespace, workers: int, rate: Optional[str], configs: List[Dict[str, Any]],
             ddp_configs: List[Dict[str, Any]], progress: Progress) -> Dict[str, Any]:
-    """Build the cluster, measure a link, run the Horovod sweep ``configs``, then (when
-    ``ddp_configs`` is not empty) the DDP sweep on the same cluster; returns the link, the rows
-    with their ratios and the errors. Without their job's dense row (or Horovod's ``local``
-    and dense rows) a job's rows are left out."""
-    with EmulatedCluster(workers, rate) as cluster:
-        link = measure_link(cluster).as_dict() if workers > 1 else None
+    """Build the cluster (``args.workers_per_host`` workers per host), measure a link between
+    two hosts, run the Horovod sweep ``configs``, then (when ``ddp_configs`` is not empty) the
+    DDP sweep on the same cluster; returns the link, the rows with their ratios and the errors.
+    Without their job's dense row (or Horovod's ``local`` and dense rows) a job's rows are left
+    out."""
+    with EmulatedCluster(workers, rate, workers_per_host=args.workers_per_host) as cluster:
+        link = measure_link(cluster).as_dict() if cluster.hosts > 1 else None
         groups = ["--groups", str(args.groups)] if args.groups is not None else []
         rows, error = run_sweep(cluster, run_horovod, "benchmarks.synthetic", args, configs, progress, groups)
         errors = [error] if error else []
@@ -185,7 +218,7 @@ def run_job(args: argparse.Namespace, workers: int, rate: Optional[str], configs
             if any(r["compressor"] == "none" for r in ddp_rows):
                 rows += ddp_rows
     for row in rows:
-        row.update(rate=rate or "unshaped", link=link)
+        row.update(rate=rate or "unshaped", link=link, workers_per_host=args.workers_per_host)
     complete = (any(r["optimizer"] == "local" for r in rows)
                 and any(r["optimizer"] == "hs" and r["compressor"] == "none" for r in rows))
     return {"link": link, "rows": add_ratios(merge_repeats(rows)) if complete else [], "errors": errors}
@@ -196,7 +229,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--model", default="vgg")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--size", type=int, help="image side / sequence length (default: the model's)")
-    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4], help="workers in all (per job)")
+    parser.add_argument("--workers-per-host", type=int, default=1,
+                        help="workers sharing a host (unshaped between them); with more than one host, every "
+                        "method also runs two-tier (hierarchical=True) next to its flat row")
     parser.add_argument("--rates", nargs="+", default=["1gbit", "10gbit"],
                         help="tc rates of the links (1gbit, 10gbit, 100mbit, ...) or 'unshaped'")
     parser.add_argument("--densities", type=float, nargs="+", default=[0.001, 0.01])
@@ -218,17 +254,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     args = parser.parse_args(argv)
     if args.ddp and args.num_warmup_batches < POWERSGD_START_ITER:
         parser.error(f"--ddp needs --num-warmup-batches >= {POWERSGD_START_ITER} (PowerSGD's dense start)")
+    if args.workers_per_host < 1 or any(n % args.workers_per_host for n in args.workers):
+        parser.error(f"every --workers count must be a multiple of --workers-per-host {args.workers_per_host}")
     methods = args.methods or available_methods()
-    configs = sweep(methods, args.densities) * args.repeats
     ddp_configs = ddp_sweep(methods, args.densities) * args.repeats if args.ddp else []
     jobs = [(n, None if rate == "unshaped" else rate) for rate in args.rates for n in args.workers]
     rows: List[Dict[str, Any]] = []
     links: List[Dict[str, Any]] = []
     errors: List[str] = []
     command = command_line(argv, "benchmarks.cluster")
-    with Progress(len(jobs) * (len(configs) + len(ddp_configs)), "cluster") as progress:
+    sweeps = {n: sweep(methods, args.densities, two_tier=args.workers_per_host > 1 and n > args.workers_per_host)
+              * args.repeats for n in args.workers}
+    with Progress(sum(len(sweeps[n]) + len(ddp_configs) for n, _ in jobs), "cluster") as progress:
         for workers, rate in jobs:
-            job = run_job(args, workers, rate, configs, ddp_configs, progress)
+            job = run_job(args, workers, rate, sweeps[workers], ddp_configs, progress)
             rows += job["rows"]
             if job["link"]:
                 links.append({"workers": workers, **job["link"]})
@@ -238,7 +277,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
                            "errors": errors}, command)
     print(table(rows))
     for link in links:
-        print(f"link at {link['rate']} (n={link['workers']}): {link['bits_per_second'] / 1e9:.3f} Gbit/s, "
+        print(f"link at {link['rate']} (n={link['workers']}, between hosts): "
+              f"{link['bits_per_second'] / 1e9:.3f} Gbit/s, "
               f"latency {1e6 * link['latency_seconds']:.1f} us")
     for path in plot(rows, args.out, args.name, args.model):
         print(f"wrote {path}")

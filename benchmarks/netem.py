@@ -6,17 +6,24 @@ and Horovod or ``torch.distributed`` jobs (Gloo) run across them.
         outputs = run_horovod(cluster, [sys.executable, "-m", "benchmarks.synthetic", ...])
         outputs = run_torch_distributed(cluster, [sys.executable, "-m", "benchmarks.synthetic_ddp", ...])
 
-Topology: a *switch* namespace holding a bridge, and one namespace per worker joined to the
-bridge by a veth pair. Both ends of every veth are shaped with ``tc qdisc ... tbf``: the worker
-end limits what the worker sends, the switch end what it receives, as a full-duplex NIC of that
-speed on a non-blocking switch would. Worker ``i`` has address ``<subnet>.<i+1>`` on ``eth0``; the
-switch's bridge has ``<subnet>.254`` and runs Horovod's rendezvous server.
+Topology: a *switch* namespace holding a bridge, and one namespace per *host* joined to the
+bridge by a veth pair. Both ends of every veth are shaped with ``tc qdisc ... tbf``: the host
+end limits what the host sends, the switch end what it receives, as a full-duplex NIC of that
+speed on a non-blocking switch would. Host ``h`` has address ``<subnet>.<h+1>`` on ``eth0``; the
+switch's bridge has ``<subnet>.254`` and runs Horovod's rendezvous server. By default every
+worker is a host of its own; with ``workers_per_host=L`` the workers ``h*L .. h*L+L-1`` share
+host ``h``'s namespace (Horovod's ``local_rank`` ``0..L-1``, ``cross_rank`` ``h``), so their
+traffic to each other stays inside it, unshaped (the kernel routes a namespace's own addresses
+over its loopback), and all of them share the host's shaped link to the others: a node's
+fast links inside and one NIC out::
+
+    with EmulatedCluster(workers=4, rate="1gbit", workers_per_host=2) as cluster:  # 2 hosts x 2
 
 Horovod 0.28.1 binds the Gloo context of its global process set to the address the machine's
 hostname resolves to (it ignores ``HOROVOD_GLOO_IFACE`` there), as on a real cluster where a
-host's name resolves to its NIC. So each worker namespace gets its own ``hosts`` file, which
+host's name resolves to its NIC. So each host namespace gets its own ``hosts`` file, which
 ``ip netns exec`` mounts over ``/etc/hosts`` inside that namespace only (``/etc/netns/<ns>/hosts``),
-mapping the hostname to the worker's address.
+mapping the hostname to the host's address.
 
 Everything is created inside namespaces this module makes (named ``<prefix>-<pid>-...``), so no
 address or interface ever appears in the machine's own namespace. Leaving the ``with`` block
@@ -124,29 +131,38 @@ def remove_stale_namespaces(prefix: str = PREFIX) -> List[str]:
 
 
 class EmulatedCluster:
-    """``workers`` network namespaces on a bridge, every link shaped to ``rate`` both ways.
+    """``workers`` workers on ``workers / workers_per_host`` hosts, one network namespace per
+    host on a bridge, every host's link shaped to ``rate`` both ways.
 
     Args:
-        workers: number of worker namespaces (1..253).
+        workers: number of workers (1..253 hosts of ``workers_per_host``).
         rate: link speed as tc writes it (``1gbit``, ``10gbit``, ``100mbit``), or None for
             unshaped links.
         subnet: first three octets of the /24 used inside the namespaces.
         prefix: namespace name prefix.
+        workers_per_host: workers sharing one host's namespace (``workers`` must be a multiple).
+
+    Attributes: ``hosts``, and per host its namespace (``namespaces``) and address (``addresses``).
     """
 
     def __init__(self, workers: int, rate: Optional[str] = "1gbit", subnet: str = "10.213.0",
-                 prefix: str = PREFIX) -> None:
-        if not 1 <= workers <= 253:
-            raise ValueError(f"workers must be in 1..253, got {workers}")
+                 prefix: str = PREFIX, workers_per_host: int = 1) -> None:
+        if workers_per_host < 1 or workers % workers_per_host:
+            raise ValueError(f"workers ({workers}) must be a multiple of workers_per_host ({workers_per_host})")
+        hosts = workers // workers_per_host
+        if not 1 <= hosts <= 253:
+            raise ValueError(f"hosts (workers / workers_per_host) must be in 1..253, got {hosts}")
         if rate is not None:
             rate_bits(rate)
         self.workers = workers
+        self.workers_per_host = workers_per_host
+        self.hosts = hosts
         self.rate = rate
         tag = f"{prefix}-{os.getpid()}"
         self.prefix = prefix
         self.switch = f"{tag}-sw"
-        self.namespaces = [f"{tag}-w{i}" for i in range(workers)]
-        self.addresses = [f"{subnet}.{i + 1}" for i in range(workers)]
+        self.namespaces = [f"{tag}-w{h}" for h in range(hosts)]
+        self.addresses = [f"{subnet}.{h + 1}" for h in range(hosts)]
         self.switch_address = f"{subnet}.254"
         self._created: List[str] = []
         self._previous_handlers: Dict[int, Any] = {}
@@ -212,9 +228,17 @@ class EmulatedCluster:
                 _run(["tc", "-n", self.switch, "qdisc", "add", "dev", port, "root", *tbf_arguments(self.rate)])
 
     # -- running things inside ----------------------------------------------------------------------
+    def host_of(self, worker: int) -> int:
+        """The host of worker (rank) ``worker``: ranks are numbered host by host."""
+        return worker // self.workers_per_host
+
     def exec_argv(self, worker: int, argv: Sequence[str]) -> List[str]:
-        """``argv`` run inside worker ``worker``'s namespace."""
-        return ["ip", "netns", "exec", self.namespaces[worker], *argv]
+        """``argv`` run inside worker ``worker``'s namespace (its host's)."""
+        return self.host_argv(self.host_of(worker), argv)
+
+    def host_argv(self, host: int, argv: Sequence[str]) -> List[str]:
+        """``argv`` run inside host ``host``'s namespace."""
+        return ["ip", "netns", "exec", self.namespaces[host], *argv]
 
     def switch_argv(self, argv: Sequence[str]) -> List[str]:
         """``argv`` run inside the switch namespace."""
@@ -234,7 +258,7 @@ def _module_argv(*args: str) -> List[str]:
 # -- link measurement --------------------------------------------------------------------------------
 @dataclass
 class LinkMeasurement:
-    """One link measured between worker 0 and worker 1: bandwidth of a bulk TCP transfer and half
+    """One link measured between host 0 and host 1: bandwidth of a bulk TCP transfer and half
     the round trip of a 1-byte ping-pong (the alpha and 1/beta of the alpha-beta model)."""
 
     rate: Optional[str]
@@ -248,17 +272,17 @@ class LinkMeasurement:
 
 
 def measure_link(cluster: EmulatedCluster, seconds: float = 1.0, timeout: float = 60.0) -> LinkMeasurement:
-    """Measure the link from worker 0 to worker 1 (about ``seconds`` of bulk transfer)."""
-    if cluster.workers < 2:
-        raise ValueError("measure_link needs at least two workers")
+    """Measure the link from host 0 to host 1 (about ``seconds`` of bulk transfer)."""
+    if cluster.hosts < 2:
+        raise ValueError("measure_link needs at least two hosts")
     nominal = rate_bits(cluster.rate) if cluster.rate else 10e9
     total = int(nominal / 8 * seconds)
-    server = subprocess.Popen(cluster.exec_argv(1, _module_argv("probe-server")), env=_python_env(),
+    server = subprocess.Popen(cluster.host_argv(1, _module_argv("probe-server")), env=_python_env(),
                               stdout=subprocess.PIPE, text=True)
     try:
         assert server.stdout is not None
         server.stdout.readline()  # "ready"
-        client = subprocess.run(cluster.exec_argv(0, _module_argv("probe-client", cluster.addresses[1], str(total))),
+        client = subprocess.run(cluster.host_argv(0, _module_argv("probe-client", cluster.addresses[1], str(total))),
                                 env=_python_env(), capture_output=True, text=True, timeout=timeout)
         if client.returncode != 0:
             raise RuntimeError(f"link probe failed: {client.stderr.strip()}")
@@ -302,14 +326,15 @@ def _probe_client(address: str, total: int, pings: int = 200) -> None:
 
 
 # -- jobs over the cluster -------------------------------------------------------------------------------
-def _serve_rendezvous(workers: int) -> None:
-    """Start Horovod's rendezvous server for one slot per host ``w0 .. w<n-1>``; print the port and
-    each slot's environment as JSON, then serve until stdin closes."""
+def _serve_rendezvous(hosts: int, slots: int) -> None:
+    """Start Horovod's rendezvous server for ``slots`` slots on each host ``w0 .. w<hosts-1>`` (ranks
+    numbered host by host); print the port and each slot's environment as JSON, then serve until
+    stdin closes."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_slot_env_vars
     from horovod.runner.http.http_server import RendezvousServer
 
-    plan = get_host_assignments(parse_hosts(",".join(f"w{i}:1" for i in range(workers))), workers)
+    plan = get_host_assignments(parse_hosts(",".join(f"w{h}:{slots}" for h in range(hosts))), hosts * slots)
     server = RendezvousServer()
     port = server.start()
     server.init(plan)
@@ -329,12 +354,14 @@ class JobOutput:
 def run_horovod(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 1800.0,
                 on_line: Optional[Callable[[str], None]] = None, extra_env: Optional[Dict[str, str]] = None
                 ) -> JobOutput:
-    """Run ``argv`` as a Horovod job over Gloo with one worker per namespace, as ``horovodrun
-    --gloo -H w0:1,w1:1,...`` would (rendezvous server in the switch namespace, Gloo bound to each
-    worker's shaped ``eth0``). ``on_line`` sees rank 0's stdout lines as they come. Raises with
-    every worker's output when one fails or ``timeout`` passes; all workers are stopped then."""
-    rendezvous = subprocess.Popen(cluster.switch_argv(_module_argv("rendezvous", str(cluster.workers))),
-                                  env=_python_env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """Run ``argv`` as a Horovod job over Gloo with ``cluster.workers_per_host`` workers per host
+    namespace, as ``horovodrun --gloo -H w0:L,w1:L,...`` would (rendezvous server in the switch
+    namespace, Gloo bound to each host's shaped ``eth0``; each namespace is a Horovod host).
+    ``on_line`` sees rank 0's stdout lines as they come. Raises with every worker's output when
+    one fails or ``timeout`` passes; all workers are stopped then."""
+    helper = _module_argv("rendezvous", str(cluster.hosts), str(cluster.workers_per_host))
+    rendezvous = subprocess.Popen(cluster.switch_argv(helper), env=_python_env(), stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, text=True)
     try:
         assert rendezvous.stdout is not None
         plan = json.loads(rendezvous.stdout.readline())
@@ -352,22 +379,23 @@ def run_horovod(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 
 def run_torch_distributed(cluster: EmulatedCluster, argv: Sequence[str], timeout: float = 1800.0,
                           on_line: Optional[Callable[[str], None]] = None,
                           extra_env: Optional[Dict[str, str]] = None) -> JobOutput:
-    """Run ``argv`` as a ``torch.distributed`` job with one process per namespace, as ``torchrun
-    --nnodes N --nproc-per-node 1`` on each host would: the environment of
-    ``init_process_group(init_method="env://")`` (``MASTER_ADDR`` = worker 0's address on its
-    shaped link, whose process serves the store on :data:`TORCH_MASTER_PORT`; ``RANK``,
-    ``WORLD_SIZE``, ``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``) and Gloo bound to the shaped ``eth0``
-    (``GLOO_SOCKET_IFNAME``). ``on_line``, errors and stopping as :func:`run_horovod`."""
+    """Run ``argv`` as a ``torch.distributed`` job with ``L = cluster.workers_per_host`` processes
+    per host namespace, as ``torchrun --nnodes N --nproc-per-node L`` on each host would: the
+    environment of ``init_process_group(init_method="env://")`` (``MASTER_ADDR`` = host 0's
+    address on its shaped link, where rank 0 serves the store on :data:`TORCH_MASTER_PORT`;
+    ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE=L``) and Gloo bound to the
+    shaped ``eth0`` (``GLOO_SOCKET_IFNAME``). ``on_line``, errors and stopping as :func:`run_horovod`."""
+    local = cluster.workers_per_host
     common = {"MASTER_ADDR": cluster.addresses[0], "MASTER_PORT": str(TORCH_MASTER_PORT),
-              "WORLD_SIZE": str(cluster.workers), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+              "WORLD_SIZE": str(cluster.workers), "LOCAL_WORLD_SIZE": str(local),
               "GLOO_SOCKET_IFNAME": IFACE, **(extra_env or {})}
-    envs = [{**common, "RANK": str(i)} for i in range(cluster.workers)]
+    envs = [{**common, "RANK": str(i), "LOCAL_RANK": str(i % local)} for i in range(cluster.workers)]
     return _run_job(cluster, argv, envs, timeout, on_line)
 
 
 def _run_job(cluster: EmulatedCluster, argv: Sequence[str], envs: List[Dict[str, str]], timeout: float,
              on_line: Optional[Callable[[str], None]]) -> JobOutput:
-    """Start ``argv`` in every worker namespace, worker ``i`` with ``envs[i]`` added to the Python
+    """Start ``argv`` in every worker's namespace, worker ``i`` with ``envs[i]`` added to the Python
     environment, and wait for them all (:func:`_follow`): rank 0's stdout is piped to
     ``on_line``, every other output goes to a log file. Raises with every worker's exit code and
     the tails of its output when one fails or ``timeout`` passes; no worker outlives the call."""
@@ -433,14 +461,16 @@ def _follow(workers: List[subprocess.Popen], timeout: float,
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(description="helper processes of benchmarks.netem (run inside namespaces)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("rendezvous").add_argument("workers", type=int)
+    rendezvous = sub.add_parser("rendezvous")
+    rendezvous.add_argument("hosts", type=int)
+    rendezvous.add_argument("slots", type=int, help="workers per host")
     sub.add_parser("probe-server")
     client = sub.add_parser("probe-client")
     client.add_argument("address")
     client.add_argument("bytes", type=int)
     args = parser.parse_args(argv)
     if args.command == "rendezvous":
-        _serve_rendezvous(args.workers)
+        _serve_rendezvous(args.hosts, args.slots)
     elif args.command == "probe-server":
         _probe_server()
     else:

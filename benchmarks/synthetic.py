@@ -16,7 +16,11 @@ method. ``--optimizer stock`` runs Horovod's own ``hvd.DistributedOptimizer`` (`
 ``--optimizer local`` trains without any exchange: the compute-only baseline of the scaling
 efficiency. ``--sweep FILE`` runs a JSON list of configurations in one launch, each object
 overriding options by their long names, e.g. ``[{"compressor": "none"}, {"compressor": "topk",
-"density": 0.01}]``. ``--framework tensorflow`` runs the same benchmark on the Keras
+"density": 0.01}]``. ``--hierarchical`` (``"hierarchical": true`` in a sweep) runs a sparse
+method's two-tier exchange (``hierarchical=True``: dense inside a host, the method across hosts;
+:mod:`horovod_sparse.common.tiers`); the job then starts Horovod with dynamic process sets, and
+its summary splits the bytes sent by tier (``node``: inside the host; the rest across hosts).
+``--framework tensorflow`` runs the same benchmark on the Keras
 counterparts of the models through ``horovod_sparse.tensorflow.DistributedGradientTape``
 (:mod:`benchmarks.synthetic_tf`). :mod:`benchmarks.synthetic_ddp` is the same benchmark on PyTorch
 DDP (dense, PowerSGD and every method as a comm hook), built from the pieces here.
@@ -81,7 +85,33 @@ def describe(config: argparse.Namespace) -> str:
     text = spec_label(*compressor_options(config.compressor, config.density))
     if config.groups is not None:
         text += f" groups={config.groups}"
+    if asks_two_tier(config):
+        text += " two-tier"
     return text + (" [stock Horovod]" if config.optimizer == "stock" else "")
+
+
+def asks_two_tier(config: argparse.Namespace) -> bool:
+    """Whether ``config`` runs horovod_sparse's optimizer two-tier (``--hierarchical`` means
+    nothing without an exchange, ``local``; stock Horovod refuses it, :func:`check_stock`)."""
+    return bool(config.hierarchical) and config.optimizer == "hs"
+
+
+def wants_process_sets(configs: Sequence[argparse.Namespace]) -> bool:
+    """Whether a job running ``configs`` needs ``hvd.init(process_sets="dynamic")``: some
+    configuration asks for the two-tier exchange, whose process sets are added as it starts."""
+    return any(asks_two_tier(c) for c in configs)
+
+
+def tier_bytes(summary: Dict[str, Any]) -> Tuple[float, float]:
+    """``(across, node)``: bytes sent per step per worker across hosts (the method's values,
+    indices and metadata: the whole network in a flat exchange) and inside the host (the
+    two-tier exchange's reduce-scatter and allgather), from :func:`summarize_stats`'s figures
+    (0, 0 without statistics; summaries without bytes by kind, as the DDP job's own allreduce
+    and PowerSGD rows, and results written before the ``node`` kind count 0 inside)."""
+    if not summary:
+        return 0.0, 0.0
+    node = summary.get("bytes_sent_by_kind", {}).get("node", 0.0)
+    return summary["bytes_sent"] - node, node
 
 
 def summarize_stats(stats: Sequence[Any], parameters: int) -> Dict[str, Any]:
@@ -117,13 +147,37 @@ def sparsification_lines(summary: Dict[str, Any], step_seconds: float) -> List[s
         lines.append(f"Union density: {summary['union_density']:.6f} (target {summary['target_density']:.6f}{ratio})")
         lines.append(f"Bytes per step per worker: sent {_size(summary['bytes_sent'])}, received "
                      f"{_size(summary['bytes_received'])} (dense gradient {_size(summary['dense_bytes'])})")
+        across, node = tier_bytes(summary)
+        if node:
+            lines.append(f"Bytes sent per step per worker by tier: {_size(across)} across hosts, "
+                         f"{_size(node)} inside the host")
     phases = ", ".join(f"{p} {1e3 * s:.1f} ms" for p, s in summary.get("seconds", {}).items())
     lines.append(f"Time per step: {1e3 * step_seconds:.1f} ms" + (f" ({phases})" if phases else ""))
     return lines
 
 
+def check_stock(config: argparse.Namespace, name: str) -> None:
+    """``ValueError`` unless stock Horovod can run ``config`` with compressor ``name``: a dense
+    compressor, and no ``--hierarchical`` (Horovod's own is ``HOROVOD_HIERARCHICAL_ALLREDUCE=1``)."""
+    if name not in DENSE_COMPRESSORS:
+        raise ValueError(f"--optimizer stock takes --compressor none or fp16, not {name!r}")
+    if config.hierarchical:
+        raise ValueError("--hierarchical is horovod_sparse's two-tier exchange; stock Horovod's is "
+                         "HOROVOD_HIERARCHICAL_ALLREDUCE=1")
+
+
+def topology(config: argparse.Namespace, hvd: Any, tiers: Any) -> Dict[str, Any]:
+    """The fields of a result row that say where it ran: ``hierarchical`` (:func:`asks_two_tier`),
+    ``two_tier`` (whether the exchange runs two-tier: ``tiers``, the front end's, is not None;
+    a job of one host runs flat), ``hosts`` and ``local_size`` (Horovod's ``cross_size()`` and
+    ``local_size()``)."""
+    return {"hierarchical": asks_two_tier(config), "two_tier": tiers is not None, "hosts": hvd.cross_size(),
+            "local_size": hvd.local_size()}
+
+
 def build_optimizer(model: Any, config: argparse.Namespace, size: int) -> Any:
-    """SGD at Horovod's benchmark learning rate, wrapped as ``config.optimizer`` asks."""
+    """SGD at Horovod's benchmark learning rate, wrapped as ``config.optimizer`` asks (``hs``:
+    two-tier with ``config.hierarchical``; ``stock``: see :func:`check_stock`)."""
     import horovod.torch as hvd
     import torch
 
@@ -134,12 +188,12 @@ def build_optimizer(model: Any, config: argparse.Namespace, size: int) -> Any:
         return base
     name, options = compressor_options(config.compressor, config.density)
     if config.optimizer == "stock":
-        if name not in DENSE_COMPRESSORS:
-            raise ValueError(f"--optimizer stock takes --compressor none or fp16, not {name!r}")
+        check_stock(config, name)
         return hvd.DistributedOptimizer(base, named_parameters=model.named_parameters(),
                                         compression=getattr(hvd.Compression, name), groups=config.groups)
     return hs.DistributedOptimizer(base, named_parameters=model.named_parameters(),
-                                   compression=hs.Compression.create(name, **options), groups=config.groups)
+                                   compression=hs.Compression.create(name, **options), groups=config.groups,
+                                   hierarchical=config.hierarchical)
 
 
 def measure(config: argparse.Namespace, step: Callable[[], Optional[Any]], workers: int, kind: str, label: str,
@@ -198,6 +252,8 @@ def run_torch(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[st
     generator = torch.Generator().manual_seed(config.seed + hvd.rank())
     data, target = (t.to(device) for t in spec.batch(config.batch_size, size, generator))
 
+    log(f"Hosts: {hvd.cross_size()} x {hvd.local_size()} workers")
+
     def benchmark_step() -> Optional[Any]:
         optimizer.zero_grad()
         F.cross_entropy(model(data), target).backward()
@@ -208,7 +264,8 @@ def run_torch(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[st
                       count_parameters(model), log)
     name, options = compressor_options(config.compressor, config.density)
     return {"framework": "torch", "frontend": "horovod", "size": size, "optimizer": config.optimizer,
-            "compressor": name, "options": options, "groups": config.groups, **figures}
+            "compressor": name, "options": options, "groups": config.groups,
+            **topology(config, hvd, getattr(optimizer, "tiers", None)), **figures}
 
 
 def benchmark_parser(description: str, compressor_help: str) -> argparse.ArgumentParser:
@@ -239,6 +296,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor' or 'model'")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="hs",
                    help="hs: horovod_sparse's optimizer; stock: hvd.DistributedOptimizer; local: no exchange")
+    p.add_argument("--hierarchical", action="store_true",
+                   help="hs: the two-tier exchange (dense inside a host, the method across hosts)")
     return p
 
 
@@ -286,7 +345,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
         torch.set_num_threads(1)
         run = run_torch
-    hvd.init()
+    hvd.init(process_sets="dynamic" if wants_process_sets(configurations(args)) else None)
     run_all(args, run, hvd.rank(), "synthetic", command_line(argv, "benchmarks.synthetic"))
 
 

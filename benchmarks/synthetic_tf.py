@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 from benchmarks.models import model_spec
-from benchmarks.synthetic import DENSE_COMPRESSORS, compressor_options, describe, measure
+from benchmarks.synthetic import DENSE_COMPRESSORS, check_stock, compressor_options, describe, measure, topology
 
 layers = tf.keras.layers
 
@@ -92,8 +92,8 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
     name, options = compressor_options(config.compressor, config.density)
     compression = (getattr(hvd.Compression, name) if name in DENSE_COMPRESSORS
                    else hs.Compression.create(name, **options))
-    if config.optimizer == "stock" and name not in DENSE_COMPRESSORS:
-        raise ValueError(f"--optimizer stock takes --compressor none or fp16, not {name!r}")
+    if config.optimizer == "stock":
+        check_stock(config, name)
     exchangers: List[Any] = []
 
     def step(first_batch: bool) -> None:
@@ -102,7 +102,8 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
         if config.optimizer == "stock":
             tape = hvd.DistributedGradientTape(tape, compression=compression, groups=config.groups)
         elif config.optimizer == "hs":
-            tape = hs.DistributedGradientTape(tape, compression=compression, groups=config.groups)
+            tape = hs.DistributedGradientTape(tape, compression=compression, groups=config.groups,
+                                              hierarchical=config.hierarchical)
             exchangers[:] = [tape.exchanger]
         grads = tape.gradient(loss, model.trainable_variables)
         opt.apply_gradients(zip(grads, model.trainable_variables))
@@ -119,6 +120,8 @@ def run(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any
     benchmark_step(True)
     kind = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     parameters = int(sum(np.prod(v.shape) for v in model.trainable_variables))
+    log(f"Hosts: {hvd.cross_size()} x {hvd.local_size()} workers")
     figures = measure(config, timed_step, hvd.size(), kind, describe(config), parameters, log)
     return {"framework": "tensorflow", "frontend": "horovod", "size": size, "optimizer": config.optimizer,
-            "compressor": name, "options": options, "groups": config.groups, **figures}
+            "compressor": name, "options": options, "groups": config.groups,
+            **topology(config, hvd, exchangers[0].tiers if exchangers else None), **figures}

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from benchmarks import models, netem, scaling, synthetic
-from benchmarks.cluster import add_ratios, merge_repeats, sweep
+from benchmarks.cluster import add_ratios, merge_repeats, place, sweep, table
 from horovod_sparse.common.cost_model import AlphaBeta
 from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, launcher_env
 
@@ -90,6 +90,54 @@ def test_compressor_options_and_sweeps():
     assert b["repeats"] == [5.0]
 
 
+def test_two_tier_configurations_and_ratios():
+    """A sweep on hosts of several workers: each method's two-tier twin right after its flat row;
+    ``--hierarchical`` in the CLI or a sweep entry; the flat twin's ratio; bytes per tier."""
+    configs = sweep(["topk"], [0.001, 0.01], two_tier=True)
+    assert configs[2:] == [{"compressor": "topk", "density": 0.001}, {"compressor": "topk", "density": 0.001,
+                                                                      "hierarchical": True},
+                           {"compressor": "topk", "density": 0.01}, {"compressor": "topk", "density": 0.01,
+                                                                     "hierarchical": True}]
+    args = synthetic.parser().parse_args(["--compressor", "topk", "--density", "0.01", "--hierarchical"])
+    assert args.hierarchical and synthetic.describe(args) == "topk(density=0.01) two-tier"
+    assert synthetic.wants_process_sets([args])
+    flat = synthetic.parser().parse_args(["--optimizer", "local", "--hierarchical"])
+    assert not synthetic.wants_process_sets([flat]) and synthetic.describe(flat) == "local (no exchange)"
+    with pytest.raises(ValueError, match="HOROVOD_HIERARCHICAL_ALLREDUCE"):
+        synthetic.check_stock(synthetic.parser().parse_args(["--optimizer", "stock", "--hierarchical"]), "none")
+    stats = {"bytes_sent": 110.0, "bytes_sent_by_kind": {"values": 6.0, "indices": 4.0, "meta": 0.0, "node": 100.0},
+             "seconds": {}}
+    assert synthetic.tier_bytes(stats) == (10.0, 100.0) and synthetic.tier_bytes({}) == (0.0, 0.0)
+    old = {"bytes_sent": 10.0, "bytes_sent_by_kind": {"values": 6.0, "indices": 4.0, "meta": 0.0}}
+    assert synthetic.tier_bytes(old) == (10.0, 0.0)  # written before the node kind
+    assert synthetic.tier_bytes({"bytes_sent": 5.0}) == (5.0, 0.0)  # DDP's own allreduce, PowerSGD: no kinds
+    row = {"workers": 4, "workers_per_host": 2, "rate": "1gbit", "batch_size": 16, "img_sec_per_worker": 1.0,
+           "stats": stats}
+    rows = add_ratios([{**row, "label": "local", "optimizer": "local", "compressor": "none", "total_img_sec": 40.0},
+                       {**row, "label": "none", "optimizer": "hs", "compressor": "none", "total_img_sec": 10.0},
+                       {**row, "label": "topk", "optimizer": "hs", "compressor": "topk", "options": {"density": 0.01},
+                        "total_img_sec": 20.0},
+                       {**row, "label": "topk two-tier", "optimizer": "hs", "compressor": "topk",
+                        "options": {"density": 0.01}, "hierarchical": True, "total_img_sec": 30.0},
+                       {**row, "label": "micro two-tier", "optimizer": "hs", "compressor": "micro",
+                        "hierarchical": True, "total_img_sec": 30.0}])
+    assert [r.get("speedup_vs_flat") for r in rows] == [None, None, None, 1.5, None]
+    assert place(rows[0]) == "2x2" and place({"workers": 4}) == "4x1"
+    lines = table(rows).splitlines()
+    assert lines[5].split()[:2] == ["2x2", "1gbit"] and "1.50" in lines[5] and "0.00 MB" in lines[5]
+
+
+def test_emulated_hosts_of_several_workers():
+    """The layout alone (building the namespaces needs root: the cluster test does)."""
+    cluster = netem.EmulatedCluster(4, "1gbit", workers_per_host=2)
+    assert (cluster.hosts, len(cluster.namespaces), cluster.addresses) == (2, 2, ["10.213.0.1", "10.213.0.2"])
+    assert [cluster.host_of(w) for w in range(4)] == [0, 0, 1, 1]
+    assert cluster.exec_argv(3, ["x"]) == ["ip", "netns", "exec", cluster.namespaces[1], "x"]
+    assert netem.EmulatedCluster(3, None).hosts == 3  # one worker per host by default
+    with pytest.raises(ValueError, match="multiple"):
+        netem.EmulatedCluster(3, "1gbit", workers_per_host=2)
+
+
 def test_wire_models_follow_their_laws():
     ab = AlphaBeta(alpha=1e-3, beta=1e-9, workers=2)
     p = scaling.Payload(values=4e6, indices=4e6, meta=0.0, collectives=1, workers=2)
@@ -102,6 +150,51 @@ def test_wire_models_follow_their_laws():
     # MiCRO: indices shrink as 1/n per rank, values are one allreduce of the union.
     assert scaling.WIRE["micro"](big, p) == pytest.approx(6e-3 + 63 * 1e-9 * 4e6 * 2 / 64 + 2 * 63 / 64 * 4e-3)
     assert scaling.WIRE["gtopk"](big, p) == pytest.approx(6 * (1e-3 + 8e-3))  # log2 n rounds of k pairs
+
+
+def test_wire_models_on_nodes_sharing_a_link():
+    """Ranks placed several to a node share its link: an allgather brings every remote rank's
+    bytes to each of the node's ranks; a node-aware ring crosses each link once; gTop-k's first
+    log2(per_node) rounds stay inside."""
+    ab, p = AlphaBeta(alpha=1e-3, beta=1e-9, workers=64), scaling.Payload(4e6, 4e6, 0.0, 1, 2)
+    assert scaling.WIRE["topk"](ab, p, 8) == pytest.approx(6e-3 + 8 * 56 * 8e-3)
+    assert scaling.WIRE["none"](ab, p, 8) == scaling.WIRE["none"](ab, p)
+    assert scaling.WIRE["gtopk"](ab, p, 8) == pytest.approx(3 * 1e-3 + 3 * (1e-3 + 8 * 8e-3))
+    assert scaling.WIRE["topk"](ab, p, 1) == scaling.WIRE["topk"](ab, p)  # one rank a node: as before
+
+
+def test_two_tier_model():
+    """The two-tier step: payload per node, selection in a slice, a ring reduce-scatter and
+    allgather inside; validation is exact on rows the model generated, and the projection
+    compares each method flat and two-tier on the same nodes."""
+    fits = {"1gbit": {"model": {"alpha": 1e-4, "beta": 8e-9, "workers": 2}},
+            scaling.NODE_FIT: {"model": {"alpha": 1e-5, "beta": 1e-10, "workers": 2}}}
+    assert scaling.base_rate(fits) == "1gbit"
+    base = {"optimizer": "hs", "compressor": "topk", "options": {"density": 0.01}, "groups": None, "workers": 4,
+            "workers_per_host": 2, "rate": "1gbit", "hosts": 2, "local_size": 2}
+    flat = {**base, "label": "topk", "stats": {"seconds": {"select": 0.2, "communicate": 1.0}, "collectives": 3,
+                                               "bytes_sent_by_kind": {"values": 1e5, "indices": 1e5, "meta": 0.0,
+                                                                      "node": 0.0}}}
+    two = {**base, "label": "topk two-tier", "hierarchical": True, "two_tier": True,
+           "stats": {"seconds": {"select": 0.1, "communicate": 1.0}, "collectives": 7,
+                     "bytes_sent_by_kind": {"values": 5e4, "indices": 5e4, "meta": 0.0, "node": 4e7}}}
+    assert scaling.payload(two) == scaling.Payload(1e5, 1e5, 0.0, 7, 2)  # per node, on the hosts
+    assert scaling.local_seconds(two, 64, 8) == pytest.approx(0.1 * 2 / 8)
+    inside = AlphaBeta(1e-5, 1e-10, 2)
+    assert scaling.node_seconds(two, inside, 4) == pytest.approx(4 * 1e-5 + 1e-10 * 4e7)
+    across = AlphaBeta(1e-4, 8e-9, 2)
+    expected = 0.5 + 0.1 + 4 * 1e-5 + 1e-10 * 4e7 + scaling.WIRE["topk"](across, scaling.Payload(1e5, 1e5, 0, 3, 2))
+    assert scaling.predict_two_tier(two, flat, 0.5, across, inside) == pytest.approx(expected)
+    local = {"optimizer": "local", "compressor": "none", "workers": 4, "rate": "1gbit", "step_seconds": 0.5,
+             "stats": {}}
+    flat["step_seconds"] = scaling.predict_step(flat, 0.5, across.with_workers(4), per_node=2)
+    two["step_seconds"] = expected
+    rows = [local, flat, two]
+    assert [v["error"] for v in scaling.validate(rows, fits)] == pytest.approx([0.0, 0.0])
+    assert scaling.flat_twin(rows, two) is flat
+    (p1, p10) = scaling.project_nodes(rows, fits, 8, 8, ["1gbit", "10gbit"])
+    assert (p1["nodes"], p1["per_node"], p1["label"]) == (8, 8, "topk")
+    assert p1["flat_step"] > p10["flat_step"] and p1["speedup"] == pytest.approx(p1["flat_step"] / p1["two_tier_step"])
 
 
 def test_scaling_validation_is_exact_on_rows_the_model_generated():
@@ -324,7 +417,7 @@ def test_cluster_benchmark_end_to_end(tmp_path):
     assert our_namespaces(process.pid) == [] and not any(netem.NETNS_ETC.glob(f"{netem.PREFIX}-{process.pid}-*"))
     assert "[cluster] 3/4 done" in stderr
     for label in ("local (no exchange)", "none", "topk(density=0.01)"):
-        assert re.search(rf"^ 2\s+100mbit {re.escape(label)}\s", stdout, re.M)
+        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
     results = json.loads((tmp_path / "cluster.json").read_text())["results"]
     assert len(results["errors"]) == 1 and "bogus" in results["errors"][0]
     (link,) = results["links"]

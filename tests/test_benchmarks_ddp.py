@@ -110,7 +110,7 @@ def test_cluster_benchmark_runs_the_ddp_sweep_on_the_same_cluster(tmp_path):
     labels = ["local (no exchange)", "none", "topk(density=0.01)", "ddp none", "ddp powersgd(rank=4)",
               "ddp topk(density=0.01)"]
     for label in labels:
-        assert re.search(rf"^ 2\s+100mbit {re.escape(label)}\s", stdout, re.M)
+        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
     results = json.loads((tmp_path / "cluster.json").read_text())["results"]
     assert results["errors"] == []
     rows = {r["label"]: r for r in results["rows"]}
