@@ -2,11 +2,12 @@
 
 The PyTorch optimizer holds one :class:`ModelState`; the TensorFlow exchanger one per variable
 list. Beside the residuals (kept in each framework's ``FlatGroup``), it holds each group's
-method state with the world size it was built for, and the MergeComp scheduler; it writes and
-reads the checkpoint record (step counter, MergeComp's grouping, the method's own state, per
-group the residual and method state), checks a record's groups against the model's, agrees the
-shared state from one rank, builds the configuration every rank must share, and closes a step
-(the method's measurements, MergeComp's decay and regrouping).
+method state with the world size and elements it was built for, and the MergeComp scheduler; it
+writes and reads the checkpoint record (step counter, MergeComp's grouping, the method's own
+state, per group the residual and method state), checks a record's groups against the model's,
+agrees the shared state from one rank (in two tiers, each slice's state within its cross set),
+builds the configuration every rank must share, and closes a step (the method's measurements,
+MergeComp's decay and regrouping).
 
 A group is either framework's ``FlatGroup``: ``index``, ``name``, ``numel``, ``residual`` (None
 before its first sparse step) and ``load_residual(saved)``, where ``saved`` is the backend's

@@ -4,10 +4,10 @@ On a job of several nodes with several workers each, a sparse group's step runs 
 (Shi et al., MLSys 2021, for Top-k; here for every method):
 
 1. **inside the node**, the ranks' error-fed buffers ``x = g + e`` are summed by a
-   reduce-scatter, so the rank of local rank ``l`` holds slice ``l`` of the node's sum
-   (:func:`slice_bounds`: Horovod's split, the first ``numel % L`` slices one element longer);
+   reduce-scatter, so the node's ``j``-th rank (by global rank) holds slice ``j`` of the node's
+   sum (:func:`slice_bounds`: Horovod's split, the first ``numel % L`` slices one element longer);
 2. **across nodes**, each slice is exchanged by the method among the ranks that own it, one per
-   node (the *cross set* of local rank ``l``), exactly as the flat method runs on ``cross_size``
+   node (the *cross set* of slice ``j``), exactly as the flat method runs on ``cross_size``
    workers fed the node sums: same selection, collectives, update and error feedback, with the
    update scaled by ``1 / world_size`` for Average;
 3. **inside the node** again, the slices' updates are allgathered, so every rank of every node
