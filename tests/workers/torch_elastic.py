@@ -66,8 +66,9 @@ class Recorder:
         if kind != "step":
             meta["shared"] = {m: json_bytes(opt._model.record(opt._groups, opt.steps, per_rank=False)).decode()
                               for m, opt in self.optimizers.items()}
-            meta["built_for"] = {m: {g.name: opt._model.states.get(g.index, (None, None))[0] for g in opt._groups}
-                                 for m, opt in self.optimizers.items()}
+            # the world size each group's method state was built for ((world size, elements), state)
+            meta["built_for"] = {m: {g.name: opt._model.states.get(g.index, ((None, None), None))[0][0]
+                                     for g in opt._groups} for m, opt in self.optimizers.items()}
             for m, opt in self.optimizers.items():
                 for name, residual in opt.residuals().items():
                     arrays[f"residual.{m}.{name}"] = residual.double().numpy()
