@@ -2,9 +2,10 @@
 accounting of the collectives it launches."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.tiers import slice_bounds
 
 
 class CommunicatorBase:
@@ -31,6 +32,14 @@ class CommunicatorBase:
     def _name(self, tag: str) -> str:
         """The Horovod name of this group's collective ``tag``."""
         return f"hs.{self.name}.{tag}"
+
+    def _slice_bytes(self, numel: int, itemsize: int) -> Tuple[int, int, int]:
+        """A reduce-scatter of ``numel`` elements of ``itemsize`` bytes, as this rank sees it:
+        ``(sent, own, received)``: all but its slice (:func:`slice_bounds`) leaves it, its slice's
+        bytes, and every other rank's contribution to that slice."""
+        lo, hi = slice_bounds(numel, self.size, self.rank)
+        own = (hi - lo) * itemsize
+        return numel * itemsize - own, own, own * (self.size - 1)
 
     def _account(self, kind: str, sent: Any) -> None:
         """Count one launched collective and the bytes it sends, under ``kind``."""

@@ -127,8 +127,9 @@ class Backend(Protocol):
         None)."""
 
     def embed(self, out: Tensor, lo: int, values: Tensor) -> Tensor:
-        """``out`` holding ``values`` from position ``lo`` on and zeros everywhere else (``values``
-        may be that very slice of ``out``: then it stays)."""
+        """``out`` holding ``values`` from position ``lo`` on and zeros everywhere else. ``values``
+        may be that very slice of ``out``, changed in place since an earlier ``embed`` of it
+        (a residual): then ``out`` is returned as it is, its zeros already there."""
 
     def zero_at(self, t: Tensor, idx: Tensor) -> Tensor:
         """``t[idx] = 0``."""

@@ -139,12 +139,13 @@ class Communicator(CommunicatorBase):
         with tf.control_dependencies(self._after):
             yield
 
-    def _launched(self, output: Any, kind: str, sent: ByteCount, own: ByteCount) -> Pending:
+    def _launched(self, output: Any, kind: str, sent: ByteCount, own: ByteCount,
+                  received: Optional[int] = None) -> Pending:
         outputs = output if isinstance(output, tuple) else (output,)
         self.launched.extend(outputs)
         self._after = [outputs[0]]
         self._account(kind, sent)
-        return Pending(output, kind, own)
+        return Pending(output, kind, own, received)
 
     def allgather(self, tensor: tf.Tensor, tag: str, kind: str) -> Pending:
         """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
@@ -172,10 +173,8 @@ class Communicator(CommunicatorBase):
             output = hvd._reducescatter(tensor, name=self._name(tag), op=hvd.Sum, ignore_name_scope=True,
                                         process_set=self.process_set)
         output = tf.reshape(output, [hi - lo])  # the length a traced op cannot infer
-        own = (hi - lo) * tensor.dtype.size
-        pending = self._launched(output, kind, sent=numel * tensor.dtype.size - own, own=own)
-        pending.received = own * (self.size - 1)
-        return pending
+        sent, own, received = self._slice_bytes(numel, tensor.dtype.size)
+        return self._launched(output, kind, sent, own, received)
 
     def alltoall(self, tensor: tf.Tensor, splits: Union[Sequence[int], tf.Tensor], tag: str, kind: str) -> Pending:
         """Alltoall with explicit splits (rows for each rank, a list of ints or an int32 tensor);

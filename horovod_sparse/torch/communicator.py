@@ -17,7 +17,7 @@ import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.common.tiers import Tiers, slice_bounds, two_tier_exchange
+from horovod_sparse.common.tiers import Tiers, two_tier_exchange
 from horovod_sparse.common.timing import timed
 from horovod_sparse.methods.base import Exchange, Sparsifier
 from horovod_sparse.torch.device_timing import cuda_timed
@@ -46,7 +46,7 @@ class TorchCommunicator(CommunicatorBase):
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`). Subclasses provide
     ``allgather(tensor, tag, kind)`` (variable length along dim 0), ``allreduce(tensor, tag,
     kind)`` (a sum, in place), ``alltoall(tensor, splits, tag, kind)`` (output and received
-    splits), ``reducescatter(tensor, tag, kind)`` (a sum, this rank's slice of
+    splits), ``reducescatter(tensor, tag, kind)`` (a sum of 1-D tensors, this rank's slice of
     :func:`~horovod_sparse.common.tiers.slice_bounds`) and :meth:`_complete`. ``device``: where
     the group's tensors live (its phases are timed with CUDA events there, see :meth:`timer`)."""
 
@@ -63,9 +63,9 @@ class TorchCommunicator(CommunicatorBase):
         """The zeroed buffer the aggregated update of ``x``'s group is written into."""
         return torch.zeros_like(x) if self.output_buffer is None else self.output_buffer
 
-    def _launched(self, handle: Any, kind: str, sent: int, own: int) -> Pending:
+    def _launched(self, handle: Any, kind: str, sent: int, own: int, received: Optional[int] = None) -> Pending:
         self._account(kind, sent)
-        return Pending(handle, kind, own)
+        return Pending(handle, kind, own, received)
 
     def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Any, kind: str) -> Pending:
         """Account for an alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``
@@ -75,13 +75,9 @@ class TorchCommunicator(CommunicatorBase):
         return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
 
     def _reducescatter_launched(self, handle: Any, tensor: torch.Tensor, kind: str) -> Pending:
-        """Account for a reduce-scatter of ``tensor`` (the slices of :func:`slice_bounds`): all
-        but this rank's slice leaves it, every other rank's share of that slice arrives."""
-        lo, hi = slice_bounds(tensor.shape[0], self.size, self.rank)
-        own = (hi - lo) * nbytes(tensor) // max(1, tensor.shape[0])
-        pending = self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
-        pending.received = own * (self.size - 1)
-        return pending
+        """Account for a reduce-scatter of the 1-D ``tensor`` (:meth:`_slice_bytes`)."""
+        sent, own, received = self._slice_bytes(tensor.numel(), tensor.element_size())
+        return self._launched(handle, kind, sent, own, received)
 
     def _complete(self, handle: Any) -> Any:
         """Wait for one launched collective; its output (alltoall: ``(output, received_splits)``)."""

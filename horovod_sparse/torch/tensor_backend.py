@@ -147,11 +147,12 @@ def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.T
 
 
 def embed(out: torch.Tensor, lo: int, values: torch.Tensor) -> torch.Tensor:
+    target = out[lo:lo + values.numel()]
+    if values.data_ptr() == target.data_ptr():  # that slice, changed in place after an earlier embed
+        return out
     out[:lo].zero_()
     out[lo + values.numel():].zero_()
-    target = out[lo:lo + values.numel()]
-    if values.data_ptr() != target.data_ptr():  # else ``values`` is that slice already
-        target.copy_(values)
+    target.copy_(values)
     return out
 
 
