@@ -20,6 +20,15 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   contiguous run's.
 * ``syncs``: on CUDA, the host synchronisations of one sparse step of each method, counted by
   ``torch.cuda.set_sync_debug_mode("warn")`` (None on the CPU, which has none to count).
+* ``steps``: a real model (``--model``, ResNet-50 by default; ResNet-20 with ``--quick``) trained
+  through DDP on the device, dense (DDP's own allreduce) and with every method's hook, bf16
+  autocast on CUDA: the median step time of ``--train-steps`` steps (device synchronised) and
+  its ratio to dense (and dense and Top-k with DDP's ``gradient_as_bucket_view=True``). One
+  rank, so the exchange itself is trivial: the figures are what each method adds to a step
+  (selection, packing, bookkeeping), not a network's saving.
+* ``profile``: ``torch.profiler`` over three such steps, dense and with ``--profile``'s method
+  (Top-k by default): per step, the host and device time of every operation, and the 20
+  operations whose host time the hook grew most (a figure to read, not asserted).
 * ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)`` and the exact
   top-k of the methods (:func:`horovod_sparse.torch.selection.top_k`) over a float32 buffer of
   ``--numel`` elements at ``k = --density * numel`` (medians of ``--repeats``, each timed with
@@ -31,16 +40,21 @@ The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``la
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import statistics
 import sys
 import time
+import traceback
 import warnings
+from collections import Counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
+from benchmarks.models import model_spec
 from benchmarks.results import command_line, write_results
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.selection import top_k
@@ -179,27 +193,47 @@ def check_layout(device: str) -> Dict[str, Any]:
             "ok": strided["strides_kept"] and equal}
 
 
-def count_syncs(device: str) -> Optional[Dict[str, int]]:
-    """Host synchronisations of one sparse step per method (CUDA only)."""
+def sync_site() -> str:
+    """Where a synchronisation is being reported from: the innermost three frames of this
+    package (``file:line``, innermost first)."""
+    frames = [f for f in traceback.extract_stack() if f"{os.sep}horovod_sparse{os.sep}" in f.filename]
+    return " <- ".join(f"{f.filename.rsplit(os.sep + 'horovod_sparse' + os.sep, 1)[1]}:{f.lineno}"
+                       for f in frames[::-1][:3]) or "(outside horovod_sparse)"
+
+
+def count_syncs(device: str) -> Optional[Dict[str, Dict[str, Any]]]:
+    """Host synchronisations of one sparse step per method (CUDA only): how many, the groups of
+    the step (DDP's buckets), and where (:func:`sync_site`, with how often)."""
     if not device.startswith("cuda"):
         return None
     counts = {}
+    sites: List[str] = []
+
+    def note(message: Any, *args: Any, **kwargs: Any) -> None:
+        if "synchroniz" in str(message):
+            sites.append(sync_site())  # called while the synchronising operation reports
+
     for method in hsd.Compression.names():
         if method in ("none", "fp16"):
             continue
         torch.manual_seed(0)
         params = [torch.nn.Parameter(torch.randn(*shape, device=device)) for shape in SHAPES]
         ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params), bucket_cap_mb=BUCKET_MB)
-        ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, **OPTIONS)), hsd.hook)
+        state = hsd.State(compression=hsd.Compression.create(method, **OPTIONS))
+        ddp.register_comm_hook(state, hsd.hook)
         for step in range(2):  # the first step is dense; the second is counted
             grads = given(step, device)
             torch.cuda.synchronize()
-            with warnings.catch_warnings(record=True) as caught:
+            sites.clear()
+            with warnings.catch_warnings():
                 warnings.simplefilter("always")
+                warnings.showwarning = note
                 torch.cuda.set_sync_debug_mode("warn" if step == 1 else "default")
                 ddp(grads).backward()
                 torch.cuda.set_sync_debug_mode("default")
-            counts[method] = sum("synchroniz" in str(w.message) for w in caught)
+        assert state.last_stats is not None
+        counts[method] = {"count": len(sites), "groups": len(state.last_stats.groups),
+                          "sites": dict(Counter(sites).most_common())}
     return counts
 
 
@@ -231,6 +265,88 @@ def selection(device: str, numel: int, density: float, repeats: int) -> Dict[str
     return {"numel": numel, "k": k, "seconds": times, "ratio_to_sum": {n: t / times["sum"] for n, t in times.items()}}
 
 
+def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    """One training step (bf16 autocast on CUDA)."""
+    kind = inputs.device.type
+    opt.zero_grad()
+    with torch.autocast(kind, dtype=torch.bfloat16, enabled=kind == "cuda"):
+        loss = torch.nn.functional.cross_entropy(net(inputs), targets)
+    loss.backward()
+    opt.step()
+
+
+def training(device: str, model: str, batch_size: int, method: str, bucket_view: bool = False) -> Callable[[], None]:
+    """One training step of ``model`` (seeded) through DDP on ``device``, dense (``"dense"``:
+    DDP's own allreduce) or with ``method``'s hook at density 0.001, as a callable;
+    ``bucket_view``: DDP's ``gradient_as_bucket_view``."""
+    spec = model_spec(model)
+    inputs, targets = (t.to(device) for t in spec.batch(batch_size, spec.default_size,
+                                                         torch.Generator().manual_seed(0)))
+    torch.manual_seed(0)
+    net = torch.nn.parallel.DistributedDataParallel(spec.build(spec.default_size).to(device),
+                                                    gradient_as_bucket_view=bucket_view)
+    if method != "dense":
+        net.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, density=0.001)), hsd.hook)
+    return functools.partial(train_step, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
+                             inputs, targets)
+
+
+def step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str, Any]:
+    """Median seconds per training step of ``model`` through DDP, dense and per method (see the
+    module docstring); the first two steps of each run (DDP's bucket rebuild, the methods' dense
+    first step) are not timed. Dense and Top-k also with ``gradient_as_bucket_view=True``
+    (``"<name>+view"``)."""
+    seconds: Dict[str, float] = {}
+    runs = [(m, False) for m in ["dense"] + [m for m in hsd.Compression.names() if m not in ("none", "fp16")]]
+    for method, view in runs + [("dense", True), ("topk", True)]:
+        step = training(device, model, batch_size, method, view)
+        step()
+        seconds[method + ("+view" if view else "")] = timed(step, device, steps)
+    return {"model": model, "batch_size": batch_size, "seconds": seconds,
+            "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}}
+
+
+#: Training steps profiled per run (after two untimed ones).
+PROFILED_STEPS = 3
+
+
+def profiled(device: str, model: str, batch_size: int, method: str) -> Dict[str, Tuple[float, float, float]]:
+    """Per operation of ``torch.profiler``: calls, self host milliseconds and self device
+    milliseconds per training step (:func:`training`)."""
+    step = training(device, model, batch_size, method)
+    step()
+    step()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+        torch.cuda.synchronize()
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(PROFILED_STEPS):
+            step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+    return {e.key: (e.count / PROFILED_STEPS, e.self_cpu_time_total / 1e3 / PROFILED_STEPS,
+                    getattr(e, "self_device_time_total", 0.0) / 1e3 / PROFILED_STEPS)
+            for e in prof.key_averages()}
+
+
+def profile(device: str, model: str, batch_size: int, method: str) -> Dict[str, Any]:
+    """What ``method``'s hook adds to a training step, operation by operation: the profiles of
+    the dense and the hooked steps (:func:`profiled`) side by side, the 20 operations whose
+    self host time grew most, with the growth of their calls and host and device times per
+    step, and the totals."""
+    dense, hooked = profiled(device, model, batch_size, "dense"), profiled(device, model, batch_size, method)
+    zero = (0.0, 0.0, 0.0)
+    added = {name: tuple(h - d for h, d in zip(hooked.get(name, zero), dense.get(name, zero)))
+             for name in set(dense) | set(hooked)}
+    top = sorted(added.items(), key=lambda item: -item[1][1])[:20]
+    return {"method": method,
+            "host_ms": {"dense": sum(v[1] for v in dense.values()), method: sum(v[1] for v in hooked.values())},
+            "device_ms": {"dense": sum(v[2] for v in dense.values()), method: sum(v[2] for v in hooked.values())},
+            "added": [{"op": name, "calls": calls, "host_ms": host, "device_ms": dev}
+                      for name, (calls, host, dev) in top]}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -238,28 +354,52 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--amp-steps", type=int, default=16)
+    parser.add_argument("--model", default="resnet50", help="the training-step part's model")
+    parser.add_argument("--batch-size", type=int, default=64, help="the training-step part's batch")
+    parser.add_argument("--train-steps", type=int, default=20, help="timed steps per method")
+    parser.add_argument("--profile", default="topk", help="the method whose training steps are profiled")
     parser.add_argument("--quick", action="store_true", help="a small buffer and few repeats (CI)")
     parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
     if args.quick:
         args.numel, args.repeats = 1_000_000, 3
+        args.model, args.batch_size, args.train_steps = "resnet20", 4, 2
     device = args.device
+    if device == "cuda":  # set_device needs an index
+        device = f"cuda:{torch.cuda.current_device()}"
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
-    dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", store=dist.HashStore(), rank=0,
-                            world_size=1)
+    # NCCL for the device, Gloo for the CPU reference runs
+    backend = "cpu:gloo,cuda:nccl" if device.startswith("cuda") else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
     results = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                "torch": torch.__version__, "methods": check_methods(device),
                "amp": check_amp(device, args.amp_steps), "layout": check_layout(device),
-               "syncs": count_syncs(device), "selection": selection(device, args.numel, args.density, args.repeats)}
+               "syncs": count_syncs(device),
+               "steps": step_times(device, args.model, args.batch_size, args.train_steps),
+               "profile": profile(device, args.model, args.batch_size, args.profile),
+               "selection": selection(device, args.numel, args.density, args.repeats)}
     dist.destroy_process_group()
     for part in ("methods", "amp"):
         for method, row in results[part].items():
             print(f"{part:8s} {method:10s} " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                                         for k, v in row.items()))
     print("layout  ", " ".join(f"{k}={v}" for k, v in results["layout"].items()))
-    print("syncs   ", results["syncs"] if results["syncs"] is not None else "n/a (CUDA only)")
+    if results["syncs"] is None:
+        print("syncs    n/a (CUDA only)")
+    else:
+        for method, row in results["syncs"].items():
+            print(f"syncs    {method:10s} {row['count']} over {row['groups']} groups: {row['sites']}")
+    prof = results["profile"]
+    print(f"profile {prof['method']} vs dense, per step: host {prof['host_ms']}, device {prof['device_ms']} ms; "
+          "most added:")
+    for row in prof["added"]:
+        print(f"  {row['op'][:60]:60s} calls {row['calls']:+8.1f}  host {row['host_ms']:+8.3f} ms  "
+              f"device {row['device_ms']:+8.3f} ms")
+    train = results["steps"]
+    print(f"steps {train['model']} batch={train['batch_size']} " + " ".join(
+        f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
     sel = results["selection"]
     figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                for name, seconds in sel["seconds"].items()]

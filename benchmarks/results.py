@@ -20,9 +20,15 @@ RESULTS_DIR = Path("results")
 
 
 def machine() -> Dict[str, Any]:
-    """The machine and software a result was measured with."""
-    import horovod
+    """The machine and software a result was measured with (``horovod`` None where it is not
+    installed: the GPU check needs PyTorch alone)."""
     import torch
+
+    try:
+        import horovod
+        horovod_version: Optional[str] = horovod.__version__
+    except ImportError:
+        horovod_version = None
 
     cpu = platform.processor() or platform.machine()
     try:
@@ -31,7 +37,7 @@ def machine() -> Dict[str, Any]:
     except (OSError, StopIteration):
         pass
     return {"cpu": cpu, "cpus": os.cpu_count(), "platform": platform.platform(),
-            "python": platform.python_version(), "torch": torch.__version__, "horovod": horovod.__version__,
+            "python": platform.python_version(), "torch": torch.__version__, "horovod": horovod_version,
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
 
 

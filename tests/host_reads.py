@@ -5,7 +5,8 @@ on the CPU nothing waits, so the tests count, through a ``TorchFunctionMode``, t
 that would: reading a value on the host (``bool()``, ``int()``, ``float()``, ``item()``,
 ``tolist()``, ``numpy()``, ``cpu()``, using a tensor as a Python index) and operations whose
 output size depends on the values (``nonzero``, ``unique``, ``masked_select``, indexing with a
-boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``).
+boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``). ``numpy()`` of what
+``cpu()`` just returned is the same read, counted once.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class HostReads(TorchFunctionMode):
     def __init__(self) -> None:
         super().__init__()
         self.names: List[str] = []
+        self._copied: List[torch.Tensor] = []  # what cpu() returned: its numpy() reads nothing more
 
     @property
     def count(self) -> int:
@@ -39,7 +41,12 @@ class HostReads(TorchFunctionMode):
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
+        if name == "numpy" and any(args[0] is copied for copied in self._copied):
+            return func(*args, **kwargs)
         if (name in READS or (name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]))
                 or (name == "repeat_interleave" and kwargs.get("output_size") is None)):
             self.names.append(name)
-        return func(*args, **kwargs)
+        result = func(*args, **kwargs)
+        if name == "cpu":
+            self._copied = [result]
+        return result

@@ -5,6 +5,8 @@ plain NumPy reference written here; and the histogram controller's candidates, o
 backends. One process, no Horovod."""
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -21,6 +23,8 @@ from horovod_sparse.torch import backend as torch_backend
 from tests.reference_gtopk import merge_sets
 
 BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
+#: The framework's backends and whether PyTorch's run on its accelerators' paths (on the CPU).
+PATHS = [("torch", False), ("torch", True), ("tensorflow", False)]
 
 
 def tied(numel: int, seed: int) -> np.ndarray:
@@ -65,22 +69,33 @@ def test_the_hard_threshold_scan_selects_every_coordinate_at_or_above_it(framewo
     np.testing.assert_array_equal(B.to_numpy(idx), np.flatnonzero(np.abs(x) >= threshold))
 
 
-@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("framework,accelerated", PATHS)
 @pytest.mark.parametrize("seed", range(4))
-def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(framework, seed):
-    """Two sets of tied values sharing some indices: the sum, then the k largest, ties to the
-    lower index, as the reference merge."""
+def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(framework, accelerated, seed):
+    """Two sets of tied values sharing some indices (among them -0.0 and index 0): the sum, then
+    the k largest, ties to the lower index, as the reference merge, bitwise; and which of the
+    first set's indices the merge kept (``isin``). PyTorch's accelerators' paths (a coalesce
+    padded to a fixed size, a binary-search ``isin``) too."""
+    from horovod_sparse.torch.selection import accelerator_paths
+
     B, tensor = BACKENDS[framework]
     rng = np.random.default_rng(seed)
     k = 40
     sets = []
     for _ in range(2):
-        indices = np.sort(rng.choice(120, k, replace=False)).astype(np.int64)
-        sets.append((indices, rng.integers(-2, 3, size=k).astype(np.float32)))
-    merged = merge(B, *[SparseSet(tensor(i), tensor(v)) for i, v in sets], k)
+        indices = np.sort(np.concatenate([[0], rng.choice(np.arange(1, 120), k - 1, replace=False)])).astype(np.int64)
+        values = rng.integers(-2, 3, size=k).astype(np.float32)
+        values[values == 0] = np.where(rng.random(int((values == 0).sum())) < 0.5, -0.0, 0.0)
+        sets.append((indices, values))
+    with accelerator_paths() if accelerated else contextlib.nullcontext():
+        a, b = (SparseSet(tensor(i), tensor(v)) for i, v in sets)
+        merged = merge(B, a, b, k)
+        kept = B.to_numpy(B.isin(a.idx, merged.idx))
     expected = merge_sets(*[{int(i): (v, frozenset()) for i, v in zip(*s)} for s in sets], k)
     np.testing.assert_array_equal(B.to_numpy(merged.idx), sorted(expected))
-    np.testing.assert_array_equal(B.to_numpy(merged.val), [expected[i][0] for i in sorted(expected)])
+    np.testing.assert_array_equal(B.to_numpy(merged.val).view(np.int32),
+                                  np.array([expected[i][0] for i in sorted(expected)], dtype=np.float32).view(np.int32))
+    np.testing.assert_array_equal(kept, np.isin(sets[0][0], sorted(expected)))
 
 
 @pytest.mark.parametrize("framework,dtype", [("torch", "float32"), ("torch", "float16"), ("torch", "bfloat16"),
@@ -105,9 +120,45 @@ def test_candidates_filter_to_exactly_the_pick_on_both_backends(framework, dtype
     positions = np.arange(start, end)
     expected = positions[magnitudes[start:end] >= candidates.bar]
     np.testing.assert_array_equal(B.to_numpy(candidates.indices), expected)
-    np.testing.assert_array_equal(candidates.magnitudes_numpy(), magnitudes[expected])
-    assert candidates.magnitudes_numpy().dtype == np.float32
+    np.testing.assert_array_equal(B.to_numpy(candidates.magnitudes).astype(np.float32), magnitudes[expected])
     for threshold in (candidates.bar / 2, candidates.bar, candidates.bar * 1.5, 0.375, 0.75):
-        selected = B.to_numpy(candidates.select(threshold))
-        np.testing.assert_array_equal(selected, positions[magnitudes[start:end] >= threshold], err_msg=str(threshold))
-        np.testing.assert_array_equal(selected, B.to_numpy(B.pick(scanned, threshold)))
+        for filterable in ([True, False] if threshold >= candidates.bar else [False]):
+            selected = B.to_numpy(candidates.select(threshold, filterable))
+            np.testing.assert_array_equal(selected, positions[magnitudes[start:end] >= threshold],
+                                          err_msg=f"{threshold} {filterable}")
+            np.testing.assert_array_equal(selected, B.to_numpy(B.pick(scanned, threshold)))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("budget", [1, 40, 10_000])
+def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
+    """PyTorch's accelerator paths (a bar and a histogram computed on the device, read by no one)
+    give bitwise the host's NumPy results: the candidates' bar, the local histogram in the first
+    step's window and in a fine one around a threshold (every rank's mark), DGC's threshold and
+    its lowered retry. Run on CPU tensors through ``accelerator_paths``."""
+    from horovod_sparse.common.controllers import HistogramWindow
+    from horovod_sparse.torch.selection import accelerator_paths
+
+    B = torch_backend
+    x = tied(20_011, 3) * np.random.default_rng(8).standard_normal(20_011).astype(np.float32)
+    buffer = torch.from_numpy(x).to(getattr(torch, dtype))
+    scanned = B.scan(buffer, 301, 19_950, 64)
+    host_bar = B.candidate_bar(scanned, budget)
+    host = Candidates.collect(B, scanned, budget)
+    with accelerator_paths():
+        device_bar = B.candidate_bar(scanned, budget)
+        device = Candidates.collect(B, scanned, budget)
+    assert isinstance(host_bar, float)
+    assert float(device_bar) == host_bar and torch.equal(device.indices, host.indices)
+    for window in (HistogramWindow.everything(), HistogramWindow.around(0.3)):
+        for rank, parts in ((0, 1), (2, 4)):
+            expected = host.local_histogram(window, rank, parts)
+            with accelerator_paths():
+                computed = device.local_histogram(window, rank, parts)
+            assert computed.dtype == expected.dtype == torch.int32 and torch.equal(computed, expected)
+            assert int(expected[len(window) + 1 + rank]) == window.edge_at_or_above(host_bar)
+    with accelerator_paths():
+        threshold = B.kth_magnitude(buffer[::7], 30)
+        lowered = B.scaled_threshold(threshold, 0.8)
+    assert isinstance(threshold, torch.Tensor) and float(threshold) == B.kth_magnitude(buffer[::7], 30)
+    assert float(lowered) == B.scaled_threshold(B.kth_magnitude(buffer[::7], 30), 0.8)

@@ -197,8 +197,8 @@ class _AllCandidates:
     def __init__(self, values: np.ndarray) -> None:
         self.bar, self.values = SMALLEST_THRESHOLD, values
 
-    def magnitudes_numpy(self) -> np.ndarray:
-        return self.values
+    def local_histogram(self, window, rank, parts) -> np.ndarray:
+        return local_histogram(window, self.values, self.bar, rank, parts)
 
 
 def _run_rounds(state, values, k):
@@ -227,7 +227,8 @@ def test_a_pile_up_in_a_coarse_bin_is_counted_again_in_a_fine_window():
                                      local_histogram(HistogramController().window(state), values,
                                                      SMALLEST_THRESHOLD, 0, 1), k)
     assert first.coarse and abs(np.sum(values >= first.threshold) / k - 1) > 0.05
-    tags, (threshold, _, rounds) = _run_rounds(state, values, k)
+    tags, (threshold, _, rounds, filterable) = _run_rounds(state, values, k)
+    assert filterable  # every value is a candidate: the threshold is above the smallest bar
     assert tags == rounds == ["histogram", "histogram.fine"]
     assert abs(np.sum(values >= threshold) / k - 1) <= 0.01
     assert state.threshold == threshold and not state.coarse
@@ -238,7 +239,8 @@ def test_spread_values_take_one_round():
     values = np.abs(rng.standard_normal(100_000)).astype(np.float32)
     k = 100
     state = ThresholdState(threshold=float(np.sort(values)[-k]), steps=5, last_union=k, last_counts=[k])
-    tags, (threshold, _, rounds) = _run_rounds(state, values, k)
+    tags, (threshold, _, rounds, filterable) = _run_rounds(state, values, k)
+    assert filterable  # every value is a candidate: the threshold is above the smallest bar
     assert tags == rounds == ["histogram"] and abs(int(np.sum(values >= threshold)) - k) <= 2
 
 

@@ -1,7 +1,7 @@
 """The CPU parts of the GPU check (``benchmarks/gpu_check.py``), as CI runs them: every method
 through the DDP hook, AMP with a loss scaler and the gradient layout under fused AdamW pass on the
 CPU, and the check writes every part of its report (host synchronisations are counted on CUDA
-only; selection times are figures, not asserted)."""
+only; selection and training-step times and the profile are figures, not asserted)."""
 import json
 import subprocess
 import sys
@@ -30,3 +30,6 @@ def test_gpu_check_cpu_parts(tmp_path):
     assert results["layout"] == {"strides_kept": True, "equal_to_contiguous": True, "ok": True}
     assert results["syncs"] is None
     assert set(results["selection"]["seconds"]) == {"sum", "torch.topk", "top_k"}
+    assert set(results["steps"]["seconds"]) == {"dense", *METHODS, "dense+view", "topk+view"}
+    assert results["steps"]["model"] == "resnet20"
+    assert results["profile"]["method"] == "topk" and len(results["profile"]["added"]) == 20

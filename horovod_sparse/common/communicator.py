@@ -2,10 +2,13 @@
 accounting of the collectives it launches."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import slice_bounds
+
+#: What an allgather's caller knows of every rank's row count (:class:`CommunicatorBase`).
+Rows = Union[None, str, List[Any]]
 
 
 class CommunicatorBase:
@@ -28,6 +31,13 @@ class CommunicatorBase:
         self.scale = scale
         self.size: int = process_set.size() if size is None else size
         self.rank: int = process_set.rank() if rank is None else rank
+
+    #: ``allgather(tensor, tag, kind, rows=...)``, in every framework: a variable-length
+    #: allgather along dim 0, and what every rank knows of the per-rank row counts beforehand:
+    #: None (nothing), a list (every rank's count, in rank order) or a key that an earlier
+    #: allgather of this communicator was given, whose per-rank counts this one repeats. Horovod
+    #: negotiates sizes itself and ignores ``rows``; ``torch.distributed``, which has no
+    #: variable-length allgather, exchanges the counts (a host read) only when they are not known.
 
     def _name(self, tag: str) -> str:
         """The Horovod name of this group's collective ``tag``."""

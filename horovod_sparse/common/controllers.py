@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Generator, List, NamedTuple, Optional, Protocol, Sequence, Tuple, TypeVar
+from typing import Any, Callable, Dict, Generator, List, NamedTuple, Optional, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -205,6 +205,10 @@ class HistogramWindow:
         """The edges as float64 (exact float32 values, increasing, > 0)."""
         return self._edges32.astype(np.float64)
 
+    def edges32(self) -> np.ndarray:
+        """The edges as float32 (what :meth:`histogram` compares with)."""
+        return self._edges32
+
     def histogram(self, values: np.ndarray) -> np.ndarray:
         """Counts of non-negative ``values`` (``len(self) + 1`` int32, see the class docstring)."""
         slots = np.searchsorted(self._edges32, np.asarray(values, dtype=np.float32), side="right")
@@ -336,29 +340,48 @@ C = TypeVar("C", bound="CandidateSet")
 
 class HistogramRound(NamedTuple):
     """One allreduce (sum) the histogram controller asks for: this rank's :func:`local_histogram`
-    and the suffix naming the collective (the same on every rank)."""
+    (a NumPy array, or a framework's tensor, possibly on a device) and the suffix naming the
+    collective (the same on every rank)."""
 
-    local: np.ndarray
+    local: Any
     tag: str
 
 
 class CandidateSet(Protocol):
-    """A rank's candidates (every coordinate of its partition at or above ``bar``)."""
+    """A rank's candidates (every coordinate of its partition at or above its bar)."""
 
-    bar: float
+    def local_histogram(self, window: HistogramWindow, rank: int, parts: int) -> Any:
+        """:func:`local_histogram` of their magnitudes and bar."""
 
-    def magnitudes_numpy(self) -> np.ndarray:
-        """Their magnitudes as float32."""
+
+class HistogramResult(NamedTuple):
+    """What :func:`histogram_threshold` settles: the threshold, the candidates it was read
+    from, the rounds taken (by name) and whether the threshold is at or above this rank's bar
+    (``filterable``: the candidates then hold every coordinate that reaches it). The last is
+    read off the summed histogram's marks (:func:`reaches_bar`), not off the bar, which may
+    still be on a device."""
+
+    threshold: float
+    candidates: Any
+    tags: List[str]
+    filterable: bool
+
+
+def reaches_bar(window: HistogramWindow, histogram: np.ndarray, rank: int, threshold: float) -> bool:
+    """Whether ``threshold`` is at or above rank ``rank``'s bar, known from a summed
+    :func:`local_histogram`: the bar lies at or under the edge marked there (none when the mark
+    is past the last edge)."""
+    mark = int(histogram[len(window) + 1 + rank])
+    return mark < len(window) and threshold >= float(window.edges()[mark])
 
 
 def histogram_threshold(controller: HistogramController, state: ThresholdState, k: int, parts: int,
                         partition: int, rank: int, collect: Callable[[int], C]
-                        ) -> Generator[HistogramRound, np.ndarray, Tuple[float, C, List[str]]]:
+                        ) -> Generator[HistogramRound, np.ndarray, HistogramResult]:
     """This step's threshold from the histogram controller, as a conversation with the exchange:
-    the generator yields each round's local histogram, is sent its sum over ranks, and returns
-    ``(threshold, candidates, tags)`` (``tags``: the rounds taken, by name). ``collect(budget)``
-    reads this rank's candidates from its ``budget`` blocks with the largest maxima
-    (``partition``: the partition it owns).
+    the generator yields each round's local histogram, is sent its sum over ranks (as NumPy),
+    and returns a :class:`HistogramResult`. ``collect(budget)`` reads this rank's candidates
+    from its ``budget`` blocks with the largest maxima (``partition``: the partition it owns).
 
     Rounds, decided from the summed histograms alone (so every rank takes the same ones):
 
@@ -372,8 +395,7 @@ def histogram_threshold(controller: HistogramController, state: ThresholdState, 
     candidates = collect(candidate_budget(k, parts, state.last_counts, partition))
     tags = ["histogram"]
     while True:
-        summed = yield HistogramRound(
-            local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, rank, parts), tags[-1])
+        summed = yield HistogramRound(candidates.local_histogram(window, rank, parts), tags[-1])
         threshold = controller.next_threshold(state, k, summed, window)
         if state.short and "histogram.wide" not in tags:
             tags.append("histogram.wide")
@@ -382,17 +404,17 @@ def histogram_threshold(controller: HistogramController, state: ThresholdState, 
             tags.append("histogram.fine")
             window = HistogramWindow.around(threshold)
         else:
-            return threshold, candidates, tags
+            return HistogramResult(threshold, candidates, tags, reaches_bar(window, summed, rank, threshold))
 
 
-def histogram_exchange(plan: Generator[HistogramRound, np.ndarray, Tuple[float, C, List[str]]],
+def histogram_exchange(plan: Generator[HistogramRound, np.ndarray, HistogramResult],
                        allreduce: Callable[[HistogramRound], Any], to_numpy: Callable[[Any], np.ndarray],
-                       timer: PhaseTimer) -> Generator[List[Any], List[Any], Tuple[float, C, List[str]]]:
+                       timer: PhaseTimer) -> Generator[List[Any], List[Any], HistogramResult]:
     """Run :func:`histogram_threshold`'s ``plan`` inside a sparsifier's exchange generator: each
     round is one pending collective, ``allreduce(round)`` (summing ``round.local`` under
     ``round.tag``), yielded to the exchange driver; ``to_numpy`` reads the summed result back.
     Time spent in the plan counts as the ``histogram`` phase of ``timer``. Returns the plan's
-    ``(threshold, candidates, tags)``."""
+    :class:`HistogramResult`."""
     with timer("histogram"):
         round_ = next(plan)
     while True:

@@ -11,6 +11,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional, Tuple
 
+import numpy as np
+
 #: What a byte count is: the method's values, indices and metadata (across nodes in a two-tier
 #: exchange, across all ranks in a flat one) and ``node``, the dense collectives inside a node
 #: of a two-tier exchange (:mod:`horovod_sparse.common.tiers`).
@@ -51,6 +53,16 @@ class GroupStats:
     def __post_init__(self) -> None:
         #: Phases timed on a device whose time is known only once its work is done.
         self._pending: List[Tuple[str, Callable[[], float]]] = []
+        #: ``extra`` figures still on a device (0-dim tensors), read when the step finishes.
+        self.unread: Dict[str, Any] = {}
+
+    def note(self, name: str, value: Any) -> None:
+        """Set the figure ``extra[name]``: a Python number, or a 0-dim tensor left on a device,
+        read with the step's other figures (:func:`finish_step`) rather than at once."""
+        if isinstance(value, (int, float)):
+            self.extra[name] = value
+        else:
+            self.unread[name] = value
 
     def add_time(self, phase: str, seconds: float) -> None:
         """Accumulate ``seconds`` under ``phase``."""
@@ -152,26 +164,33 @@ class StatsLog:
         self._stream.flush()
 
 
-#: Reads counts that are not Python ints yet (0-dim tensors left on a device, NumPy scalars):
-#: their values, in order.
-ReadCounts = Callable[[List[Any]], List[int]]
+#: Reads figures that are not Python numbers yet (0-dim tensors left on a device, NumPy
+#: scalars): their values, in order (ints for counts, floats for thresholds).
+ReadScalars = Callable[[List[Any]], List[Any]]
 
 
-def read_each(counts: List[Any]) -> List[int]:
-    """:data:`ReadCounts` one count at a time."""
-    return [int(count) for count in counts]
+def read_each(scalars: List[Any]) -> List[Any]:
+    """:data:`ReadScalars` one at a time."""
+    return [np.asarray(scalar).item() for scalar in scalars]
 
 
-def finish_step(stats: StepStats, log: Optional[StatsLog], read_counts: ReadCounts = read_each) -> StepStats:
+def finish_step(stats: StepStats, log: Optional[StatsLog], read_scalars: ReadScalars = read_each) -> StepStats:
     """A finished step's statistics as a front end publishes them (its ``last_stats``): every
-    group's ``union`` an int (those that are not yet read by ``read_counts``: a front end
-    whose counts stay on an accelerator passes one that reads them all in one go, not one host
-    read per group), groups settled (:meth:`GroupStats.settle`), sorted by name, and written to
-    ``log`` when there is one."""
-    unread = [g for g in stats.groups if not isinstance(g.union, int)]
+    group's ``union`` and ``extra`` figures Python numbers (those that are not yet are read by
+    ``read_scalars``: a front end whose figures stay on an accelerator passes one that reads
+    them all in one go, not one host read per group), groups settled
+    (:meth:`GroupStats.settle`), sorted by name, and written to ``log`` when there is one."""
+    unread = [(g, None) for g in stats.groups if not isinstance(g.union, int)]
+    unread += [(g, name) for g in stats.groups for name in g.unread]
     if unread:
-        for group, union in zip(unread, read_counts([g.union for g in unread])):
-            group.union = union
+        values = read_scalars([g.union if name is None else g.unread[name] for g, name in unread])
+        for (group, name), value in zip(unread, values):
+            if name is None:
+                group.union = int(value)
+            else:
+                group.extra[name] = value
+        for group in stats.groups:
+            group.unread.clear()
     for group in stats.groups:
         group.settle()
     stats.groups.sort(key=lambda g: g.name)

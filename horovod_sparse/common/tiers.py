@@ -202,8 +202,10 @@ def two_tier_exchange(method: Sparsifier, x: Any, node: Any, cross: Any, state: 
     """
     B = method.B
     lo, hi = bounds
+    numel = B.numel(x)
+    rows = [end - start for start, end in (slice_bounds(numel, node.size, r) for r in range(node.size))]
     (node_sum,) = yield [node.reducescatter(x, "node.sum", NODE_KIND)]
     x = B.embed(x, lo, node_sum)
     update, residual = yield from method.exchange(x[lo:hi], cross, state, step)
-    (whole,) = yield [node.allgather(update, "node.update", NODE_KIND)]
+    (whole,) = yield [node.allgather(update, "node.update", NODE_KIND, rows=rows)]
     return whole, B.embed(x, lo, residual)

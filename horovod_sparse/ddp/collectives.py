@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 import pickle
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from horovod_sparse.common.tiers import NodeLayout, Tiers, make_tiers, slice_bounds
+from horovod_sparse.common.communicator import Rows
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
-from horovod_sparse.torch.tensor_backend import synchronize
+from horovod_sparse.torch.tensor_backend import synchronize, to_device
 
 
 class ProcessGroup:
@@ -57,24 +58,30 @@ def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
     return torch.cat(lengths).tolist()
 
 
-def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup) -> Tuple[Any, Any]:
-    """Start an allgather along dim 0 of rank-dependent lengths: the lengths first (blocking),
-    then every rank's rows padded to the longest. Returns ``(work, finish)``: ``finish()``,
-    after ``work.wait()``, gives the rows of every rank, concatenated in rank order."""
-    lengths = gather_ints(tensor.shape[0], process_group)
+def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup,
+                     lengths: Optional[List[int]] = None) -> Tuple[Any, Any, List[int]]:
+    """Start an allgather along dim 0 of rank-dependent lengths: the lengths first (blocking,
+    unless every rank's ``lengths`` are given), then every rank's rows padded to the longest.
+    Returns ``(work, finish, lengths)``: ``finish()``, after ``work.wait()``, gives the rows of
+    every rank, concatenated in rank order."""
+    if lengths is None:
+        lengths = gather_ints(tensor.shape[0], process_group)
     longest = max(max(lengths), 1)  # every rank sends at least one row, even when none has any
-    padded = tensor.new_zeros((longest, *tensor.shape[1:]))
-    padded[:tensor.shape[0]] = tensor
+    if tensor.shape[0] == longest:
+        padded = tensor.contiguous()
+    else:
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[:tensor.shape[0]] = tensor
     chunks = [torch.empty_like(padded) for _ in lengths]
     work = dist.all_gather(chunks, padded, group=process_group.group, async_op=True)
-    return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(chunks, lengths)])
+    return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(chunks, lengths)]), lengths
 
 
 def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: ProcessGroup, name: str) -> None:
     """Allgather ``numel`` float32 zeros on ``like``'s device (the group's when None) and wait
     for the result (what the alpha-beta calibration times; ``name`` is Horovod's, unused here)."""
     tensor = torch.zeros(numel, dtype=torch.float32, device=process_set.device if like is None else like.device)
-    work, finish = launch_allgather(tensor, process_set)
+    work, finish, _ = launch_allgather(tensor, process_set)
     work.wait()
     synchronize(finish())
 
@@ -83,7 +90,7 @@ def allgather_array(array: np.ndarray, process_set: ProcessGroup, name: str) -> 
     """Every rank's ``array`` concatenated along the first axis, in rank order (blocking;
     ``name`` is Horovod's, unused here)."""
     tensor = torch.from_numpy(np.ascontiguousarray(array)).to(process_set.device)
-    work, finish = launch_allgather(tensor, process_set)
+    work, finish, _ = launch_allgather(tensor, process_set)
     work.wait()
     return finish().cpu().numpy()
 
@@ -123,9 +130,21 @@ class Communicator(TorchCommunicator):
     """Launches ``torch.distributed`` collectives for one group in one step (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`, with a :class:`ProcessGroup`)."""
 
-    def allgather(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
-        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
-        work, finish = launch_allgather(tensor, self.process_set)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Per-rank row counts of this step's allgathers, by their ``rows`` key.
+        self._rows: Dict[str, List[int]] = {}
+
+    def allgather(self, tensor: torch.Tensor, tag: str, kind: str, rows: Rows = None) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed):
+        the row counts are exchanged first (one blocking collective and a host read) unless
+        ``rows`` gives them or names an earlier allgather's
+        (:class:`~horovod_sparse.common.communicator.CommunicatorBase`)."""
+        known = self._rows.get(rows) if isinstance(rows, str) else rows
+        work, finish, lengths = launch_allgather(tensor, self.process_set,
+                                                 None if known is None else [int(n) for n in known])
+        if isinstance(rows, str):
+            self._rows[rows] = lengths
         return self._launched((work, finish), kind, sent=nbytes(tensor), own=nbytes(tensor))
 
     def allreduce(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
@@ -133,17 +152,23 @@ class Communicator(TorchCommunicator):
         work = dist.all_reduce(tensor, group=self.process_set.group, async_op=True)
         return self._launched((work, lambda: tensor), kind, sent=nbytes(tensor), own=0)
 
-    def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, tag: str, kind: str) -> Pending:
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], tag: str, kind: str,
+                 received: Optional[Sequence[int]] = None) -> Pending:
         """Alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``; the output is
-        ``(rows received in rank order, received splits)``."""
-        group, device = self.process_set.group, self.process_set.device
-        sending = splits.to(torch.int64).to(device)
-        receiving = torch.empty_like(sending)
-        dist.all_to_all_single(receiving, sending, group=group)
-        received = receiving.cpu()
-        output = tensor.new_empty((int(received.sum()), *tensor.shape[1:]))
-        work = dist.all_to_all_single(output, tensor, received.tolist(), splits.tolist(), group=group, async_op=True)
-        return self._alltoall_launched((work, lambda: (output, received.to(splits.dtype))), tensor, splits, kind)
+        ``(rows received in rank order, received splits)``. Unless the caller knows the rows
+        ``received`` from each rank, they are exchanged first (a blocking collective and a host
+        read)."""
+        group = self.process_set.group
+        if received is None:
+            sending = to_device(torch.tensor(list(splits), dtype=torch.int64), self.process_set.device)
+            receiving = torch.empty_like(sending)
+            dist.all_to_all_single(receiving, sending, group=group)
+            received = receiving.cpu().tolist()
+        received = [int(n) for n in received]
+        output = tensor.new_empty((sum(received), *tensor.shape[1:]))
+        work = dist.all_to_all_single(output, tensor, received, list(splits), group=group, async_op=True)
+        counts = torch.tensor(received, dtype=torch.int32)
+        return self._alltoall_launched((work, lambda: (output, counts)), tensor, splits, kind)
 
     def reducescatter(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
         """Sum ``tensor`` over the group and hand rank ``r`` its slice of the sum

@@ -40,21 +40,25 @@ from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.communicator import group_communicators, start_exchange
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.tensor_backend import all_finite, read_counts
+from horovod_sparse.torch.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch.tensor_backend import read_scalars
 
 
-def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: bool) -> Exchange:
+def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: Usable) -> Exchange:
     """DDP's own averaging of a bucket (``Compression.none``: PyTorch's ``allreduce_hook``;
     ``fp16``: its ``fp16_compress_hook``): divided by the world size, then summed, in float16
     on the wire with ``fp16`` and bfloat16 as float32 (Gloo sums no bfloat16). Zeros instead
-    of this rank's bucket when it is not ``usable`` (non-finite)."""
+    of this rank's bucket when it is not ``usable`` (non-finite; a device flag is applied on
+    the device)."""
     wire_dtype = compression.wire_dtype if isinstance(compression, DenseCompression) else None
     wire_dtype = wire_dtype or (torch.float32 if buffer.dtype == torch.bfloat16 else buffer.dtype)
     wire = buffer.to(wire_dtype) if buffer.dtype != wire_dtype else buffer
-    if usable:
+    if usable is True:
         wire.div_(comm.size)
-    else:
+    elif usable is False:
         wire.zero_()
+    else:
+        wire.div_(comm.size).masked_fill_(usable.logical_not(), 0.0)
     comm.stats.selected = comm.stats.union = buffer.numel()
     (summed,) = yield [comm.allreduce(wire, "values", "values")]
     return summed.to(buffer.dtype), None
@@ -139,7 +143,7 @@ class State:
         #: The groups, found from DDP's buckets.
         self.buckets = BucketGroups(self._model)
         self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
-        self._nonfinite_groups: List[str] = []
+        self._finiteness = StepFiniteness()
         self._check_due = True
 
     # -- the hook -----------------------------------------------------------------------------
@@ -163,7 +167,7 @@ class State:
         if bucket.index() == 0 and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         groups = self.buckets.of_bucket(bucket.index(), params)
-        usable = self.nonfinite is None or all_finite(buffer)
+        usable = True if self.nonfinite is None else self._finiteness.check([g.name for g in groups], buffer)
         gradients = split(buffer, params, groups)
         started = [self._start(group, gradient, usable) for group, gradient in zip(groups, gradients)]
         future: torch.futures.Future = torch.futures.Future()
@@ -172,11 +176,9 @@ class State:
             self._finish_step()
         return future
 
-    def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: bool) -> Inflight:
+    def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: Usable) -> Inflight:
         """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
         self.timeline.group_ready(group.name)
-        if not usable:
-            self._nonfinite_groups.append(group.name)
         sparse = (self.sparse and self._sparse_step() and group.numel >= self.compression.options.min_numel
                   and (self.tiers is None or self.tiers.splits(group.numel)))
         size, rank = self.process_group.size(), self.process_group.rank()
@@ -190,8 +192,7 @@ class State:
         if sparse:
             state = self._model.method_state(group, comm.size, numel)
             with comm.timer("flatten"):
-                x = group.load_flat(gradient if usable else None,
-                                    None if self._scale_factors is None else self._scale_factors[1])
+                x = group.load_flat(gradient, None if self._scale_factors is None else self._scale_factors[1], usable)
                 comm.output_buffer = group.zeroed_output()
             exchange = start_exchange(self.compression, x, comm, node, tiers, state, self.steps)
         else:
@@ -222,7 +223,8 @@ class State:
                         update.mul_(self._scale_factors[0])
                 updates.append(update)
             results.append(join(updates, params, [inflight.group for inflight in started]))
-        bad_ranks = self._ranks_with_nonfinite_gradients()
+        nonfinite_groups = self._finiteness.nonfinite()
+        bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
         if bad_ranks:
             for (_, _, started), update in zip(finished, results):
                 for inflight in started:
@@ -230,7 +232,7 @@ class State:
                 update.fill_(math.nan if self._loss_scale is not None else 0.0)
             self._step_stats.abandoned = True
         self._close_step()
-        error = self._nonfinite_error(bad_ranks)
+        error = self._nonfinite_error(bad_ranks, nonfinite_groups)
         futures = [future for future, _, _ in finished]
         for future, update in zip(futures if error is None else futures[:-1], results):
             future.set_result(update)
@@ -239,13 +241,12 @@ class State:
         if error is not None:
             futures[-1].set_exception(error)
 
-    def _nonfinite_error(self, bad_ranks: List[int]) -> Optional[FloatingPointError]:
-        """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient: warn
-        (``"skip"``), or return the ``FloatingPointError`` to raise (``"raise"``); nothing with
-        a loss scaler (the NaN aggregate tells it)."""
+    def _nonfinite_error(self, bad_ranks: List[int], groups: List[str]) -> Optional[FloatingPointError]:
+        """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient (in
+        ``groups`` on this rank): warn (``"skip"``), or return the ``FloatingPointError`` to
+        raise (``"raise"``); nothing with a loss scaler (the NaN aggregate tells it)."""
         if not bad_ranks:
             return None
-        groups, self._nonfinite_groups = self._nonfinite_groups, []
         if self._loss_scale is not None:
             return None
         assert self.nonfinite is not None
@@ -255,17 +256,18 @@ class State:
             return error
         return None
 
-    def _ranks_with_nonfinite_gradients(self) -> List[int]:
-        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather)."""
+    def _ranks_with_nonfinite_gradients(self, nonfinite_here: int) -> List[int]:
+        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
+        of each rank's count ``nonfinite_here``)."""
         if self.nonfinite is None:
             return []
-        counts = gather_ints(len(self._nonfinite_groups), self.process_group)
+        counts = gather_ints(nonfinite_here, self.process_group)
         return [rank for rank, count in enumerate(counts) if count]
 
     def _close_step(self) -> None:
         self.buckets.end_step()
         self._model.end_step(self.timeline.end_step())
-        self.last_stats = finish_step(self._step_stats, self._stats_log, read_counts)
+        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 

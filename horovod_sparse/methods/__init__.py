@@ -15,7 +15,7 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
   (the histogram controller's candidates, :mod:`horovod_sparse.methods.candidates`);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
-  ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``;
+  ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
 * host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
   metadata: ``allgather_array``, ``allgather_bytes``.
 

@@ -83,6 +83,15 @@ class Backend(Protocol):
     def at_least(self, t: Tensor, threshold: float) -> Tensor:
         """The mask ``t >= threshold`` (``threshold`` compared in ``t``'s dtype)."""
 
+    def candidate_bar(self, scanned: Any, budget: int) -> Any:
+        """:func:`~horovod_sparse.common.controllers.candidate_bar` of a scan's block maxima: a
+        float, or on an accelerator a 0-dim float32 tensor left there (what :meth:`pick` and
+        :meth:`local_histogram` take)."""
+
+    def local_histogram(self, window: Any, magnitudes: Tensor, bar: Any, rank: int, parts: int) -> Tensor:
+        """:func:`~horovod_sparse.common.controllers.local_histogram` as an int32 tensor on
+        ``magnitudes``' device (computed there, without a host read, on an accelerator)."""
+
     # -- gathers, scatters and casts ---------------------------------------------------------
     def clone(self, t: Tensor) -> Tensor:
         """A copy of ``t`` that writes to either leave the other unchanged."""
@@ -111,7 +120,10 @@ class Backend(Protocol):
 
     # -- what gTop-k and DGC need ------------------------------------------------------------
     def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """The distinct ``idx`` in ascending order and the sum of ``values`` at each."""
+        """The distinct ``idx`` in ascending order and the sum of ``values`` at each (added to
+        zero in the order of ``values``). On an accelerator the result keeps the input's length,
+        so nothing is read on the host: the distinct indices first, then index 0 with a sum of
+        +0.0 in every remaining place."""
 
     def isin(self, values: Tensor, ascending: Tensor) -> Tensor:
         """Mask of the entries of ``values`` present in the ascending ``ascending``."""
@@ -124,7 +136,8 @@ class Backend(Protocol):
 
     def splits_to(self, size: int, target: Optional[int], tensor: Tensor) -> Any:
         """Alltoall splits sending all of ``tensor``'s rows to rank ``target`` only (none when
-        None)."""
+        None): a list of ints, read without touching a device (or, traced in TensorFlow with a
+        scheduled ``k``, a tensor)."""
 
     def embed(self, out: Tensor, lo: int, values: Tensor) -> Tensor:
         """``out`` holding ``values`` from position ``lo`` on and zeros everywhere else. ``values``
@@ -140,8 +153,15 @@ class Backend(Protocol):
         returns ``(v, u, v)`` (the new ``x``, velocity and accumulation); buffers created as zeros
         when None."""
 
-    def kth_magnitude(self, values: Tensor, k: int) -> float:
-        """The ``k``-th largest ``|values|``."""
+    def kth_magnitude(self, values: Tensor, k: int) -> Any:
+        """The ``k``-th largest ``|values|`` as a threshold, rounded to float32 and at least
+        :data:`~horovod_sparse.common.controllers.SMALLEST_THRESHOLD`
+        (:func:`~horovod_sparse.common.controllers.as_float32`): a float, or on an accelerator a
+        0-dim float32 tensor left there (what :meth:`pick` and :meth:`scaled_threshold` take)."""
+
+    def scaled_threshold(self, threshold: Any, factor: float) -> Any:
+        """``as_float32(threshold * factor)`` (the product in double precision), for a threshold
+        of :meth:`kth_magnitude`'s kind."""
 
     def synchronize(self, like: Tensor) -> None:
         """Wait until the work queued on ``like``'s device is done (a timer's edge; nothing to

@@ -156,15 +156,18 @@ class Sparsifier:
         scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``.
 
         With ``fixed_count`` every rank is known to send exactly that many coordinates;
-        otherwise the per-rank counts are allgathered too (n integers of metadata).
+        otherwise the per-rank counts are allgathered too (n integers of metadata), and the
+        indices are said to have as many rows as the values (a communicator that must learn the
+        row counts first learns them once).
         """
         B, numel = self.B, self.B.numel(x)
         wire = self.to_wire(B.gather(x, idx))
-        pendings = [comm.allgather(wire, "values", "values"),
-                    comm.allgather(B.wire_index(idx, numel), "indices", "indices")]
+        rows = "selected" if fixed_count is None else [fixed_count] * comm.size
+        pendings = [comm.allgather(wire, "values", "values", rows=rows),
+                    comm.allgather(B.wire_index(idx, numel), "indices", "indices", rows=rows)]
         selected = B.size(idx)
         if fixed_count is None:
-            pendings.append(comm.allgather(B.reshape_one(selected, x), "counts", "meta"))
+            pendings.append(comm.allgather(B.reshape_one(selected, x), "counts", "meta", rows=[1] * comm.size))
         comm.stats.selected = selected if fixed_count is None else fixed_count
         residual = comm.remove_delivered(x, idx, wire)
         values, indices, *counts = yield pendings

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from horovod_sparse.common.controllers import as_float32, scan_block_size
+from horovod_sparse.common.controllers import scan_block_size
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment, dgc_sample
 from horovod_sparse.methods.backend import Tensor
@@ -73,7 +73,7 @@ class DGC(Sparsifier):
                                                                    options.momentum)
         with comm.timer("select"):
             offset, stride, count = dgc_sample(numel, density, options.sample_ratio, step)
-            threshold = as_float32(B.kth_magnitude(x[offset::stride], count))
+            threshold = B.kth_magnitude(x[offset::stride], count)
             scanned = B.scan(x, 0, numel, scan_block_size(density))
             idx = B.pick(scanned, threshold)
             for _ in range(options.max_adaptations):
@@ -82,9 +82,9 @@ class DGC(Sparsifier):
                     idx = B.gather(idx, B.top_k(B.gather(x, idx), k))  # idx is ascending: ties to the lower index
                 if action in (TOPK, ACCEPT):
                     break
-                threshold = as_float32(threshold * DGC_LOWER)
+                threshold = B.scaled_threshold(threshold, DGC_LOWER)
                 idx = B.pick(scanned, threshold)
-        comm.stats.extra["threshold"] = threshold
+        comm.stats.note("threshold", threshold)
         update, residual = yield from self.allgather_exchange(x, idx, comm)
         if state is not None:
             state.velocity = B.zero_at(state.velocity, idx)

@@ -30,7 +30,9 @@ def merge(B: Backend, a: SparseSet, b: SparseSet, k: Any) -> SparseSet:
 
     Symmetric and deterministic: ``merge(a, b)`` and ``merge(b, a)`` are bitwise equal on every
     device (each sum has at most two terms, added to zero), in the values' dtype (the wire
-    dtype). With ``k`` entries in each input the result has ``k``.
+    dtype). With ``k`` entries in each input the result has ``k``: at least ``k`` distinct
+    indices come first out of ``coalesce``, so its padding on an accelerator (after them, sums
+    of +0.0) never wins a place (ties go to the lower position).
     """
     idx, summed = B.coalesce(B.concat([a.idx, b.idx]), B.concat([a.val, b.val]))
     keep = B.top_k(summed, k)  # idx is ascending: ties to the lower position are to the lower index
@@ -120,20 +122,24 @@ class GTopK(Sparsifier):
         and indices of the held set, and at fold-out (``residual="exact"``) the folded rank's
         delivered indices."""
         B = self.B
-        target = phase.send_to[comm.rank]
+        target, source = phase.send_to[comm.rank], phase.receive_from[comm.rank]
         payload = held if target is not None else held.without_entries()
-        pendings = [self._point_to_point(comm, payload.val, target, f"{phase.name}.values", "values"),
+        # A held set has k entries: what arrives is known (a communicator need not ask first).
+        received = [B.size(held.idx) if rank == source else 0 for rank in range(comm.size)]
+        pendings = [self._point_to_point(comm, payload.val, target, f"{phase.name}.values", "values", received),
                     self._point_to_point(comm, B.wire_index(payload.idx, numel), target, f"{phase.name}.indices",
-                                         "indices")]
+                                         "indices", received)]
         if phase.adopt and self.options.residual == "exact":
             delivered = tracked[target] if target is not None else payload.idx
             pendings.append(self._point_to_point(comm, B.wire_index(delivered, numel), target,
                                                  f"{phase.name}.delivered", "meta"))
         return pendings
 
-    def _point_to_point(self, comm: Any, tensor: Tensor, target: Optional[int], tag: str, kind: str) -> Any:
-        """Send all of ``tensor`` to rank ``target`` (nothing when None) with one alltoall."""
-        return comm.alltoall(tensor, self.B.splits_to(comm.size, target, tensor), tag, kind)
+    def _point_to_point(self, comm: Any, tensor: Tensor, target: Optional[int], tag: str, kind: str,
+                        received: Optional[List[int]] = None) -> Any:
+        """Send all of ``tensor`` to rank ``target`` (nothing when None) with one alltoall;
+        ``received``: the rows every rank receives, when the schedule tells them."""
+        return comm.alltoall(tensor, self.B.splits_to(comm.size, target, tensor), tag, kind, received=received)
 
 
 def recall(global_idx: np.ndarray, total: np.ndarray, exact: np.ndarray) -> Tuple[float, float]:

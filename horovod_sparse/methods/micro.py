@@ -71,7 +71,8 @@ class Micro(Sparsifier):
 
         selected = B.size(idx)
         gathered, counts_out = yield [comm.allgather(B.wire_index(idx, numel), "indices", "indices"),
-                                      comm.allgather(B.reshape_one(selected, x), "counts", "meta")]
+                                      comm.allgather(B.reshape_one(selected, x), "counts", "meta",
+                                                     rows=[1] * comm.size)]
         union, counts = B.as_index(gathered), [int(c) for c in B.to_numpy(counts_out)]
         update, residual = comm.output(x), x
         if sum(counts):
@@ -107,11 +108,11 @@ class Micro(Sparsifier):
                 return B.pick(scanned, threshold), threshold
         plan = histogram_threshold(self.controller, state.threshold, k, comm.size, owned, comm.rank,
                                    lambda budget: Candidates.collect(B, scanned, budget))
-        threshold, candidates, rounds = yield from histogram_exchange(
-            plan, lambda r: comm.allreduce(B.from_numpy(r.local, x), r.tag, "meta"), B.to_numpy, timer)
-        comm.stats.extra["histogram_rounds"] = rounds
+        result = yield from histogram_exchange(plan, lambda r: comm.allreduce(r.local, r.tag, "meta"),
+                                               B.to_numpy, timer)
+        comm.stats.extra["histogram_rounds"] = result.tags
         with timer("pick"):
-            return candidates.select(threshold), threshold
+            return result.candidates.select(result.threshold, result.filterable), result.threshold
 
 
 @implements("exdyna", ExDynaOptions,

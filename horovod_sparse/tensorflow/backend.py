@@ -13,6 +13,8 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import (allgather_array, allgather_bytes, allgather_payload,  # noqa: F401
                                                    index_dtype)  # (backend API)
+from horovod_sparse.common import controllers
+from horovod_sparse.common.controllers import as_float32
 from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
 
@@ -194,4 +196,17 @@ def synchronize(like: tf.Tensor) -> None:
 
 
 def kth_magnitude(values: tf.Tensor, k: int) -> float:
-    return float(tf.reduce_min(tf.math.top_k(tf.abs(values), k, sorted=False).values))
+    return as_float32(float(tf.reduce_min(tf.math.top_k(tf.abs(values), k, sorted=False).values)))
+
+
+def scaled_threshold(threshold: float, factor: float) -> float:
+    return as_float32(threshold * factor)
+
+
+def candidate_bar(scanned: selection.BlockScan, budget: int) -> float:
+    return controllers.candidate_bar(scanned.maxima_numpy(), budget)
+
+
+def local_histogram(window: controllers.HistogramWindow, magnitudes: tf.Tensor, bar: float, rank: int,
+                    parts: int) -> tf.Tensor:
+    return tf.constant(controllers.local_histogram(window, to_numpy(magnitudes).astype(np.float32), bar, rank, parts))

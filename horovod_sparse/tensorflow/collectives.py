@@ -25,7 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.common.communicator import CommunicatorBase
+from horovod_sparse.common.communicator import CommunicatorBase, Rows
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import slice_bounds
 from horovod_sparse.common.timing import timed
@@ -147,8 +147,9 @@ class Communicator(CommunicatorBase):
         self._account(kind, sent)
         return Pending(output, kind, own, received)
 
-    def allgather(self, tensor: tf.Tensor, tag: str, kind: str) -> Pending:
-        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
+    def allgather(self, tensor: tf.Tensor, tag: str, kind: str, rows: Rows = None) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed;
+        ``rows``: see :class:`~horovod_sparse.common.communicator.CommunicatorBase`, unused)."""
         with self.timer("communicate"), self._in_order():
             output = hvd.allgather(tensor, name=self._name(tag), ignore_name_scope=True,
                                    process_set=self.process_set)
@@ -176,10 +177,12 @@ class Communicator(CommunicatorBase):
         sent, own, received = self._slice_bytes(numel, tensor.dtype.size)
         return self._launched(output, kind, sent, own, received)
 
-    def alltoall(self, tensor: tf.Tensor, splits: Union[Sequence[int], tf.Tensor], tag: str, kind: str) -> Pending:
+    def alltoall(self, tensor: tf.Tensor, splits: Union[Sequence[int], tf.Tensor], tag: str, kind: str,
+                 received: Optional[Sequence[Any]] = None) -> Pending:
         """Alltoall with explicit splits (rows for each rank, a list of ints or an int32 tensor);
         a split non-zero only for one peer is a point-to-point send. The output is
-        ``(tensor, received_splits)``."""
+        ``(tensor, received_splits)``. ``received`` (the rows from each rank, when the caller
+        knows them) is unused: Horovod negotiates sizes itself."""
         with self.timer("communicate"), self._in_order():
             output = hvd.alltoall(tensor, splits=tf.constant(splits, dtype=tf.int32)
                                   if isinstance(splits, (list, tuple)) else splits,

@@ -96,15 +96,17 @@ class FlatGroup:
                     view.addcmul_(grad, inv_scale)
         return self.residual
 
-    def load_flat(self, gradient: Optional[torch.Tensor], inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def load_flat(self, gradient: torch.Tensor, inv_scale: Optional[torch.Tensor] = None,
+                  usable: Union[bool, torch.Tensor] = True) -> torch.Tensor:
         """Add the group's flat ``gradient`` (a DDP bucket) into the residual and return it:
-        ``x = g + e`` (only ``e`` when ``gradient`` is None; ``inv_scale`` as in
-        :meth:`load_gradients`)."""
+        ``x = g + e`` (``usable`` and ``inv_scale`` as in :meth:`load_gradients`)."""
         if self.residual is None:
             self._allocate()
-        assert self.residual is not None
-        if gradient is None:
+        assert self.residual is not None and self.output is not None
+        if usable is False:
             return self.residual
+        if usable is not True:
+            gradient = torch.where(usable, gradient, self.output.new_full((), -0.0), out=self.output)
         return self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)
 
     def load_residual(self, residual: torch.Tensor) -> None:

@@ -4,12 +4,13 @@ blocking host collectives for rare metadata.
 """
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 import horovod.torch as hvd
 import numpy as np
 import torch
 
+from horovod_sparse.common.communicator import Rows
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch.tensor_backend import synchronize
 
@@ -45,8 +46,9 @@ class Communicator(TorchCommunicator):
     """Launches Horovod collectives for one group in one step (arguments:
     :class:`~horovod_sparse.common.communicator.CommunicatorBase`)."""
 
-    def allgather(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
-        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed)."""
+    def allgather(self, tensor: torch.Tensor, tag: str, kind: str, rows: Rows = None) -> Pending:
+        """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed;
+        ``rows``: see :class:`~horovod_sparse.common.communicator.CommunicatorBase`, unused)."""
         handle = hvd.allgather_async(tensor, name=self._name(tag), process_set=self.process_set)
         return self._launched(handle, kind, sent=nbytes(tensor), own=nbytes(tensor))
 
@@ -63,9 +65,13 @@ class Communicator(TorchCommunicator):
         handle = hvd.reducescatter_async(tensor, name=self._name(tag), op=hvd.Sum, process_set=self.process_set)
         return self._reducescatter_launched(handle, tensor, kind)
 
-    def alltoall(self, tensor: torch.Tensor, splits: torch.Tensor, tag: str, kind: str) -> Pending:
-        """Alltoall with explicit splits; a split non-zero only for one peer is a point-to-point send."""
-        handle = hvd.alltoall_async(tensor, splits=splits, name=self._name(tag), process_set=self.process_set)
+    def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], tag: str, kind: str,
+                 received: Optional[Sequence[int]] = None) -> Pending:
+        """Alltoall with explicit splits (rows for each rank); a split non-zero only for one peer
+        is a point-to-point send. ``received`` (the rows from each rank, when the caller knows
+        them) is unused: Horovod negotiates sizes itself."""
+        handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=self._name(tag),
+                                    process_set=self.process_set)
         return self._alltoall_launched(handle, tensor, splits, kind)
 
     def _complete(self, handle: Any) -> Any:

@@ -67,11 +67,11 @@ class TorchCommunicator(CommunicatorBase):
         self._account(kind, sent)
         return Pending(handle, kind, own, received)
 
-    def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Any, kind: str) -> Pending:
+    def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Sequence[int], kind: str) -> Pending:
         """Account for an alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``
         (what this rank sends itself stays off the wire)."""
         row_bytes = nbytes(tensor) // tensor.shape[0] if tensor.shape[0] else 0
-        own = int(splits[self.rank]) * row_bytes
+        own = splits[self.rank] * row_bytes
         return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
 
     def _reducescatter_launched(self, handle: Any, tensor: torch.Tensor, kind: str) -> Pending:

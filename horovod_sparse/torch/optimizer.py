@@ -41,8 +41,8 @@ from horovod_sparse.torch.collectives import Communicator, gather_places
 from horovod_sparse.torch.communicator import group_communicators, start_exchange
 from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.selection import on_accelerator
-from horovod_sparse.torch.tensor_backend import all_finite, finite_flag, read_counts
+from horovod_sparse.torch.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch.tensor_backend import all_finite, read_scalars
 from horovod_sparse.methods.base import Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -134,9 +134,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.timeline = ready_timeline(ordered[0][1].device if ordered else torch.device("cpu"))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
-        #: This step's finiteness decisions in launch order: (group or parameter name, whether
-        #: its gradients were finite: a bool, or a 0-dim bool tensor left on an accelerator).
-        self._finiteness: List[Tuple[str, Union[bool, torch.Tensor]]] = []
+        #: This step's finiteness decisions (groups and sparse-gradient parameters).
+        self._finiteness = StepFiniteness()
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
         self._inflight: Dict[int, Union[Inflight, _DenseFlight]] = {}
@@ -315,7 +314,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         p.grad = None
         if self.nonfinite is not None and not all_finite(grad._values()):
-            self._finiteness.append((self._parameter_names[p], False))
+            self._finiteness.note([self._parameter_names[p]], False)
             grad = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.shape)
         self._sparse_rows[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._parameter_names[p]}",
                                                           op=self.op, process_set=self.process_set)
@@ -350,7 +349,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for index in self._ready_count:
             self._ready_count[index] = 0
         self._size_checked = False
-        nonfinite_groups = self._nonfinite_groups()
+        nonfinite_groups = self._finiteness.nonfinite()
         bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
         if bad_ranks:
             self._abandon_step(finished)
@@ -388,7 +387,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                           RuntimeWarning, stacklevel=3)
         self._abandoned = None
 
-    def _finite(self, group: FlatGroup) -> Union[bool, torch.Tensor]:
+    def _finite(self, group: FlatGroup) -> Usable:
         """Whether ``group``'s gradients on this rank are all finite (True without a
         ``nonfinite`` policy), noted for :meth:`synchronize`: a host bool, or on an accelerator a
         0-dim bool tensor that nothing reads until the step ends. A non-finite gradient
@@ -396,21 +395,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         until :meth:`synchronize`, which tells every rank and applies the policy)."""
         if self.nonfinite is None:
             return True
-        grads = [p.grad for p in group.params if p.grad is not None]
-        usable = finite_flag(*grads) if grads and on_accelerator(grads[0]) else all_finite(*grads)
-        self._finiteness.append((group.name, usable))
-        return usable
-
-    def _nonfinite_groups(self) -> List[str]:
-        """This step's groups (and sparse-gradient parameters) whose gradients were not finite on
-        this rank, in launch order; the decisions left on an accelerator are read together, one
-        host read per device. Clears the step's decisions."""
-        deferred = [usable for _, usable in self._finiteness if isinstance(usable, torch.Tensor)]
-        read = iter(read_counts(deferred))
-        names = [name for name, usable in self._finiteness
-                 if not (next(read) if isinstance(usable, torch.Tensor) else usable)]
-        self._finiteness = []
-        return names
+        return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
 
     def _ranks_with_nonfinite_gradients(self, nonfinite_here: int) -> List[int]:
         """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
@@ -442,7 +427,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                              self._use_groups)
 
     def _close_step(self) -> None:
-        self.last_stats = finish_step(self._step_stats, self._stats_log, read_counts)
+        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
         self.steps += 1
         self._step_stats = StepStats(step=self.steps)
 

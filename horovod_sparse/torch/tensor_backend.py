@@ -13,13 +13,15 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from horovod_sparse.torch.selection import on_accelerator, pick, pick_with_magnitudes, scan, select, top_k
+from horovod_sparse.common import controllers
+from horovod_sparse.common.controllers import SMALLEST_THRESHOLD, as_float32
+from horovod_sparse.torch.selection import BlockScan, on_accelerator, pick, pick_with_magnitudes, scan, select, top_k
 
-__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "chunk_counts", "clone", "coalesce", "concat",
-           "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin",
-           "kth_magnitude", "mask", "momentum_step", "numel", "pick", "pick_with_magnitudes", "reshape_one", "saved",
-           "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy",
-           "to_wire", "top_k", "wire_index", "zero_at"]
+__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "candidate_bar", "chunk_counts", "clone",
+           "coalesce", "concat", "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype",
+           "isin", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel", "pick",
+           "pick_with_magnitudes", "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set",
+           "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "top_k", "wire_index", "zero_at"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
@@ -41,8 +43,15 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def from_numpy(array: np.ndarray, like: Optional[torch.Tensor]) -> torch.Tensor:
-    tensor = torch.from_numpy(array)
-    return tensor if like is None else tensor.to(like.device)
+    return to_device(torch.from_numpy(array), None if like is None else like.device)
+
+
+def to_device(host: torch.Tensor, device: Optional[torch.device]) -> torch.Tensor:
+    """A host tensor on ``device`` (None: the host), copied without waiting for the device: on
+    CUDA through pinned memory (PyTorch's caching host allocator keeps it until the copy ran)."""
+    if device is None or device.type == "cpu":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
 
 
 def saved(t: torch.Tensor) -> torch.Tensor:
@@ -54,7 +63,7 @@ def from_saved(saved: torch.Tensor) -> torch.Tensor:
 
 
 def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.tensor([n], dtype=torch.int64, device=like.device)
+    return torch.full((1,), n, dtype=torch.int64, device=like.device)  # a fill: no copy from the host
 
 
 def chunk_counts(counts: Any, size: int, fixed: bool) -> List[int]:
@@ -116,19 +125,33 @@ def distinct(indices: torch.Tensor, numel: int) -> Union[int, torch.Tensor]:
     if not on_accelerator(indices) and indices.numel() * UNION_BY_MARKS < numel:
         return int(torch.unique(indices).numel())
     marks = torch.zeros(numel, dtype=torch.bool, device=indices.device)
-    marks[indices] = True
+    marks.index_fill_(0, indices, True)  # not marks[indices] = True: that copies True from the host
     count = marks.sum()
     return count if on_accelerator(indices) else int(count)
 
 
 def coalesce(idx: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    unique, position = torch.unique(idx, sorted=True, return_inverse=True)
-    summed = torch.zeros(unique.numel(), dtype=values.dtype, device=values.device)
-    return unique, summed.index_add_(0, position, values)
+    if not on_accelerator(idx):
+        unique, position = torch.unique(idx, sorted=True, return_inverse=True)
+        summed = torch.zeros(unique.numel(), dtype=values.dtype, device=values.device)
+        return unique, summed.index_add_(0, position, values)
+    # Fixed size: each sorted index goes to its run's place (runs of equal indices, in order).
+    ordered, order = torch.sort(idx, stable=True)
+    first = torch.ones_like(ordered, dtype=torch.bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    place = first.cumsum(0) - 1
+    unique = torch.zeros_like(ordered).scatter_(0, place, ordered)
+    return unique, torch.zeros_like(values).index_add_(0, place, values[order])
 
 
 def isin(values: torch.Tensor, ascending: torch.Tensor) -> torch.Tensor:
-    return torch.isin(values, ascending)
+    if not on_accelerator(values):
+        return torch.isin(values, ascending)
+    if ascending.numel() == 0:
+        return torch.zeros_like(values, dtype=torch.bool)
+    # torch.isin sorts through a host-synchronising unique on CUDA; a binary search does not.
+    position = torch.searchsorted(ascending, values).clamp_(max=ascending.numel() - 1)
+    return ascending.take(position) == values
 
 
 def mask(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
@@ -139,11 +162,8 @@ def concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.cat(list(tensors))
 
 
-def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> torch.Tensor:
-    splits = torch.zeros(size, dtype=torch.int32)
-    if target is not None:
-        splits[target] = tensor.shape[0]
-    return splits
+def splits_to(size: int, target: Optional[int], tensor: torch.Tensor) -> List[int]:
+    return [tensor.shape[0] if rank == target else 0 for rank in range(size)]
 
 
 def embed(out: torch.Tensor, lo: int, values: torch.Tensor) -> torch.Tensor:
@@ -161,17 +181,18 @@ def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def read_counts(counts: List[torch.Tensor]) -> List[int]:
-    """The values of 0-dim integer tensors (counts left on a device) as ints, in order: one
-    host read per device, however many counts (:func:`horovod_sparse.common.stats.finish_step`)."""
-    values: List[int] = [0] * len(counts)
+def read_scalars(scalars: List[torch.Tensor]) -> List[Union[int, float]]:
+    """The values of 0-dim tensors left on a device (counts, flags, thresholds), in order: ints
+    for integer and bool tensors, floats for floating ones (exactly: read as float64); one host
+    read per device, however many (:func:`horovod_sparse.common.stats.finish_step`)."""
+    values: List[Union[int, float]] = [0] * len(scalars)
     by_device: dict = {}
-    for i, count in enumerate(counts):
-        by_device.setdefault(count.device, []).append(i)
+    for i, scalar in enumerate(scalars):
+        by_device.setdefault(scalar.device, []).append(i)
     for positions in by_device.values():
-        read = torch.stack([counts[i].reshape(()).to(torch.int64) for i in positions]).tolist()
+        read = torch.stack([scalars[i].reshape(()).to(torch.float64) for i in positions]).tolist()
         for i, value in zip(positions, read):
-            values[i] = int(value)
+            values[i] = value if scalars[i].is_floating_point() else int(value)
     return values
 
 
@@ -192,8 +213,43 @@ def momentum_step(x: torch.Tensor, velocity: Optional[torch.Tensor], accumulated
     return x.copy_(accumulated), velocity, accumulated
 
 
-def kth_magnitude(values: torch.Tensor, k: int) -> float:
-    return float(torch.topk(values.abs(), k, sorted=False).values.min())
+def kth_magnitude(values: torch.Tensor, k: int) -> Union[float, torch.Tensor]:
+    kth = torch.topk(values.abs(), k, sorted=False).values.min()
+    if on_accelerator(values):  # not read on the host: pick and the statistics take the tensor
+        return kth.to(torch.float32).clamp_min(SMALLEST_THRESHOLD)
+    return as_float32(float(kth))
+
+
+def candidate_bar(scanned: BlockScan, budget: int) -> Union[float, torch.Tensor]:
+    if not on_accelerator(scanned.maxima):
+        return controllers.candidate_bar(scanned.maxima_numpy(), budget)
+    maxima = scanned.maxima.float()
+    if maxima.numel() <= budget:
+        return SMALLEST_THRESHOLD
+    return torch.kthvalue(maxima, maxima.numel() - budget + 1).values.clamp_min(SMALLEST_THRESHOLD)
+
+
+def local_histogram(window: controllers.HistogramWindow, magnitudes: torch.Tensor, bar: Union[float, torch.Tensor],
+                    rank: int, parts: int) -> torch.Tensor:
+    if not on_accelerator(magnitudes):
+        return from_numpy(controllers.local_histogram(window, to_numpy(magnitudes).astype(np.float32), float(bar),
+                                                      rank, parts), magnitudes)
+    # The same binning on the device: the edges are copied there without waiting for the device.
+    device = magnitudes.device
+    edges = to_device(torch.from_numpy(window.edges32()), device)
+    slots = torch.searchsorted(edges, magnitudes.float(), right=True)
+    counts = torch.zeros(len(window) + 1, dtype=torch.int32, device=device)
+    counts.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
+    level = bar.reshape(1).float() if isinstance(bar, torch.Tensor) else torch.full((1,), bar, device=device)
+    marks = torch.zeros(parts, dtype=torch.int32, device=device)
+    marks[rank:rank + 1] = torch.searchsorted(edges, level, right=False)
+    return torch.cat([counts, marks])
+
+
+def scaled_threshold(threshold: Union[float, torch.Tensor], factor: float) -> Union[float, torch.Tensor]:
+    if isinstance(threshold, torch.Tensor):
+        return (threshold.double() * factor).float().clamp_min(SMALLEST_THRESHOLD)
+    return as_float32(threshold * factor)
 
 
 def index_dtype(numel: int) -> torch.dtype:

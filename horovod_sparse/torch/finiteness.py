@@ -1,0 +1,50 @@
+"""This rank's finiteness decisions of one step, as both PyTorch front ends make them.
+
+Each group's gradients are checked when the group is launched; the step's decisions are
+learnt together when the step ends (:meth:`StepFiniteness.nonfinite`). On the host the check
+is a bool read at once (:func:`~horovod_sparse.torch.tensor_backend.all_finite`); on an
+accelerator it stays a 0-dim bool tensor on the device
+(:func:`~horovod_sparse.torch.tensor_backend.finite_flag`), which the launch uses without
+reading it, so a step reads finiteness on the host once per device, however many groups.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple, Union
+
+import torch
+
+from horovod_sparse.torch.selection import on_accelerator
+from horovod_sparse.torch.tensor_backend import all_finite, finite_flag, read_scalars
+
+#: Whether a group's gradients are all finite: a host bool, or a 0-dim bool tensor on a device.
+Usable = Union[bool, torch.Tensor]
+
+
+class StepFiniteness:
+    """The decisions of the current step, in launch order."""
+
+    def __init__(self) -> None:
+        self._decisions: List[Tuple[Sequence[str], Usable]] = []
+
+    def check(self, names: Sequence[str], *tensors: torch.Tensor) -> Usable:
+        """Whether every element of ``tensors`` (the gradients of the groups ``names``, on one
+        device) is finite, noted for :meth:`nonfinite`; True when there are none."""
+        usable: Usable = (finite_flag(*tensors) if tensors and on_accelerator(tensors[0])
+                          else all_finite(*tensors))
+        self._decisions.append((names, usable))
+        return usable
+
+    def note(self, names: Sequence[str], usable: bool) -> None:
+        """Note a decision made elsewhere (a sparse gradient's rows)."""
+        self._decisions.append((names, usable))
+
+    def nonfinite(self) -> List[str]:
+        """The groups of this step whose gradients were not finite on this rank, in launch order
+        (the decisions left on devices read together: one host read per device); clears the
+        step's decisions."""
+        deferred = [usable for _, usable in self._decisions if isinstance(usable, torch.Tensor)]
+        read = iter(read_scalars(deferred))
+        names = [name for names, usable in self._decisions
+                 if not (next(read) if isinstance(usable, torch.Tensor) else usable) for name in names]
+        self._decisions = []
+        return names
