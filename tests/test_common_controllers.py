@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from horovod_sparse.common.controllers import (CANDIDATE_MARGIN, SMALLEST_THRESHOLD, HistogramController,
                                                HistogramWindow, PaperController, ThresholdState, as_float32,
                                                candidate_bar, candidate_budget, histogram_threshold, local_histogram,
-                                               make_controller,
-                                               paper_factor, scan_block_size, threshold_from_histogram)
+                                               make_controller, paper_factor, reaches_bar, scan_block_size,
+                                               threshold_from_histogram)
 
 ratios = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 
@@ -276,3 +276,29 @@ def test_unknown_controller_is_refused():
     with pytest.raises(ValueError, match="controller must be one of 'histogram', 'paper', 'paper_intent'"):
         make_controller("pi")
     assert isinstance(make_controller("paper"), PaperController)
+
+
+def test_a_threshold_below_the_bar_is_not_filtered_from_the_candidates():
+    """After a jump of the gradient's scale the fine window around the last threshold lies
+    entirely below the candidates' bar (the 20 largest of 10,000 values): the controller answers
+    the window's top edge, below the bar, and says the candidates may not be filtered at it
+    (``filterable`` False: coordinates between it and the bar are not among them); read off the
+    marks alone, it agrees with comparing the threshold with the bar."""
+    values = np.abs(np.random.default_rng(3).standard_normal(10_000)).astype(np.float32) * 1e6
+    bar = float(np.sort(values)[-20])
+
+    class _Above:
+        def local_histogram(self, window, rank, parts):
+            return local_histogram(window, values[values >= bar], bar, rank, parts)
+
+    state = ThresholdState(threshold=1e-3, steps=5, last_union=20, last_counts=[20])
+    plan = histogram_threshold(HistogramController(), state, 20, 1, 0, 0, lambda budget: _Above())
+    round_ = next(plan)
+    with pytest.raises(StopIteration) as finished:
+        plan.send(round_.local)
+    threshold, _, _, filterable = finished.value.value
+    assert threshold < bar and not filterable
+    window = HistogramController().window(ThresholdState(threshold=1e-3, steps=5))
+    summed = local_histogram(window, values[values >= bar], bar, 0, 1)
+    for candidate in (float(window.edges()[-1]), bar, bar * 2):
+        assert reaches_bar(window, summed, 0, candidate) == (candidate >= bar and summed[-1] < len(window))

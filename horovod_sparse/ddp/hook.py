@@ -44,7 +44,7 @@ from horovod_sparse.torch.finiteness import StepFiniteness, Usable
 from horovod_sparse.torch.tensor_backend import read_scalars
 
 
-def _dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: Usable) -> Exchange:
+def dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: Usable) -> Exchange:
     """DDP's own averaging of a bucket (``Compression.none``: PyTorch's ``allreduce_hook``;
     ``fp16``: its ``fp16_compress_hook``): divided by the world size, then summed, in float16
     on the wire with ``fp16`` and bfloat16 as float32 (Gloo sums no bfloat16). Zeros instead
@@ -196,7 +196,7 @@ class State:
                 comm.output_buffer = group.zeroed_output()
             exchange = start_exchange(self.compression, x, comm, node, tiers, state, self.steps)
         else:
-            exchange = _dense_exchange(gradient, comm, self.compression, usable)
+            exchange = dense_exchange(gradient, comm, self.compression, usable)
         inflight = Inflight(exchange, comm, group, sparse)
         inflight.advance()
         return inflight

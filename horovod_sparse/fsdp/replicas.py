@@ -1,0 +1,258 @@
+"""Every horovod_sparse method on the replica axis of FSDP2: the front end for sharded training.
+
+FSDP2 (``torch.distributed.fsdp.fully_shard``) shards each unit's parameters inside its mesh's
+``shard`` group and, after the backward pass, reduce-scatters the unit's gradients there. The
+replicas of a shard (the ranks holding it in the other shard groups: the ``replicate`` axis of a
+2-D mesh, one rank per node in HSDP) must still be averaged, and that is the exchange across
+the slow network. :func:`compress_replicas` registers one all-reduce hook per FSDP unit
+(``FSDPModule.set_all_reduce_hook``): the hook receives the unit's reduce-scattered gradient
+shard (the shard group's mean, padded as FSDP pads its shards), adds the unit's error-feedback
+residual (sharded like the parameters: one per unit and rank), runs the method's exchange over
+the replicate group with the shared driver (the DDP front end's ``torch.distributed``
+collectives and backend) and writes the average over every rank back in place, which FSDP then
+hands to the sharded ``.grad``.
+
+Semantics: per unit, a step is the flat method over the ``R`` ranks of the replicate group fed
+their shards, scaled by ``1 / R``: the same contract as the method over DDP buckets, with the
+unit's shard as the group. The hook returns only when the exchange is done (FSDP's hook point
+gives no future), so a unit's exchange does not overlap the rest of the backward pass.
+
+A step ends when the backward pass does (a callback queued by the first hook): the non-finite
+policy is agreed over the whole job there (one tiny allgather), the statistics settle and
+LAGS's measurements are taken. Only FSDP-only meshes per unit (the ``shard`` dimension) are
+supported: FSDP's own HSDP (a 2-D mesh given to ``fully_shard``) all-reduces across replicas
+itself and hands the hook the all-reduced result, which is refused.
+"""
+from __future__ import annotations
+
+from typing import IO, Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+
+from horovod_sparse.common.grouping import ReadyTimeline
+from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.common.model_state import ModelState, Record
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.ddp import backend
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
+from horovod_sparse.ddp.compression import DenseCompression
+from horovod_sparse.ddp.hook import dense_exchange
+from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.torch.buffers import FlatGroup
+from horovod_sparse.torch.device_timing import ready_timeline
+from horovod_sparse.torch.finiteness import StepFiniteness
+from horovod_sparse.torch.tensor_backend import read_scalars
+
+
+class ShardGroup(FlatGroup):
+    """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
+    buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
+
+    def __init__(self, index: int, name: str, like: torch.Tensor) -> None:
+        super().__init__(index, [name], [], name=name)
+        self.numels = [like.numel()]
+        self.numel = like.numel()
+        self._like = (like.dtype, like.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._like[0]
+
+    def _allocate(self) -> None:
+        dtype, device = self._like
+        self.residual = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.output = torch.zeros(self.numel, dtype=dtype, device=device)
+
+
+class State:
+    """The replica exchange of one FSDP2 model (build it with :func:`compress_replicas`).
+
+    Args:
+        compression: ``horovod_sparse.fsdp.Compression.<method>(...)`` (the DDP front end's
+            namespace: the same backend), or ``Compression.none`` / ``Compression.fp16`` (a
+            dense average across replicas).
+        replicate_group: the ``torch.distributed`` group of this rank's replicas (for a 2-D
+            mesh ``mesh["replicate"].get_group()``).
+        nonfinite: what a NaN/Inf gradient on any rank does, as in the other front ends
+            (``"raise"`` by default with a sparsifier: ``backward()`` raises
+            ``FloatingPointError`` on every rank; ``"skip"``: a warning and zero gradients; None:
+            no check). The residuals are restored first.
+        stats_log: a text stream receiving one JSON line of statistics per step.
+
+    Attributes:
+        steps: steps taken (backward passes that reached the hooks).
+        last_stats: the last step's statistics (one group per FSDP unit, its shard's figures).
+    """
+
+    def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup],
+                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> None:
+        sparse = isinstance(compression, Sparsifier)
+        if sparse and compression.B is not backend:
+            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
+                             f"horovod_sparse.fsdp.Compression.{compression.method_name}(...)")
+        if not sparse and not isinstance(compression, DenseCompression):
+            raise ValueError(f"compression={compression!r}: pass horovod_sparse.fsdp.Compression.<method>(...), "
+                             "Compression.none or Compression.fp16")
+        self.compression = compression
+        self.sparse = sparse
+        self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=False)
+        self.process_group = ProcessGroup(replicate_group)
+        self._world = ProcessGroup(None)
+        self._model = ModelState(compression, backend, self.process_group, None)
+        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
+        self.timeline = ReadyTimeline()
+        self._timeline_placed = False
+        self.steps = 0
+        self.last_stats: Optional[StepStats] = None
+        self._step_stats = StepStats(step=0)
+        self._groups: Dict[str, ShardGroup] = {}
+        self._finiteness = StepFiniteness()
+        self._done: List[Inflight] = []
+        self._in_step = False
+        self._check_due = True
+        self._saved: Optional[Record] = None
+        self._params: List[torch.Tensor] = []
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Register the exchange as the all-reduce hook of every FSDP unit in ``model``."""
+        units = [(name or "root", module) for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+        if not units:
+            raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
+                             "(no FSDPModule found in it)")
+        for name, p in model.named_parameters():
+            mesh = getattr(p, "device_mesh", None)
+            if mesh is not None and mesh.ndim != 1:
+                raise ValueError(f"parameter {name!r} was sharded with a {mesh.ndim}-D mesh (FSDP's own HSDP, which "
+                                 "all-reduces across replicas itself); shard with the 1-D mesh['shard'] and pass "
+                                 "mesh['replicate'].get_group() as replicate_group")
+        for name, module in units:
+            module.set_all_reduce_hook(self._hook(name))
+        self._params = list(model.parameters())
+
+    def _hook(self, name: str) -> Any:
+        def hook(reduce_output: torch.Tensor) -> None:
+            self.exchange(name, reduce_output)
+        return hook
+
+    # -- the exchange -----------------------------------------------------------------------------
+    def exchange(self, name: str, shard: torch.Tensor) -> None:
+        """Exchange FSDP unit ``name``'s reduce-scattered gradient ``shard`` across the replicas
+        and write the average over every rank into it (what the unit's hook runs)."""
+        if not self._in_step:
+            self._begin_step(shard)
+        group = self._group(name, shard)
+        self.timeline.group_ready(name)
+        usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
+        options = getattr(self.compression, "options", None)
+        sparse = (self.sparse and self.steps >= options.warmup_steps and group.numel >= options.min_numel)
+        size, rank = self.process_group.size(), self.process_group.rank()
+        target = options.count(group.numel, self.steps) if sparse else group.numel
+        stats = GroupStats(name, group.numel, target, dense=not sparse)
+        self._step_stats.groups.append(stats)
+        comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device)
+        if sparse:
+            state = self._model.method_state(group, size)
+            with comm.timer("flatten"):
+                x = group.load_flat(shard, None, usable)
+                comm.output_buffer = group.zeroed_output()
+            exchange = self.compression.exchange(x, comm, state, self.steps)
+        else:
+            exchange = dense_exchange(shard, comm, self.compression, usable)
+        inflight = Inflight(exchange, comm, group, sparse)
+        inflight.advance()
+        update, residual = inflight.finish()
+        if sparse:
+            group.take_result(update, residual)
+            update = group.output
+        if update is not shard:
+            shard.copy_(update)
+        self._done.append(inflight)
+
+    def _begin_step(self, shard: torch.Tensor) -> None:
+        """The first hook of a step: queue its end after the backward pass, check the
+        configuration where due."""
+        self._in_step = True
+        torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
+        if not self._timeline_placed:
+            self._timeline_placed = True
+            if shard.is_cuda:
+                self.timeline = ready_timeline(shard.device)
+        if self._check_due:
+            self._check_due = False
+            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
+
+    def _group(self, name: str, shard: torch.Tensor) -> ShardGroup:
+        """Unit ``name``'s group, made at its first exchange (taking a loaded checkpoint's
+        residual and method state)."""
+        group = self._groups.get(name)
+        if group is not None:
+            return group
+        group = ShardGroup(len(self._groups), name, shard)
+        saved = None if self._saved is None else self._saved["groups"].get(name)
+        if saved is not None:
+            if int(saved["numel"]) != group.numel:
+                raise ValueError(f"checkpoint does not match the model: its FSDP unit {name!r} has a shard of "
+                                 f"{saved['numel']} elements on this rank, the model's {group.numel}; load the state "
+                                 "this rank saved with the same model and mesh")
+            if saved.get("residual") is not None:
+                group.load_residual(saved["residual"].to(shard.device))
+            if saved.get("state") is not None:
+                self._model.states[group.index] = self._model.saved_group_state(saved["state"], group.numel)
+        self._groups[name] = group
+        return group
+
+    def _finish_step(self) -> None:
+        """After the backward pass: agree on non-finite gradients over the whole job (undo the
+        step everywhere if any rank saw one), close the step."""
+        self.timeline.backward_ended()
+        done, self._done, self._in_step = self._done, [], False
+        nonfinite_groups = self._finiteness.nonfinite()
+        bad_ranks = ([] if self.nonfinite is None else
+                     [rank for rank, count in enumerate(gather_ints(len(nonfinite_groups), self._world)) if count])
+        if bad_ranks:
+            for inflight in done:
+                if inflight.sparse:
+                    inflight.comm.undo_deliveries()
+            for p in self._params:
+                if p.grad is not None:
+                    p.grad.to_local().fill_(0.0)
+            self._step_stats.abandoned = True
+        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
+        self._model.end_step(self.timeline.end_step())
+        self.steps += 1
+        self._step_stats = StepStats(step=self.steps)
+        if bad_ranks:
+            apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def state_dict(self) -> Record:
+        """This rank's state: the step counter, the method's own state and per FSDP unit its
+        shard's residual and method state (tensors and plain containers). Residuals are per
+        rank and shard: save every rank's state to resume exactly."""
+        return self._model.record(list(self._groups.values()), self.steps, per_rank=True)
+
+    def load_state_dict(self, state_dict: Record) -> None:
+        """Continue from this rank's :meth:`state_dict` (the same model, mesh and rank): the
+        residuals and method states are taken as the units' hooks come; a shard of another size
+        raises ``ValueError`` then."""
+        self._saved = state_dict
+        self._groups.clear()
+        self._model.states.clear()
+        if self.sparse and state_dict.get("method") is not None:
+            self.compression.load_method_state(state_dict["method"])
+        self.steps = int(state_dict["steps"])
+        self._step_stats = StepStats(step=self.steps)
+        self._check_due = True
+
+
+def compress_replicas(model: torch.nn.Module, compression: Any, replicate_group: Optional[dist.ProcessGroup],
+                      nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> State:
+    """Exchange every FSDP unit of ``model`` across ``replicate_group`` with ``compression``
+    (see :class:`State` for the arguments); returns the state (checkpoints, statistics)."""
+    state = State(compression, replicate_group, nonfinite=nonfinite, stats_log=stats_log)
+    state.attach(model)
+    return state
+

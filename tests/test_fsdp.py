@@ -1,0 +1,165 @@
+"""``horovod_sparse.fsdp`` on FSDP2 under ``torchrun``: 4 processes as a 2 x 2 mesh (replicate x
+shard), Gloo, three FSDP units (``tests/workers/fsdp_exchange.py``, one launch for every config).
+
+Each unit's step equals its definition **bitwise** on every rank (the flat method over the
+replicate group fed the shard FSDP reduce-scattered plus the unit's residual, scaled by 1/R);
+the replicas of every shard are bitwise identical; nothing is lost (the shards handed over equal
+what reached the model plus the residuals, per unit); Top-k at density 1 gives every rank's
+shard of the average of all 4 ranks' gradients; a state saved after a step, loaded into a new
+model, continues bitwise; a NaN on one rank abandons the step on every rank."""
+import numpy as np
+import pytest
+
+from horovod_sparse.ddp import Compression
+from tests.checks import Observed
+from tests.launch import run_configs
+
+METHODS = [name for name in Compression.names() if name not in ("none", "fp16")]
+OPTIONS = {"density": 0.1, "min_numel": 0, "warmup_steps": 0}
+STEPS = 4
+CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})},
+             "steps": STEPS, "seed": 1, "resume_at": 1} for m in METHODS]
+           + [{"name": "dense_topk", "method": "topk", "options": {**OPTIONS, "density": 1.0}, "steps": 2},
+              {"name": "topk_nan", "method": "topk", "options": OPTIONS, "steps": 3, "nan_at": [1, 3]}])
+UNITS = ["a", "b", "root"]
+NP = 4
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("fsdp")
+    run_configs("fsdp_exchange.py", NP, out, CONFIGS, backend="torchrun")
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_each_unit_is_the_flat_method_over_the_replicas_bitwise(job, method):
+    obs = Observed(job, method, NP)
+    for rank, record in enumerate(obs.meta):
+        assert record["replicate_ranks"] == [rank % 2, rank % 2 + 2]
+        assert record["mismatches"] == [], (rank, record["mismatches"][:3])
+        assert record["steps"] == STEPS and not any(record["abandoned"])
+        assert {s["name"] for s in record["stats"]} == set(UNITS) and not any(s["dense"] for s in record["stats"])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_replicas_hold_identical_shards_and_nothing_is_lost(job, method):
+    obs = Observed(job, method, NP)
+    for rank in range(2):  # replicas: rank and rank + 2
+        for key, value in obs.arrays[rank].items():
+            if key.startswith("grad_"):
+                np.testing.assert_array_equal(value, obs.arrays[rank + 2][key], err_msg=f"{method} {key}")
+    for unit in UNITS:
+        for rank in range(2):
+            pair = (rank, rank + 2)
+            handed = sum(obs.arrays[r][f"input_{s}_{unit}"].astype(np.float64) for r in pair for s in range(STEPS))
+            kept = sum(obs.arrays[r][f"residual_{unit}"].astype(np.float64) for r in pair)
+            # what reached the model: the unit's shard of the update, 1/R of the delivered sum
+            reached = _reached(obs, rank, unit)
+            np.testing.assert_allclose(handed, 2 * reached + kept, rtol=1e-6, atol=1e-6,
+                                       err_msg=f"{method} unit {unit} replicas {pair}")
+
+
+def _reached(obs, rank, unit):
+    """The unit's shard of every step's update on ``rank``, summed over the steps, flattened as
+    FSDP hands the shard to the hook: each parameter's padded shard, in order."""
+    total = 0.0
+    for step in range(STEPS):
+        total = total + _shard(obs, rank, step, unit)
+    return total
+
+
+def _shard(obs, rank, step, unit):
+    names = {"a": ["a.params.0", "a.params.1"], "b": ["b.params.0", "b.params.1"], "root": ["c"]}[unit]
+    width = obs.arrays[rank][f"input_{step}_{unit}"].size
+    pieces = [obs.arrays[rank][f"grad_{step}_{n}"].reshape(-1).astype(np.float64) for n in names]
+    flat = np.zeros(width)
+    # FSDP pads each parameter's shard to the same dim-0 chunk on every rank of the shard group
+    position = 0
+    for n, piece in zip(names, pieces):
+        chunk = _padded_size(obs, n)
+        flat[position:position + piece.size] = piece
+        position += chunk
+    return flat
+
+
+def _padded_size(obs, name):
+    """A parameter's padded shard size: dim 0 split into ceil(rows / 2)-row chunks."""
+    rows_and_cols = {"a.params.0": (12, 10), "a.params.1": (12, 1), "b.params.0": (10, 12), "b.params.1": (10, 1),
+                     "c": (5, 10)}[name]
+    rows, cols = rows_and_cols
+    return -(-rows // 2) * cols
+
+
+def test_density_one_gives_the_average_of_every_rank(job):
+    obs = Observed(job, "dense_topk", NP)
+    full = {"a.params.0": ("a", 0), "a.params.1": ("a", 1), "b.params.0": ("b", 0), "b.params.1": ("b", 1),
+            "c": ("root", 0)}
+    for rank in range(NP):
+        shard_rank = rank % 2
+        for step in range(2):
+            for name, (unit, i) in full.items():
+                mean = obs.arrays[rank][f"mean_{step}_{unit}_{i}"]
+                rows = -(-mean.shape[0] // 2)
+                expected = mean[shard_rank * rows:(shard_rank + 1) * rows]
+                np.testing.assert_allclose(obs.arrays[rank][f"grad_{step}_{name}"], expected, rtol=1e-5, atol=1e-6,
+                                           err_msg=f"rank {rank} step {step} {name}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_saved_state_resumes_bitwise(job, method):
+    for rank, record in enumerate(Observed(job, method, NP).meta):
+        assert record["resumed_mismatches"] == [], (rank, record["resumed_mismatches"][:3])
+
+
+def test_a_nan_on_one_rank_abandons_the_step_everywhere(job):
+    """Rank 3's NaN is in the first rows of ``a``'s weight: FSDP's reduce-scatter in the shard
+    group [2, 3] carries it into rank 2's shard, so rank 2 is the one whose shard is not finite
+    (named in the warning, with its unit ``a``); every rank abandons the step (zero gradients)
+    and continues from the residuals bitwise as the reference does."""
+    obs = Observed(job, "topk_nan", NP)
+    for rank, record in enumerate(obs.meta):
+        assert record["abandoned"] == [False, True, False], (rank, record["abandoned"])
+        assert record["mismatches"] == [], (rank, record["mismatches"][:3])
+        assert len(record["warnings"]) == 1 and "rank(s) [2] at step 1" in record["warnings"][0], record["warnings"]
+        assert ("affected groups: a." in record["warnings"][0]) == (rank == 2), record["warnings"]
+        for key, value in obs.arrays[rank].items():
+            if key.startswith("grad_1_"):
+                assert not value.any(), (rank, key)
+
+
+REFUSALS = """
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+import horovod_sparse.fsdp as hsf, horovod_sparse.torch as hs
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+def refused(build):
+    try:
+        build()
+    except ValueError as error:
+        return str(error)
+    return "not refused"
+hsdp = torch.nn.Linear(4, 4)
+fully_shard(hsdp, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard")))
+print(refused(lambda: hsf.compress_replicas(hsdp, hsf.Compression.topk(density=0.1), None)))
+print(refused(lambda: hsf.compress_replicas(torch.nn.Linear(4, 4), hsf.Compression.topk(density=0.1), None)))
+print(refused(lambda: hsf.State(hs.Compression.topk(density=0.1), None)))
+"""
+
+
+def test_what_cannot_work_is_refused_with_the_fix():
+    """FSDP's own HSDP (a 2-D mesh given to ``fully_shard``), a model without FSDP units and a
+    method built for another front end are refused at construction, naming the fix."""
+    import subprocess
+    import sys
+
+    from tests.launch import HANG_TIMEOUT, worker_env
+
+    result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
+                            timeout=HANG_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    hsdp, unsharded, other = result.stdout.strip().splitlines()[-3:]
+    assert "2-D mesh" in hsdp and "mesh['replicate'].get_group()" in hsdp, hsdp
+    assert "no FSDPModule" in unsharded and "fully_shard" in unsharded, unsharded
+    assert "horovod_sparse.fsdp.Compression.topk" in other, other

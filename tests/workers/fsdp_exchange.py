@@ -1,0 +1,211 @@
+"""Worker: ``horovod_sparse.fsdp`` on FSDP2 (``fully_shard``) under ``torchrun``, 4 processes as
+a 2 x 2 mesh (``replicate`` x ``shard``): each FSDP unit's reduce-scattered shard is exchanged
+across the replicate group ([0, 2] and [1, 3]).
+
+The model's gradients are given (``loss = sum(p * g)``, ``g`` from the config's seed, the step
+and the rank), so every rank knows every rank's gradient. Each unit's hook is wrapped: the shard
+FSDP hands over is kept, then :meth:`horovod_sparse.fsdp.State.exchange` runs, then a reference
+written from the definition runs: a fresh instance of the method driven over the replicate group
+through the flat exchange, fed the same shard plus the reference's own residual, scaled by
+``1 / R``. Per rank and config it writes every step's local gradient shards (after the
+optimizer-free backward), the inputs, the residuals, the mismatches against the reference
+(empty when bitwise), the independent average of the given gradients over all ranks (for the
+density-1 check) and the statistics.
+
+Config: {"name", "method", "options", "steps", "seed", "nan_at" ([step, rank]: that rank's
+gradients hold a NaN at that step, nonfinite="skip"), "resume_at" (a second run saves its state
+after that step into a new model and state, which must continue bitwise as the first)}.
+"""
+import io
+import json
+import math
+import warnings
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+
+import horovod_sparse.fsdp as hsf
+from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup
+from tests.workers.cli import configs_and_out
+
+#: The units: two sharded layers and the root's own parameter.
+SHAPES = {"a": [[12, 10], [12]], "b": [[10, 12], [10]], "root": [[5, 10]]}
+
+
+class Given(torch.nn.Module):
+    """Parameters whose gradient is the tensor passed in: ``sum(p * g)``."""
+
+    def __init__(self, shapes, generator):
+        super().__init__()
+        self.params = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(*s, generator=generator))
+                                              for s in shapes])
+
+    def forward(self, grads):
+        return sum((p * g).sum() for p, g in zip(self.params, grads))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, seed):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.a, self.b = Given(SHAPES["a"], generator), Given(SHAPES["b"], generator)
+        self.c = torch.nn.Parameter(torch.randn(*SHAPES["root"][0], generator=generator))
+
+    def forward(self, grads):
+        return self.a(grads["a"]) + self.b(grads["b"]) + (self.c * grads["root"][0]).sum()
+
+
+def given(seed, step, rank):
+    """Rank ``rank``'s gradients at ``step``: normal, one scale per tensor."""
+    generator = torch.Generator().manual_seed(seed * 1000 + step * 10 + rank)
+    return {unit: [torch.randn(*s, generator=generator) * 10.0 ** (i % 3 - 1) for i, s in enumerate(shapes)]
+            for unit, shapes in SHAPES.items()}
+
+
+def build(config, mesh):
+    model = Net(config.get("seed", 0))
+    fully_shard(model.a, mesh=mesh["shard"])
+    fully_shard(model.b, mesh=mesh["shard"])
+    fully_shard(model, mesh=mesh["shard"])
+    state = hsf.compress_replicas(model, hsf.Compression.create(config["method"], **config.get("options", {})),
+                                  mesh["replicate"].get_group(), nonfinite="skip" if "nan_at" in config else "default")
+    return model, state
+
+
+class Checked:
+    """The wrapped hooks of one model: the shards handed over, the results and the reference."""
+
+    def __init__(self, config, model, state, replicate):
+        self.config, self.state = config, state
+        self.replicate = ProcessGroup(replicate)
+        self.reference = hsf.Compression.create(config["method"], **config.get("options", {}))
+        self.residual, self.method_state = {}, {}
+        self.inputs, self.mismatches = {}, []
+        self.step = 0
+        for name, module in (("root", model), ("a", model.a), ("b", model.b)):
+            module.set_all_reduce_hook(self._wrap(name))
+
+    def _wrap(self, name):
+        def hook(shard):
+            given_shard = shard.clone()
+            self.inputs.setdefault(name, []).append(given_shard)
+            self.state.exchange(name, shard)
+            self._check(name, given_shard, shard)
+        return hook
+
+    def _check(self, name, given_shard, result):
+        """The definition: the flat method over the replicate group fed this shard + residual."""
+        size, rank = self.replicate.size(), self.replicate.rank()
+        before = self.residual.get(name, torch.zeros_like(given_shard))
+        x = given_shard + before
+        if self.config.get("nan_at", [None])[0] == self.step:
+            # Abandoned everywhere: a finite shard stays in the residual (e + g), a non-finite
+            # one never enters it (e); nothing is exchanged.
+            self.residual[name] = x if torch.isfinite(given_shard).all() else before.clone()
+            return
+        if name not in self.method_state:
+            self.method_state[name] = self.reference.new_state(x.numel(), size)
+        comm = Communicator(self.replicate, name, GroupStats(name, x.numel(), 0), 1.0 / size, size, rank, x.device)
+        inflight = Inflight(self.reference.exchange(x, comm, self.method_state[name], self.step), comm, None)
+        inflight.advance()
+        update, residual = inflight.finish()
+        self.residual[name] = residual.clone()
+        group = self.state._groups[name]
+        if not torch.equal(update, result):
+            gap = float((update - result).abs().max())
+            self.mismatches.append(f"step {self.step} unit {name}: update differs by {gap}")
+        if not torch.equal(residual, group.residual):
+            self.mismatches.append(f"step {self.step} unit {name}: residual differs")
+
+
+def local_grads(model):
+    return {n: p.grad.to_local().detach().clone() for n, p in model.named_parameters()}
+
+
+def run(config, mesh, out, index):
+    rank, steps = dist.get_rank(), config.get("steps", 4)
+    replicate = mesh["replicate"].get_group()
+    model, state = build(config, mesh)
+    checked = Checked(config, model, state, replicate)
+    arrays, abandoned, caught_warnings = {}, [], []
+    resume_at = config.get("resume_at")
+    saved = None
+    for step in range(steps):
+        checked.step = step
+        grads = given(config.get("seed", 0), step, rank)
+        if config.get("nan_at") == [step, rank]:
+            grads["a"][0][0, 0] = math.nan
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model(grads).backward()
+        caught_warnings += [str(w.message) for w in caught if "non-finite" in str(w.message) or "NaN" in str(w.message)]
+        abandoned.append(bool(state.last_stats.abandoned))
+        for name, group in state._groups.items():
+            if abandoned[-1] and not torch.equal(group.residual, checked.residual[name]):
+                checked.mismatches.append(f"step {step} unit {name}: the abandoned step's residual differs")
+        for name, g in local_grads(model).items():
+            arrays[f"grad_{step}_{name}"] = g.numpy()
+        for p in model.parameters():
+            p.grad = None
+        if step == resume_at:
+            buffer = io.BytesIO()
+            torch.save(state.state_dict(), buffer)
+            saved = buffer.getvalue()
+    for name, inputs in checked.inputs.items():
+        for step, x in enumerate(inputs):
+            arrays[f"input_{step}_{name}"] = x.numpy()
+        arrays[f"residual_{name}"] = state._groups[name].residual.numpy()
+    average = {}
+    for step in range(steps):
+        everyone = [given(config.get("seed", 0), step, r) for r in range(dist.get_world_size())]
+        for unit, shapes in SHAPES.items():
+            for i in range(len(shapes)):
+                average[f"mean_{step}_{unit}_{i}"] = torch.stack([g[unit][i] for g in everyone]).mean(0).numpy()
+    arrays.update(average)
+    resumed_mismatches = []
+    if saved is not None:
+        resumed_mismatches = resume(config, mesh, saved, resume_at, arrays)
+    stats = [{"name": g.name, "numel": g.numel, "target": g.target, "union": g.union, "dense": g.dense}
+             for g in state.last_stats.groups]
+    record = {"mismatches": checked.mismatches, "abandoned": abandoned, "warnings": caught_warnings,
+              "stats": stats, "resumed_mismatches": resumed_mismatches, "steps": state.steps,
+              "replicate_ranks": dist.get_process_group_ranks(replicate)}
+    np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
+
+
+def resume(config, mesh, saved, resume_at, arrays):
+    """A new model and state loaded with the state saved after ``resume_at``, its parameters
+    as the first run's (unchanged: no optimizer), continuing: its gradients must equal the first
+    run's bitwise."""
+    rank = dist.get_rank()
+    model, state = build(config, mesh)
+    state.load_state_dict(torch.load(io.BytesIO(saved), weights_only=True))
+    mismatches = []
+    for step in range(resume_at + 1, config.get("steps", 4)):
+        model(given(config.get("seed", 0), step, rank)).backward()
+        for name, g in local_grads(model).items():
+            if not np.array_equal(g.numpy(), arrays[f"grad_{step}_{name}"]):
+                mismatches.append(f"step {step} {name}")
+        for p in model.parameters():
+            p.grad = None
+    return mismatches
+
+
+def main():
+    configs, out = configs_and_out()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    for index, config in enumerate(configs):
+        run(config, mesh, out, index)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
