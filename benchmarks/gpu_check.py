@@ -14,6 +14,9 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
 * ``amp``: a ``GradScaler`` on the device with float16 autocast whose first steps overflow, DDP's
   own allreduce against the hook of every method with ``loss_scaler=``: the same skipped steps and
   scales until the first applied step, finite parameters after.
+* ``fsdp``: every method through the FSDP2 front end (:mod:`horovod_sparse.fsdp`) on a one-rank
+  mesh of ``--device`` and of the CPU, on the same given gradients: the same coordinates every
+  step, values within rounding.
 * ``layout``: ``channels_last`` and transposed parameters on the device, their gradients
   published from a group's flat buffer (:class:`horovod_sparse.torch.buffers.FlatGroup`) and
   stepped by fused AdamW: the gradients keep the parameters' strides, and the parameters equal a
@@ -34,8 +37,9 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   ``--numel`` elements at ``k = --density * numel`` (medians of ``--repeats``, each timed with
   the device synchronised; ratios to the read pass).
 
-The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``layout``); the
-``syncs`` and ``selection`` figures are measurements to report.
+The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``fsdp``,
+``layout``); the ``syncs``, ``steps``, ``profile`` and ``selection`` figures are measurements to
+report.
 """
 from __future__ import annotations
 
@@ -184,6 +188,44 @@ def layout_run(device: str, strided: bool) -> Dict[str, Any]:
         kept &= all(p.grad.stride() == p.stride() for p in params)
         opt.step()
     return {"strides_kept": kept, "params": [p.detach().cpu().contiguous() for p in params]}
+
+
+def fsdp_run(method: str, device: str) -> List[List[torch.Tensor]]:
+    """Every step's gradients (on the CPU) of a model of :data:`SHAPES` sharded by FSDP2 on a
+    one-rank mesh of ``device``, each unit's shard exchanged by ``method`` through
+    :func:`horovod_sparse.fsdp.compress_replicas` (a one-rank replicate group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import horovod_sparse.fsdp as hsf
+
+    torch.manual_seed(0)
+    model = GivenGradients([torch.nn.Parameter(torch.randn(*shape, device=device)) for shape in SHAPES])
+    mesh = init_device_mesh(torch.device(device).type, (1,))
+    fully_shard(model, mesh=mesh)
+    hsf.compress_replicas(model, hsf.Compression.create(method, **OPTIONS), dist.new_group([0]))
+    steps = []
+    for step in range(STEPS):
+        model(given(step, device)).backward()
+        steps.append([p.grad.to_local().detach().cpu().clone() for p in model.parameters()])
+        for p in model.parameters():
+            p.grad = None
+    return steps
+
+
+def check_fsdp(device: str) -> Dict[str, Any]:
+    """Every method through the FSDP2 front end on ``device`` against the CPU: the same
+    coordinates every step, values within rounding."""
+    results = {}
+    for method in hsd.Compression.names():
+        if method in ("none", "fp16"):
+            continue
+        ours, cpu = fsdp_run(method, device), fsdp_run(method, "cpu")
+        pairs = [(a, b) for step_a, step_b in zip(ours, cpu) for a, b in zip(step_a, step_b)]
+        same = all(torch.equal(a != 0, b != 0) for a, b in pairs)
+        diff = max(float(((a - b).abs() / b.abs().clamp_min(1e-30)).max()) for a, b in pairs)
+        results[method] = {"same_selection": same, "max_rel_diff": diff, "ok": same and diff <= 1e-5}
+    return results
 
 
 def check_layout(device: str) -> Dict[str, Any]:
@@ -375,13 +417,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     torch.set_num_threads(1)
     results = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else "cpu",
                "torch": torch.__version__, "methods": check_methods(device),
-               "amp": check_amp(device, args.amp_steps), "layout": check_layout(device),
+               "amp": check_amp(device, args.amp_steps), "layout": check_layout(device), "fsdp": check_fsdp(device),
                "syncs": count_syncs(device),
                "steps": step_times(device, args.model, args.batch_size, args.train_steps),
                "profile": profile(device, args.model, args.batch_size, args.profile),
                "selection": selection(device, args.numel, args.density, args.repeats)}
     dist.destroy_process_group()
-    for part in ("methods", "amp"):
+    for part in ("methods", "amp", "fsdp"):
         for method, row in results[part].items():
             print(f"{part:8s} {method:10s} " + " ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                                         for k, v in row.items()))
@@ -406,7 +448,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"selection numel={sel['numel']} k={sel['k']} " + " ".join(figures))
     if args.results:
         write_results(args.results, "gpu_check", results, command_line(argv, "benchmarks.gpu_check"))
-    ok = all(row["ok"] for part in ("methods", "amp") for row in results[part].values()) and results["layout"]["ok"]
+    ok = (all(row["ok"] for part in ("methods", "amp", "fsdp") for row in results[part].values())
+          and results["layout"]["ok"])
     print("gpu_check:", "passed" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -22,7 +22,8 @@ def test_gpu_check_cpu_parts(tmp_path):
     report = json.loads(out.read_text())
     results = report["results"]
     assert report["command"].startswith("python -m benchmarks.gpu_check")
-    assert sorted(results["methods"]) == sorted(METHODS) == sorted(results["amp"])
+    assert sorted(results["methods"]) == sorted(METHODS) == sorted(results["amp"]) == sorted(results["fsdp"])
+    assert all(row["same_selection"] and row["max_rel_diff"] == 0.0 for row in results["fsdp"].values())
     for method in METHODS:
         assert results["methods"][method]["same_selection"] and results["methods"][method]["max_rel_diff"] == 0.0
         amp = results["amp"][method]
