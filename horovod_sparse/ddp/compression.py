@@ -8,12 +8,14 @@ backend (:mod:`horovod_sparse.ddp.backend`).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
 import horovod_sparse.methods  # noqa: F401  (registers the methods)
 from horovod_sparse.common.compression_namespace import compression_namespace
+from horovod_sparse.ddp import backend
+from horovod_sparse.methods.base import Sparsifier
 
 
 class DenseCompression:
@@ -30,3 +32,17 @@ class DenseCompression:
 Compression = compression_namespace(
     "ddp", {"none": DenseCompression("none", None), "fp16": DenseCompression("fp16", torch.float16)},
     "Gradient compression for DDP's comm hook: dense bucket allreduce and horovod_sparse's sparsifiers.")
+
+
+def checked_sparse(compression: Any, front_end: str) -> bool:
+    """Whether ``compression`` is a sparsifier, after checking it suits a ``torch.distributed``
+    front end (``front_end``: its module, ``ddp`` or ``fsdp``, named in the error): a method
+    built on this backend, or ``Compression.none`` / ``Compression.fp16``."""
+    sparse = isinstance(compression, Sparsifier)
+    if sparse and compression.B is not backend:
+        raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
+                         f"horovod_sparse.{front_end}.Compression.{compression.method_name}(...)")
+    if not sparse and not isinstance(compression, DenseCompression):
+        raise ValueError(f"compression={compression!r}: pass horovod_sparse.{front_end}.Compression.<method>(...), "
+                         "Compression.none or Compression.fp16")
+    return sparse

@@ -25,23 +25,21 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
 from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
 from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ddp_tiers, gather_ints
-from horovod_sparse.ddp.compression import Compression, DenseCompression
-from horovod_sparse.methods.base import Exchange, Sparsifier
+from horovod_sparse.ddp.compression import Compression, DenseCompression, checked_sparse
+from horovod_sparse.methods.base import Exchange
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.communicator import group_communicators, start_exchange
-from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.finiteness import StepFiniteness, Usable
-from horovod_sparse.torch.tensor_backend import read_scalars
+from horovod_sparse.ddp.steps import StepBook
 
 
 def dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: Usable) -> Exchange:
@@ -64,7 +62,7 @@ def dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, u
     return summed.to(buffer.dtype), None
 
 
-class State:
+class State(StepBook):
     """The hook's state: the method, its per-bucket residuals and state, and the step counter
     (one ``State`` per DDP model, as PowerSGD's).
 
@@ -111,13 +109,7 @@ class State:
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
                  loss_scaler: Optional[torch.amp.GradScaler] = None, hierarchical: Optional[bool] = None,
                  node_size: Optional[int] = None) -> None:
-        sparse = isinstance(compression, Sparsifier)
-        if sparse and compression.B is not backend:
-            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
-                             f"horovod_sparse.ddp.Compression.{compression.method_name}(...)")
-        if not sparse and not isinstance(compression, DenseCompression):
-            raise ValueError(f"compression={compression!r}: pass horovod_sparse.ddp.Compression.<method>(...), "
-                             "Compression.none or Compression.fp16")
+        sparse = checked_sparse(compression, "ddp")
         self.compression = compression
         self.sparse = sparse
         self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
@@ -131,15 +123,7 @@ class State:
         self._node_size = node_size
         #: The two-tier exchange's groups (None: flat), made after the first configuration check.
         self.tiers: Optional[Tiers] = None
-        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
-        #: When the buckets became ready, step after step (read by LAGS's adaptive rule).
-        self.timeline = ReadyTimeline()
-        self._timeline_placed = False
-        #: Synchronised steps so far (hooks run, ``no_sync`` passes not counted).
-        self.steps = 0
-        #: The statistics of the last step (``abandoned`` after a non-finite gradient).
-        self.last_stats: Optional[StepStats] = None
-        self._step_stats = StepStats(step=0)
+        super().__init__(stats_log)  # steps: hooks run, ``no_sync`` passes not counted
         #: The groups, found from DDP's buckets.
         self.buckets = BucketGroups(self._model)
         self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
@@ -152,10 +136,7 @@ class State:
         bucket's call finished the step. What :func:`hook` runs."""
         buffer, params = bucket.buffer(), bucket.parameters()
         self.process_group.follow(buffer)
-        if not self._timeline_placed:  # the model's device is known from its first bucket on
-            self._timeline_placed = True
-            if buffer.is_cuda:
-                self.timeline = ready_timeline(buffer.device)
+        self._place_timeline(buffer)
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
@@ -231,7 +212,7 @@ class State:
                     inflight.comm.undo_deliveries()
                 update.fill_(math.nan if self._loss_scale is not None else 0.0)
             self._step_stats.abandoned = True
-        self._close_step()
+        self._end_step()
         error = self._nonfinite_error(bad_ranks, nonfinite_groups)
         futures = [future for future, _, _ in finished]
         for future, update in zip(futures if error is None else futures[:-1], results):
@@ -264,12 +245,9 @@ class State:
         counts = gather_ints(nonfinite_here, self.process_group)
         return [rank for rank, count in enumerate(counts) if count]
 
-    def _close_step(self) -> None:
+    def _end_step(self) -> None:
         self.buckets.end_step()
-        self._model.end_step(self.timeline.end_step())
-        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
-        self.steps += 1
-        self._step_stats = StepStats(step=self.steps)
+        self._close_step(self._model)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -287,8 +265,7 @@ class State:
         self.buckets.load(state_dict)
         if self.sparse and state_dict.get("method") is not None:
             self.compression.load_method_state(state_dict["method"])
-        self.steps = int(state_dict["steps"])
-        self._step_stats = StepStats(step=self.steps)
+        self._restart_at(int(state_dict["steps"]))
         self._check_due = True
 
 

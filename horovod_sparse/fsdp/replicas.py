@@ -31,20 +31,17 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 
-from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
-from horovod_sparse.ddp.compression import DenseCompression
+from horovod_sparse.ddp.compression import checked_sparse
 from horovod_sparse.ddp.hook import dense_exchange
-from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.finiteness import StepFiniteness
-from horovod_sparse.torch.tensor_backend import read_scalars
+from horovod_sparse.ddp.steps import StepBook
 
 
 class ShardGroup(FlatGroup):
@@ -67,7 +64,7 @@ class ShardGroup(FlatGroup):
         self.output = torch.zeros(self.numel, dtype=dtype, device=device)
 
 
-class State:
+class State(StepBook):
     """The replica exchange of one FSDP2 model (build it with :func:`compress_replicas`).
 
     Args:
@@ -89,25 +86,14 @@ class State:
 
     def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup],
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> None:
-        sparse = isinstance(compression, Sparsifier)
-        if sparse and compression.B is not backend:
-            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
-                             f"horovod_sparse.fsdp.Compression.{compression.method_name}(...)")
-        if not sparse and not isinstance(compression, DenseCompression):
-            raise ValueError(f"compression={compression!r}: pass horovod_sparse.fsdp.Compression.<method>(...), "
-                             "Compression.none or Compression.fp16")
+        sparse = checked_sparse(compression, "fsdp")
         self.compression = compression
         self.sparse = sparse
         self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=False)
         self.process_group = ProcessGroup(replicate_group)
         self._world = ProcessGroup(None)
         self._model = ModelState(compression, backend, self.process_group, None)
-        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
-        self.timeline = ReadyTimeline()
-        self._timeline_placed = False
-        self.steps = 0
-        self.last_stats: Optional[StepStats] = None
-        self._step_stats = StepStats(step=0)
+        super().__init__(stats_log)
         self._groups: Dict[str, ShardGroup] = {}
         self._finiteness = StepFiniteness()
         self._done: List[Inflight] = []
@@ -176,10 +162,7 @@ class State:
         configuration where due."""
         self._in_step = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
-        if not self._timeline_placed:
-            self._timeline_placed = True
-            if shard.is_cuda:
-                self.timeline = ready_timeline(shard.device)
+        self._place_timeline(shard)
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
@@ -220,10 +203,7 @@ class State:
                 if p.grad is not None:
                     p.grad.to_local().fill_(0.0)
             self._step_stats.abandoned = True
-        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
-        self._model.end_step(self.timeline.end_step())
-        self.steps += 1
-        self._step_stats = StepStats(step=self.steps)
+        self._close_step(self._model)
         if bad_ranks:
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
 
@@ -243,8 +223,7 @@ class State:
         self._model.states.clear()
         if self.sparse and state_dict.get("method") is not None:
             self.compression.load_method_state(state_dict["method"])
-        self.steps = int(state_dict["steps"])
-        self._step_stats = StepStats(step=self.steps)
+        self._restart_at(int(state_dict["steps"]))
         self._check_due = True
 
 
