@@ -19,6 +19,9 @@ OPTIONS = {"density": 0.1, "min_numel": 0, "warmup_steps": 0}
 STEPS = 4
 CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})},
              "steps": STEPS, "seed": 1, "resume_at": 1} for m in METHODS]
+           + [{"name": f"{m}_{variant}", "method": m, "options": OPTIONS, "steps": STEPS, "seed": 2, variant: value}
+              for m in ("topk", "micro") for variant, value in (("accumulate", True), ("reshard", False),
+                                                                ("mixed", True))]
            + [{"name": "dense_topk", "method": "topk", "options": {**OPTIONS, "density": 1.0}, "steps": 2},
               {"name": "topk_nan", "method": "topk", "options": OPTIONS, "steps": 3, "nan_at": [1, 3]}])
 UNITS = ["a", "b", "root"]
@@ -40,6 +43,30 @@ def test_each_unit_is_the_flat_method_over_the_replicas_bitwise(job, method):
         assert record["mismatches"] == [], (rank, record["mismatches"][:3])
         assert record["steps"] == STEPS and not any(record["abandoned"])
         assert {s["name"] for s in record["stats"]} == set(UNITS) and not any(s["dense"] for s in record["stats"])
+
+
+@pytest.mark.parametrize("method", ["topk", "micro"])
+@pytest.mark.parametrize("variant", ["accumulate", "reshard", "mixed"])
+def test_accumulation_resharding_and_mixed_precision_as_fsdp_documents(job, method, variant):
+    """Gradient accumulation (``set_requires_gradient_sync(False)`` for a first micro-batch: no
+    hook runs, the step counts once), ``reshard_after_forward=False`` and a
+    ``MixedPrecisionPolicy`` (bfloat16 parameters, float32 reduction: the shards arrive in
+    float32): each unit's step is still its definition bitwise and the replicas agree."""
+    obs = Observed(job, f"{method}_{variant}", NP)
+    for rank, record in enumerate(obs.meta):
+        assert record["mismatches"] == [], (rank, record["mismatches"][:3])
+        assert record["steps"] == STEPS and not any(record["abandoned"])
+        for key, value in obs.arrays[rank].items():
+            if key.startswith("input_"):
+                assert value.dtype == np.float32, key
+            if key.startswith("grad_") and rank < 2:
+                np.testing.assert_array_equal(value, obs.arrays[rank + 2][key], err_msg=key)
+    if variant == "accumulate":  # the shards carry both micro-batches: not those of one alone
+        single = Observed(job, f"{method}_reshard", NP)  # the same seed, one backward per step
+        for rank in range(NP):
+            for key, value in obs.arrays[rank].items():
+                if key.startswith("input_"):
+                    assert not np.array_equal(value, single.arrays[rank][key]), key
 
 
 @pytest.mark.parametrize("method", METHODS)

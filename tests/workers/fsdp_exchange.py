@@ -14,7 +14,10 @@ density-1 check) and the statistics.
 
 Config: {"name", "method", "options", "steps", "seed", "nan_at" ([step, rank]: that rank's
 gradients hold a NaN at that step, nonfinite="skip"), "resume_at" (a second run saves its state
-after that step into a new model and state, which must continue bitwise as the first)}.
+after that step into a new model and state, which must continue bitwise as the first),
+"accumulate" (each step is two backward passes, the first without gradient sync), "reshard"
+(``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
+reduction)}.
 """
 import io
 import json
@@ -25,7 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_sparse.fsdp as hsf
 from horovod_sparse.common.inflight import Inflight
@@ -68,10 +71,14 @@ def given(seed, step, rank):
 
 
 def build(config, mesh):
+    """The model sharded as the config says (``reshard``: ``reshard_after_forward``; ``mixed``:
+    bfloat16 parameters, float32 reduction) and its replica exchange."""
     model = Net(config.get("seed", 0))
-    fully_shard(model.a, mesh=mesh["shard"])
-    fully_shard(model.b, mesh=mesh["shard"])
-    fully_shard(model, mesh=mesh["shard"])
+    options = {"reshard_after_forward": config.get("reshard", True)}
+    if config.get("mixed"):
+        options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for unit in (model.a, model.b, model):
+        fully_shard(unit, mesh=mesh["shard"], **options)
     state = hsf.compress_replicas(model, hsf.Compression.create(config["method"], **config.get("options", {})),
                                   mesh["replicate"].get_group(), nonfinite="skip" if "nan_at" in config else "default")
     return model, state
@@ -142,6 +149,10 @@ def run(config, mesh, out, index):
             grads["a"][0][0, 0] = math.nan
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
+            if config.get("accumulate"):  # a micro-batch without gradient sync first
+                model.set_requires_gradient_sync(False)
+                model(given(config.get("seed", 0) + 7, step, rank)).backward()
+                model.set_requires_gradient_sync(True)
             model(grads).backward()
         caught_warnings += [str(w.message) for w in caught if "non-finite" in str(w.message) or "NaN" in str(w.message)]
         abandoned.append(bool(state.last_stats.abandoned))
