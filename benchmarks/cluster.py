@@ -20,10 +20,14 @@ two-tier (``hierarchical=True``: dense inside the host, the method across hosts;
 ``... two-tier``). With ``--ddp``, a ``torch.distributed`` job on the same cluster then runs
 :mod:`benchmarks.synthetic_ddp` through dense DDP (PyTorch's bucket allreduce), PyTorch's
 PowerSGD hook (rank 4) and each method at each density through ``horovod_sparse.ddp.hook``
-(rows labelled ``ddp ...``). Then the namespaces are removed.
+(rows labelled ``ddp ...``). With ``--fsdp``, another ``torch.distributed`` job runs
+:mod:`benchmarks.synthetic_fsdp`: FSDP2 sharded inside each host (``--workers-per-host``),
+its replicas averaged by FSDP's own HSDP (``fsdp none``) or by each method at each density
+through ``horovod_sparse.fsdp`` (rows labelled ``fsdp ...``). Then the namespaces are removed.
 
 Columns: images/s per worker and in total (Horovod's figures), *speed-up* (``vs dense``) =
-throughput / dense throughput of the same job (dense Horovod, or dense DDP for the DDP rows),
+throughput / dense throughput of the same job (dense Horovod, dense DDP for the DDP rows, HSDP
+for the FSDP rows),
 ``vs hvd`` = throughput / dense Horovod throughput, ``vs flat`` = a two-tier row's throughput /
 its flat twin's, *efficiency* = throughput / ``local`` throughput (of the Horovod job; no
 exchange, so the same for DDP); bytes sent per step per worker across hosts (the whole network
@@ -73,6 +77,12 @@ def ddp_sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[s
     return [{"compressor": "none"}, {"compressor": "powersgd"}] + _methods(methods, densities)
 
 
+def fsdp_sweep(methods: Sequence[str], densities: Sequence[float]) -> List[Dict[str, Any]]:
+    """The configurations of one FSDP2 job (:mod:`benchmarks.synthetic_fsdp`): FSDP's dense HSDP,
+    then every method at every density on the replica axis."""
+    return [{"compressor": "none"}] + _methods(methods, densities)
+
+
 def merge_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One row per configuration label: the throughput is the median over the repeats (the row
     closest to it supplies the statistics), the repeats' totals are kept in ``repeats``."""
@@ -91,7 +101,8 @@ def merge_repeats(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def frontend(row: Dict[str, Any]) -> str:
-    """The front end a row was measured with: ``ddp``, or ``horovod`` (rows that do not say)."""
+    """The front end a row was measured with: ``ddp``, ``fsdp``, or ``horovod`` (rows that do not
+    say)."""
     return row.get("frontend", "horovod")
 
 
@@ -110,7 +121,7 @@ def add_ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     configuration (None without one)."""
     local = next(r for r in rows if r["optimizer"] == "local")["total_img_sec"]
     dense = {frontend(r): r["total_img_sec"] for r in rows
-             if r["optimizer"] in ("hs", "ddp") and r["compressor"] == "none" and not r.get("hierarchical")}
+             if r["optimizer"] in ("hs", "ddp", "fsdp") and r["compressor"] == "none" and not r.get("hierarchical")}
     flat = {method_key(r): r["total_img_sec"] for r in rows if not r.get("hierarchical")}
     for row in rows:
         row["speedup_vs_dense"] = row["total_img_sec"] / dense[frontend(row)]
@@ -200,23 +211,22 @@ def run_sweep(cluster: EmulatedCluster, launch: Callable[..., JobOutput], module
 
 
 def run_job(args: argparse.Namespace, workers: int, rate: Optional[str], configs: List[Dict[str, Any]],
-            ddp_configs: List[Dict[str, Any]], progress: Progress) -> Dict[str, Any]:
+            torch_jobs: List[Tuple[str, List[Dict[str, Any]]]], progress: Progress) -> Dict[str, Any]:
     """Build the cluster (``args.workers_per_host`` workers per host), measure a link between
-    two hosts, run the Horovod sweep ``configs``, then (when ``ddp_configs`` is not empty) the
-    DDP sweep on the same cluster; returns the link, the rows with their ratios and the errors.
-    Without their job's dense row (or Horovod's ``local`` and dense rows) a job's rows are left
-    out."""
+    two hosts, run the Horovod sweep ``configs``, then each ``torch.distributed`` job of
+    ``torch_jobs`` (its module and sweep: DDP, FSDP2) on the same cluster; returns the link, the
+    rows with their ratios and the errors. Without their job's dense row (or Horovod's ``local``
+    and dense rows) a job's rows are left out."""
     with EmulatedCluster(workers, rate, workers_per_host=args.workers_per_host) as cluster:
         link = measure_link(cluster).as_dict() if cluster.hosts > 1 else None
         groups = ["--groups", str(args.groups)] if args.groups is not None else []
         rows, error = run_sweep(cluster, run_horovod, "benchmarks.synthetic", args, configs, progress, groups)
         errors = [error] if error else []
-        if ddp_configs:
-            ddp_rows, error = run_sweep(cluster, run_torch_distributed, "benchmarks.synthetic_ddp", args,
-                                        ddp_configs, progress)
+        for module, torch_configs in torch_jobs:
+            torch_rows, error = run_sweep(cluster, run_torch_distributed, module, args, torch_configs, progress)
             errors += [error] if error else []
-            if any(r["compressor"] == "none" for r in ddp_rows):
-                rows += ddp_rows
+            if any(r["compressor"] == "none" for r in torch_rows):
+                rows += torch_rows
     for row in rows:
         row.update(rate=rate or "unshaped", link=link, workers_per_host=args.workers_per_host)
     complete = (any(r["optimizer"] == "local" for r in rows)
@@ -248,6 +258,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--ddp", action="store_true",
                         help="also run the DDP sweep (dense DDP, PowerSGD, every method through horovod_sparse's "
                         "comm hook) on each cluster, after the Horovod job (benchmarks.synthetic_ddp)")
+    parser.add_argument("--fsdp", action="store_true",
+                        help="also run the FSDP2 sweep (HSDP, every method on the replica axis through "
+                        "horovod_sparse.fsdp; sharded inside each host) on each cluster (benchmarks.synthetic_fsdp)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds per job")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="cluster", help="result file name stem")
@@ -257,7 +270,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.workers_per_host < 1 or any(n % args.workers_per_host for n in args.workers):
         parser.error(f"every --workers count must be a multiple of --workers-per-host {args.workers_per_host}")
     methods = args.methods or available_methods()
-    ddp_configs = ddp_sweep(methods, args.densities) * args.repeats if args.ddp else []
+    torch_jobs = ([("benchmarks.synthetic_ddp", ddp_sweep(methods, args.densities) * args.repeats)] if args.ddp
+                  else []) + ([("benchmarks.synthetic_fsdp", fsdp_sweep(methods, args.densities) * args.repeats)]
+                              if args.fsdp else [])
     jobs = [(n, None if rate == "unshaped" else rate) for rate in args.rates for n in args.workers]
     rows: List[Dict[str, Any]] = []
     links: List[Dict[str, Any]] = []
@@ -265,9 +280,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command = command_line(argv, "benchmarks.cluster")
     sweeps = {n: sweep(methods, args.densities, two_tier=args.workers_per_host > 1 and n > args.workers_per_host)
               * args.repeats for n in args.workers}
-    with Progress(sum(len(sweeps[n]) + len(ddp_configs) for n, _ in jobs), "cluster") as progress:
+    torch_configs = sum(len(configs) for _, configs in torch_jobs)
+    with Progress(sum(len(sweeps[n]) + torch_configs for n, _ in jobs), "cluster") as progress:
         for workers, rate in jobs:
-            job = run_job(args, workers, rate, sweeps[workers], ddp_configs, progress)
+            job = run_job(args, workers, rate, sweeps[workers], torch_jobs, progress)
             rows += job["rows"]
             if job["link"]:
                 links.append({"workers": workers, **job["link"]})

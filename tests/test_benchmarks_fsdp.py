@@ -1,0 +1,83 @@
+"""The FSDP2 side of the throughput benchmarks: :mod:`benchmarks.synthetic_fsdp` smoke-run under
+``torchrun`` on 4 local processes as a 2 x 2 mesh (FSDP's HSDP, a horovod_sparse method on the
+replica axis), and ``benchmarks.cluster --fsdp`` on a real emulated cluster (root). Only the
+printed format, the JSON rows and their plumbing are checked, never a measured time."""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Dict, List, Tuple
+
+import pytest
+
+from benchmarks import models, synthetic_fsdp
+from benchmarks.cluster import add_ratios, fsdp_sweep
+from tests.launch import TORCHRUN
+from tests.test_benchmarks import PNG, needs_root, our_namespaces, run, run_cluster
+
+SWEEP = [{"compressor": "none"}, {"compressor": "micro", "density": 0.01}]
+LABELS = ["fsdp none", "fsdp micro(density=0.01)"]
+
+
+def test_fsdp_specs_sweep_and_ratios():
+    config = synthetic_fsdp.parser().parse_args(["--compressor", "topk", "--density", "0.01", "--shard-size", "2"])
+    assert synthetic_fsdp.describe(config) == "fsdp topk(density=0.01)" and config.shard_size == 2
+    assert fsdp_sweep(["topk"], [0.001]) == [{"compressor": "none"}, {"compressor": "topk", "density": 0.001}]
+    rows = add_ratios([{"optimizer": "local", "compressor": "none", "total_img_sec": 40.0},
+                       {"optimizer": "hs", "compressor": "none", "total_img_sec": 10.0},
+                       {"frontend": "fsdp", "optimizer": "fsdp", "compressor": "none", "total_img_sec": 20.0},
+                       {"frontend": "fsdp", "optimizer": "fsdp", "compressor": "micro", "total_img_sec": 30.0}])
+    assert [r["speedup_vs_dense"] for r in rows] == [4.0, 1.0, 1.0, 1.5]
+    assert [r["speedup_vs_horovod_dense"] for r in rows] == [4.0, 1.0, 2.0, 3.0]
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory) -> Tuple[str, List[Dict[str, Any]], str]:
+    out = tmp_path_factory.mktemp("synthetic_fsdp")
+    (out / "sweep.json").write_text(json.dumps(SWEEP))
+    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "benchmarks.synthetic_fsdp",
+                  "--model", "resnet20", "--batch-size", "4", "--shard-size", "2", "--num-warmup-batches", "1",
+                  "--num-batches-per-iter", "1", "--num-iters", "2", "--sweep", str(out / "sweep.json"),
+                  "--results", str(out / "rows.json")])
+    payload = json.loads((out / "rows.json").read_text())
+    return result.stdout, payload["results"], payload["command"]
+
+
+def test_synthetic_fsdp_prints_the_synthetic_format_and_rows(fsdp_run):
+    stdout, rows, command = fsdp_run
+    assert re.findall(r"^Compressor: (.+)$", stdout, re.M) == LABELS  # rank 0 only prints
+    assert len(re.findall(r"^Total img/sec on 4 CPU\(s\): [\d.]+ \+-[\d.]+$", stdout, re.M)) == 2
+    assert re.search(r"^Union density: [\d.]+ \(target [\d.]+, density ratio [\d.]+\)$", stdout, re.M)
+    assert command.startswith("python -m benchmarks.synthetic_fsdp --model resnet20")
+    assert [r["label"] for r in rows] == LABELS
+    parameters = models.count_parameters(models.resnet20())
+    for row in rows:
+        assert (row["frontend"], row["optimizer"], row["workers"], row["parameters"], row["shard_size"]) == (
+            "fsdp", "fsdp", 4, parameters, 2)
+        assert row["img_sec_per_worker"] > 0 and row["total_img_sec"] == pytest.approx(4 * row["img_sec_per_worker"])
+    dense, micro = rows
+    assert dense["stats"] == {}  # FSDP's HSDP keeps no statistics
+    # Each replica exchanges its shard: about half the model per rank, at the target density.
+    stats = micro["stats"]
+    assert 0.5 * stats["target_density"] <= stats["union_density"] <= 1.5 * stats["target_density"]
+    assert stats["bytes_sent"] < stats["dense_bytes"] / 10
+
+
+@needs_root
+def test_cluster_benchmark_runs_the_fsdp_sweep_on_the_same_cluster(tmp_path):
+    process, stdout, stderr = run_cluster(tmp_path, ["topk"], "--fsdp", "--num-warmup-batches", "1")
+    assert process.returncode == 0, stdout + stderr
+    assert our_namespaces(process.pid) == []
+    assert "[cluster] 5/5 done" in stderr
+    labels = ["local (no exchange)", "none", "topk(density=0.01)", "fsdp none", "fsdp topk(density=0.01)"]
+    for label in labels:
+        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
+    results = json.loads((tmp_path / "cluster.json").read_text())["results"]
+    assert results["errors"] == []
+    rows = {r["label"]: r for r in results["rows"]}
+    assert list(rows) == labels
+    assert [r.get("frontend") for r in rows.values()] == ["horovod"] * 3 + ["fsdp"] * 2
+    assert rows["fsdp none"]["speedup_vs_dense"] == 1.0
+    assert rows["fsdp topk(density=0.01)"]["stats"]["bytes_sent"] < rows["none"]["stats"]["bytes_sent"] / 10
+    for name in ("cluster_speedup.png", "cluster_efficiency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
