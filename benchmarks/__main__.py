@@ -2,7 +2,7 @@
 
 ``synthetic`` and ``overhead`` are one rank of a Horovod job, launched the usual way
 (``horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks synthetic ...``), and
-``synthetic_ddp`` one rank of a ``torch.distributed`` job (``torchrun --standalone
+``synthetic_ddp`` and ``synthetic_fsdp`` one rank of a ``torch.distributed`` job (``torchrun --standalone
 --nproc-per-node 2 -m benchmarks.synthetic_ddp ...``); ``digits`` (the main job),
 ``convergence`` and ``cluster`` launch their own jobs (``cluster`` and ``digits --emulate``
 build an emulated network and need root).
