@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from horovod_sparse.common.controllers import (HistogramController, ThresholdState, as_float32, candidate_budget,
-                                               local_histogram, scan_block_size)
+                                               reaches_bar, scan_block_size)
 from horovod_sparse.common.threshold_baselines import hard_threshold
 from horovod_sparse.methods.candidates import Candidates
 from horovod_sparse.torch.selection import pick, scan, select, top_k
@@ -77,12 +77,13 @@ def histogram_selection(x: torch.Tensor, end: int, k: int, workers: int, state: 
     candidates = Candidates.collect(backend, scanned, candidate_budget(k, workers, state.last_counts, 0))
     clock.append(time.process_time())
     window = controller.window(state)
-    local = local_histogram(window, candidates.magnitudes_numpy(), candidates.bar, 0, workers)
+    local = candidates.local_histogram(window, 0, workers).numpy()
     clock.append(time.process_time())
     bins = len(window) + 1
-    threshold = controller.next_threshold(state, k, np.concatenate([local[:bins] * workers, local[bins:]]))
+    summed = np.concatenate([local[:bins] * workers, local[bins:]])
+    threshold = controller.next_threshold(state, k, summed)
     clock.append(time.process_time())
-    selected = candidates.select(threshold)
+    selected = candidates.select(threshold, reaches_bar(window, summed, 0, threshold))
     clock.append(time.process_time())
     return selected, clock
 

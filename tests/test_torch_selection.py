@@ -46,7 +46,8 @@ def test_candidates_select_what_pick_selects(numel, budget, factor, seed):
     scanned = scan(x, 0, numel, 32)
     candidates = Candidates.collect(backend, scanned, budget)
     threshold = candidates.bar * factor
-    assert torch.equal(candidates.select(threshold), naive(x, 0, numel, threshold))
+    for filterable in ([True, False] if threshold >= candidates.bar else [False]):
+        assert torch.equal(candidates.select(threshold, filterable), naive(x, 0, numel, threshold))
     assert torch.equal(select(x, threshold, 32), naive(x, 0, numel, threshold))
 
 
