@@ -135,10 +135,29 @@ def powersgd_stats(state: SerialPowerSGDState, parameters: int) -> Dict[str, Any
             "compression_rate": state.total_numel_before_compression / state.total_numel_after_compression}
 
 
+def measure_training(config: argparse.Namespace, net: torch.nn.Module, last_stats: Callable[[], Optional[Any]],
+                     parameters: int, label: str, log: Callable[[str], None]) -> Dict[str, Any]:
+    """:func:`benchmarks.synthetic.measure` of SGD training steps of ``net`` (a model wrapped by a
+    ``torch.distributed`` front end) on the configuration's fixed batch, each step returning
+    ``last_stats()`` (the front end's statistics, or None)."""
+    rank, workers = dist.get_rank(), dist.get_world_size()
+    spec = model_spec(config.model)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01 * workers)
+    data, target = spec.batch(config.batch_size, config.size or spec.default_size,
+                              torch.Generator().manual_seed(config.seed + rank))
+
+    def benchmark_step() -> Optional[Any]:
+        optimizer.zero_grad()
+        F.cross_entropy(net(data), target).backward()
+        optimizer.step()
+        return last_stats()
+
+    return measure(config, benchmark_step, workers, "CPU", label, parameters, log)
+
+
 def run_ddp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     """One benchmark: :func:`benchmarks.synthetic.measure` on a DDP model with the configuration's
     hook; returns the figures (all ranks)."""
-    rank, workers = dist.get_rank(), dist.get_world_size()
     spec = model_spec(config.model)
     size = config.size or spec.default_size
     torch.manual_seed(config.seed)
@@ -147,16 +166,8 @@ def run_ddp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str,
     ddp = DistributedDataParallel(model)  # broadcasts rank 0's parameters
     name, options = ddp_compressor(config.compressor, config.density)
     state = register_hook(ddp, name, options, config.num_warmup_batches)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01 * workers)
-    data, target = spec.batch(config.batch_size, size, torch.Generator().manual_seed(config.seed + rank))
-
-    def benchmark_step() -> Optional[Any]:
-        optimizer.zero_grad()
-        F.cross_entropy(ddp(data), target).backward()
-        optimizer.step()
-        return state.last_stats if isinstance(state, hsd.State) else None
-
-    figures = measure(config, benchmark_step, workers, "CPU", describe(config), parameters, log)
+    figures = measure_training(config, ddp, lambda: state.last_stats if isinstance(state, hsd.State) else None,
+                               parameters, describe(config), log)
     if isinstance(state, SerialPowerSGDState):
         figures["stats"] = powersgd_stats(state, parameters)
         log(f"PowerSGD: {figures['stats']['bytes_sent'] / 1e6:.2f} MB sent per step per worker "

@@ -23,14 +23,14 @@ from typing import Any, Callable, Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 import horovod_sparse.fsdp as hsf
 from benchmarks.models import count_parameters, model_spec
 from benchmarks.results import command_line
-from benchmarks.synthetic import benchmark_parser, compressor_options, measure, run_all, spec_label
+from benchmarks.synthetic import benchmark_parser, compressor_options, run_all, spec_label
+from benchmarks.synthetic_ddp import measure_training
 
 
 def describe(config: argparse.Namespace) -> str:
@@ -49,7 +49,7 @@ def shard(model: torch.nn.Module, mesh: Any) -> None:
 def run_fsdp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
     """One benchmark: :func:`benchmarks.synthetic.measure` on the sharded model with the
     configuration's replica exchange; returns the figures (all ranks)."""
-    rank, workers = dist.get_rank(), dist.get_world_size()
+    workers = dist.get_world_size()
     shard_size = config.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", workers))
     if workers % shard_size:
         raise ValueError(f"--shard-size {shard_size} does not divide the {workers} workers")
@@ -66,16 +66,8 @@ def run_fsdp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str
     else:
         shard(model, mesh["shard"])
         state = hsf.compress_replicas(model, hsf.Compression.create(name, **options), mesh["replicate"].get_group())
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01 * workers)
-    data, target = spec.batch(config.batch_size, size, torch.Generator().manual_seed(config.seed + rank))
-
-    def benchmark_step() -> Optional[Any]:
-        optimizer.zero_grad()
-        F.cross_entropy(model(data), target).backward()
-        optimizer.step()
-        return None if state is None else state.last_stats
-
-    figures = measure(config, benchmark_step, workers, "CPU", describe(config), parameters, log)
+    figures = measure_training(config, model, lambda: None if state is None else state.last_stats, parameters,
+                               describe(config), log)
     return {"framework": "torch", "frontend": "fsdp", "size": size, "optimizer": "fsdp", "compressor": name,
             "options": options, "shard_size": shard_size, **figures}
 

@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ import torch
 from benchmarks import models, netem, scaling, synthetic
 from benchmarks.cluster import add_ratios, merge_repeats, place, sweep, table
 from horovod_sparse.common.cost_model import AlphaBeta
-from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, launcher_env
+from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, TORCHRUN, launcher_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -28,6 +28,19 @@ def run(argv: List[str]) -> subprocess.CompletedProcess:
     result = subprocess.run(argv, env=launcher_env(), cwd=ROOT, capture_output=True, text=True, timeout=HANG_TIMEOUT)
     assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
     return result
+
+
+def run_torch_synthetic(out: Path, module: str, nproc: int, sweep: List[Dict[str, Any]],
+                        *extra: str) -> Tuple[str, List[Dict[str, Any]], str]:
+    """``torchrun`` of the synthetic benchmark ``module`` on ``nproc`` local processes (resnet20,
+    batch 4, two timed iterations of one batch, ``extra`` options) over ``sweep``: rank 0's
+    output, the result rows and the command they record."""
+    (out / "sweep.json").write_text(json.dumps(sweep))
+    result = run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), "-m", module, "--model", "resnet20",
+                  "--batch-size", "4", "--num-batches-per-iter", "1", "--num-iters", "2", *extra,
+                  "--sweep", str(out / "sweep.json"), "--results", str(out / "rows.json")])
+    payload = json.loads((out / "rows.json").read_text())
+    return result.stdout, payload["results"], payload["command"]
 
 
 def rank0_lines(stdout: str) -> List[str]:

@@ -12,8 +12,7 @@ import pytest
 
 from benchmarks import models, synthetic_ddp
 from benchmarks.cluster import add_ratios, ddp_sweep
-from tests.launch import TORCHRUN
-from tests.test_benchmarks import PNG, needs_root, our_namespaces, run, run_cluster
+from tests.test_benchmarks import PNG, needs_root, our_namespaces, run_cluster, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "powersgd"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["ddp none", "ddp powersgd(rank=4)", "ddp micro(density=0.01)"]
@@ -55,14 +54,8 @@ def test_ddp_rows_are_measured_against_dense_ddp_and_dense_horovod():
 # -- synthetic_ddp under torchrun ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Tuple[str, List[Dict[str, Any]], str]:
-    out = tmp_path_factory.mktemp("synthetic_ddp")
-    (out / "sweep.json").write_text(json.dumps(SWEEP))
-    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "benchmarks.synthetic_ddp",
-                  "--model", "resnet20", "--batch-size", "4", "--num-warmup-batches", "2",
-                  "--num-batches-per-iter", "1", "--num-iters", "2", "--sweep", str(out / "sweep.json"),
-                  "--results", str(out / "rows.json")])
-    payload = json.loads((out / "rows.json").read_text())
-    return result.stdout, payload["results"], payload["command"]
+    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_ddp"), "benchmarks.synthetic_ddp", 2, SWEEP,
+                               "--num-warmup-batches", "2")
 
 
 def test_synthetic_ddp_prints_the_synthetic_format(ddp_run):

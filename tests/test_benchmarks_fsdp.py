@@ -12,8 +12,7 @@ import pytest
 
 from benchmarks import models, synthetic_fsdp
 from benchmarks.cluster import add_ratios, fsdp_sweep
-from tests.launch import TORCHRUN
-from tests.test_benchmarks import PNG, needs_root, our_namespaces, run, run_cluster
+from tests.test_benchmarks import PNG, needs_root, our_namespaces, run_cluster, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["fsdp none", "fsdp micro(density=0.01)"]
@@ -33,14 +32,8 @@ def test_fsdp_specs_sweep_and_ratios():
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Tuple[str, List[Dict[str, Any]], str]:
-    out = tmp_path_factory.mktemp("synthetic_fsdp")
-    (out / "sweep.json").write_text(json.dumps(SWEEP))
-    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "benchmarks.synthetic_fsdp",
-                  "--model", "resnet20", "--batch-size", "4", "--shard-size", "2", "--num-warmup-batches", "1",
-                  "--num-batches-per-iter", "1", "--num-iters", "2", "--sweep", str(out / "sweep.json"),
-                  "--results", str(out / "rows.json")])
-    payload = json.loads((out / "rows.json").read_text())
-    return result.stdout, payload["results"], payload["command"]
+    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_fsdp"), "benchmarks.synthetic_fsdp", 4, SWEEP,
+                               "--num-warmup-batches", "1", "--shard-size", "2")
 
 
 def test_synthetic_fsdp_prints_the_synthetic_format_and_rows(fsdp_run):

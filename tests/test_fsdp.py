@@ -13,6 +13,7 @@ import pytest
 from horovod_sparse.ddp import Compression
 from tests.checks import Observed
 from tests.launch import run_configs
+from tests.workers.fsdp_exchange import SHAPES
 
 METHODS = [name for name in Compression.names() if name not in ("none", "fp16")]
 OPTIONS = {"density": 0.1, "min_numel": 0, "warmup_steps": 0}
@@ -24,7 +25,10 @@ CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": Fals
                                                                 ("mixed", True))]
            + [{"name": "dense_topk", "method": "topk", "options": {**OPTIONS, "density": 1.0}, "steps": 2},
               {"name": "topk_nan", "method": "topk", "options": OPTIONS, "steps": 3, "nan_at": [1, 3]}])
-UNITS = ["a", "b", "root"]
+UNITS = list(SHAPES)
+#: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
+PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
+              "c": ("root", 0)}
 NP = 4
 
 
@@ -89,43 +93,26 @@ def test_replicas_hold_identical_shards_and_nothing_is_lost(job, method):
 
 def _reached(obs, rank, unit):
     """The unit's shard of every step's update on ``rank``, summed over the steps, flattened as
-    FSDP hands the shard to the hook: each parameter's padded shard, in order."""
+    FSDP hands the shard to the hook: each parameter's shard padded to ``ceil(rows / 2)`` rows
+    (the same on both ranks of the shard group), in order."""
     total = 0.0
     for step in range(STEPS):
-        total = total + _shard(obs, rank, step, unit)
+        flat, position = np.zeros(obs.arrays[rank][f"input_{step}_{unit}"].size), 0
+        for name, (_, i) in ((n, where) for n, where in PARAMETERS.items() if where[0] == unit):
+            piece = obs.arrays[rank][f"grad_{step}_{name}"].reshape(-1).astype(np.float64)
+            flat[position:position + piece.size] = piece
+            shape = SHAPES[unit][i]
+            position += -(-shape[0] // 2) * int(np.prod(shape[1:]))
+        total = total + flat
     return total
-
-
-def _shard(obs, rank, step, unit):
-    names = {"a": ["a.params.0", "a.params.1"], "b": ["b.params.0", "b.params.1"], "root": ["c"]}[unit]
-    width = obs.arrays[rank][f"input_{step}_{unit}"].size
-    pieces = [obs.arrays[rank][f"grad_{step}_{n}"].reshape(-1).astype(np.float64) for n in names]
-    flat = np.zeros(width)
-    # FSDP pads each parameter's shard to the same dim-0 chunk on every rank of the shard group
-    position = 0
-    for n, piece in zip(names, pieces):
-        chunk = _padded_size(obs, n)
-        flat[position:position + piece.size] = piece
-        position += chunk
-    return flat
-
-
-def _padded_size(obs, name):
-    """A parameter's padded shard size: dim 0 split into ceil(rows / 2)-row chunks."""
-    rows_and_cols = {"a.params.0": (12, 10), "a.params.1": (12, 1), "b.params.0": (10, 12), "b.params.1": (10, 1),
-                     "c": (5, 10)}[name]
-    rows, cols = rows_and_cols
-    return -(-rows // 2) * cols
 
 
 def test_density_one_gives_the_average_of_every_rank(job):
     obs = Observed(job, "dense_topk", NP)
-    full = {"a.params.0": ("a", 0), "a.params.1": ("a", 1), "b.params.0": ("b", 0), "b.params.1": ("b", 1),
-            "c": ("root", 0)}
     for rank in range(NP):
         shard_rank = rank % 2
         for step in range(2):
-            for name, (unit, i) in full.items():
+            for name, (unit, i) in PARAMETERS.items():
                 mean = obs.arrays[rank][f"mean_{step}_{unit}_{i}"]
                 rows = -(-mean.shape[0] // 2)
                 expected = mean[shard_rank * rows:(shard_rank + 1) * rows]

@@ -372,7 +372,7 @@ def reaches_bar(window: HistogramWindow, histogram: np.ndarray, rank: int, thres
     :func:`local_histogram`: the bar lies at or under the edge marked there (none when the mark
     is past the last edge)."""
     mark = int(histogram[len(window) + 1 + rank])
-    return mark < len(window) and threshold >= float(window.edges()[mark])
+    return mark < len(window) and threshold >= float(window.edges32()[mark])
 
 
 def histogram_threshold(controller: HistogramController, state: ThresholdState, k: int, parts: int,

@@ -58,6 +58,11 @@ def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
     return torch.cat(lengths).tolist()
 
 
+def ranks_reporting(count: int, process_group: ProcessGroup) -> List[int]:
+    """The ranks whose ``count`` is not zero (one tiny blocking allgather, :func:`gather_ints`)."""
+    return [rank for rank, theirs in enumerate(gather_ints(count, process_group)) if theirs]
+
+
 def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup,
                      lengths: Optional[List[int]] = None) -> Tuple[Any, Any, List[int]]:
     """Start an allgather along dim 0 of rank-dependent lengths: the lengths first (blocking,

@@ -32,7 +32,7 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
 from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ddp_tiers, gather_ints
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ddp_tiers, ranks_reporting
 from horovod_sparse.ddp.compression import Compression, DenseCompression, checked_sparse
 from horovod_sparse.methods.base import Exchange
 from horovod_sparse.torch.buffers import FlatGroup
@@ -242,8 +242,7 @@ class State(StepBook):
         of each rank's count ``nonfinite_here``)."""
         if self.nonfinite is None:
             return []
-        counts = gather_ints(nonfinite_here, self.process_group)
-        return [rank for rank, count in enumerate(counts) if count]
+        return ranks_reporting(nonfinite_here, self.process_group)
 
     def _end_step(self) -> None:
         self.buckets.end_step()

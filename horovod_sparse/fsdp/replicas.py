@@ -36,7 +36,7 @@ from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp import backend
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, gather_ints
+from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ranks_reporting
 from horovod_sparse.ddp.compression import checked_sparse
 from horovod_sparse.ddp.hook import dense_exchange
 from horovod_sparse.torch.buffers import FlatGroup
@@ -193,8 +193,7 @@ class State(StepBook):
         self.timeline.backward_ended()
         done, self._done, self._in_step = self._done, [], False
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = ([] if self.nonfinite is None else
-                     [rank for rank, count in enumerate(gather_ints(len(nonfinite_groups), self._world)) if count])
+        bad_ranks = [] if self.nonfinite is None else ranks_reporting(len(nonfinite_groups), self._world)
         if bad_ranks:
             for inflight in done:
                 if inflight.sparse:

@@ -151,6 +151,11 @@ class Sparsifier:
         """Values as they travel (see the backend's ``to_wire``)."""
         return self.B.to_wire(values, self.options.fp16_values)
 
+    def allgather_count(self, selected: Any, like: Tensor, comm: Any) -> Any:
+        """Launch the allgather of this rank's count of ``selected`` coordinates (one int64 per
+        rank, on ``like``'s device: a row count every rank knows)."""
+        return comm.allgather(self.B.reshape_one(selected, like), "counts", "meta", rows=[1] * comm.size)
+
     def allgather_exchange(self, x: Tensor, idx: Tensor, comm: Any, fixed_count: Any = None) -> Exchange:
         """The exchange of Top-k and the threshold baselines: allgather (values, indices),
         scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``.
@@ -167,7 +172,7 @@ class Sparsifier:
                     comm.allgather(B.wire_index(idx, numel), "indices", "indices", rows=rows)]
         selected = B.size(idx)
         if fixed_count is None:
-            pendings.append(comm.allgather(B.reshape_one(selected, x), "counts", "meta", rows=[1] * comm.size))
+            pendings.append(self.allgather_count(selected, x, comm))
         comm.stats.selected = selected if fixed_count is None else fixed_count
         residual = comm.remove_delivered(x, idx, wire)
         values, indices, *counts = yield pendings

@@ -71,8 +71,7 @@ class Micro(Sparsifier):
 
         selected = B.size(idx)
         gathered, counts_out = yield [comm.allgather(B.wire_index(idx, numel), "indices", "indices"),
-                                      comm.allgather(B.reshape_one(selected, x), "counts", "meta",
-                                                     rows=[1] * comm.size)]
+                                      self.allgather_count(selected, x, comm)]
         union, counts = B.as_index(gathered), [int(c) for c in B.to_numpy(counts_out)]
         update, residual = comm.output(x), x
         if sum(counts):
