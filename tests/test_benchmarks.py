@@ -420,6 +420,25 @@ def run_cluster(tmp_path: Path, methods: List[str], *extra: str) -> Tuple[subpro
     return process, stdout, stderr
 
 
+def cluster_rows(tmp_path: Path, labels: List[str], *extra: str) -> Dict[str, Dict[str, Any]]:
+    """:func:`run_cluster` of Top-k with ``extra`` options, which must succeed, leave no
+    namespace behind, print a row per label of ``labels`` (at 2x1, 100mbit), write exactly those
+    rows without errors, in that order, and both plots: the rows by label."""
+    process, stdout, stderr = run_cluster(tmp_path, ["topk"], *extra)
+    assert process.returncode == 0, stdout + stderr
+    assert our_namespaces(process.pid) == []
+    assert f"[cluster] {len(labels)}/{len(labels)} done" in stderr
+    for label in labels:
+        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
+    results = json.loads((tmp_path / "cluster.json").read_text())["results"]
+    assert results["errors"] == []
+    rows = {r["label"]: r for r in results["rows"]}
+    assert list(rows) == labels
+    for name in ("cluster_speedup.png", "cluster_efficiency.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    return rows
+
+
 @needs_root
 def test_cluster_benchmark_end_to_end(tmp_path):
     """A real emulated cluster at 100 Mbit/s; the last configuration names a method that does not

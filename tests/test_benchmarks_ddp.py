@@ -4,7 +4,6 @@
 rows and their plumbing are checked, never a measured time."""
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Dict, List, Tuple
 
@@ -12,7 +11,7 @@ import pytest
 
 from benchmarks import models, synthetic_ddp
 from benchmarks.cluster import add_ratios, ddp_sweep
-from tests.test_benchmarks import PNG, needs_root, our_namespaces, run_cluster, run_torch_synthetic
+from tests.test_benchmarks import cluster_rows, needs_root, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "powersgd"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["ddp none", "ddp powersgd(rank=4)", "ddp micro(density=0.01)"]
@@ -96,18 +95,9 @@ def test_synthetic_ddp_rows(ddp_run):
 # -- the emulated cluster (root) -----------------------------------------------------------------------
 @needs_root
 def test_cluster_benchmark_runs_the_ddp_sweep_on_the_same_cluster(tmp_path):
-    process, stdout, stderr = run_cluster(tmp_path, ["topk"], "--ddp", "--num-warmup-batches", "2")
-    assert process.returncode == 0, stdout + stderr
-    assert our_namespaces(process.pid) == []
-    assert "[cluster] 6/6 done" in stderr
     labels = ["local (no exchange)", "none", "topk(density=0.01)", "ddp none", "ddp powersgd(rank=4)",
               "ddp topk(density=0.01)"]
-    for label in labels:
-        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
-    results = json.loads((tmp_path / "cluster.json").read_text())["results"]
-    assert results["errors"] == []
-    rows = {r["label"]: r for r in results["rows"]}
-    assert list(rows) == labels
+    rows = cluster_rows(tmp_path, labels, "--ddp", "--num-warmup-batches", "2")
     assert [r.get("frontend") for r in rows.values()] == ["horovod"] * 3 + ["ddp"] * 3
     assert rows["ddp none"]["speedup_vs_dense"] == 1.0 and rows["none"]["speedup_vs_horovod_dense"] == 1.0
     assert rows["ddp none"]["speedup_vs_horovod_dense"] == pytest.approx(
@@ -115,5 +105,3 @@ def test_cluster_benchmark_runs_the_ddp_sweep_on_the_same_cluster(tmp_path):
     assert rows["ddp topk(density=0.01)"]["efficiency"] == pytest.approx(
         rows["ddp topk(density=0.01)"]["total_img_sec"] / rows["local (no exchange)"]["total_img_sec"])
     assert rows["ddp topk(density=0.01)"]["stats"]["bytes_sent"] < rows["none"]["stats"]["bytes_sent"] / 10
-    for name in ("cluster_speedup.png", "cluster_efficiency.png"):
-        assert (tmp_path / name).read_bytes()[:8] == PNG

@@ -4,7 +4,6 @@ replica axis), and ``benchmarks.cluster --fsdp`` on a real emulated cluster (roo
 printed format, the JSON rows and their plumbing are checked, never a measured time."""
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Dict, List, Tuple
 
@@ -12,7 +11,7 @@ import pytest
 
 from benchmarks import models, synthetic_fsdp
 from benchmarks.cluster import add_ratios, fsdp_sweep
-from tests.test_benchmarks import PNG, needs_root, our_namespaces, run_cluster, run_torch_synthetic
+from tests.test_benchmarks import cluster_rows, needs_root, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["fsdp none", "fsdp micro(density=0.01)"]
@@ -58,19 +57,8 @@ def test_synthetic_fsdp_prints_the_synthetic_format_and_rows(fsdp_run):
 
 @needs_root
 def test_cluster_benchmark_runs_the_fsdp_sweep_on_the_same_cluster(tmp_path):
-    process, stdout, stderr = run_cluster(tmp_path, ["topk"], "--fsdp", "--num-warmup-batches", "1")
-    assert process.returncode == 0, stdout + stderr
-    assert our_namespaces(process.pid) == []
-    assert "[cluster] 5/5 done" in stderr
     labels = ["local (no exchange)", "none", "topk(density=0.01)", "fsdp none", "fsdp topk(density=0.01)"]
-    for label in labels:
-        assert re.search(rf"^  2x1\s+100mbit {re.escape(label)}\s", stdout, re.M)
-    results = json.loads((tmp_path / "cluster.json").read_text())["results"]
-    assert results["errors"] == []
-    rows = {r["label"]: r for r in results["rows"]}
-    assert list(rows) == labels
+    rows = cluster_rows(tmp_path, labels, "--fsdp", "--num-warmup-batches", "1")
     assert [r.get("frontend") for r in rows.values()] == ["horovod"] * 3 + ["fsdp"] * 2
     assert rows["fsdp none"]["speedup_vs_dense"] == 1.0
     assert rows["fsdp topk(density=0.01)"]["stats"]["bytes_sent"] < rows["none"]["stats"]["bytes_sent"] / 10
-    for name in ("cluster_speedup.png", "cluster_efficiency.png"):
-        assert (tmp_path / name).read_bytes()[:8] == PNG
