@@ -7,6 +7,8 @@ the replicas of every shard are bitwise identical; nothing is lost (the shards h
 what reached the model plus the residuals, per unit); Top-k at density 1 gives every rank's
 shard of the average of all 4 ranks' gradients; a state saved after a step, loaded into a new
 model, continues bitwise; a NaN on one rank abandons the step on every rank."""
+import json
+
 import numpy as np
 import pytest
 
@@ -122,8 +124,11 @@ def test_density_one_gives_the_average_of_every_rank(job):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_a_saved_state_resumes_bitwise(job, method):
+    """Saved with ``torch.save`` per rank and with ``torch.distributed.checkpoint`` (which keeps
+    one copy of entries that share a key: each rank's residuals must survive it)."""
     for rank, record in enumerate(Observed(job, method, NP).meta):
         assert record["resumed_mismatches"] == [], (rank, record["resumed_mismatches"][:3])
+        assert record["dcp_resumed_mismatches"] == [], (rank, record["dcp_resumed_mismatches"][:3])
 
 
 def test_a_nan_on_one_rank_abandons_the_step_everywhere(job):
@@ -156,15 +161,25 @@ def refused(build):
     return "not refused"
 hsdp = torch.nn.Linear(4, 4)
 fully_shard(hsdp, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard")))
-print(refused(lambda: hsf.compress_replicas(hsdp, hsf.Compression.topk(density=0.1), None)))
-print(refused(lambda: hsf.compress_replicas(torch.nn.Linear(4, 4), hsf.Compression.topk(density=0.1), None)))
+world = dist.group.WORLD
+print(refused(lambda: hsf.compress_replicas(hsdp, hsf.Compression.topk(density=0.1), world)))
+print(refused(lambda: hsf.compress_replicas(torch.nn.Linear(4, 4), hsf.Compression.topk(density=0.1), world)))
 print(refused(lambda: hsf.State(hs.Compression.topk(density=0.1), None)))
+print(refused(lambda: hsf.compress_replicas(hsdp, hsf.Compression.topk(density=0.1))))
+import io
+buffer = io.BytesIO()
+torch.save({"world_size": 4, "record": {}}, buffer)
+state = hsf.State(hsf.Compression.topk(density=0.1), world)
+print(refused(lambda: state.load_state_dict({"rank0": buffer.getvalue()})))
+print(refused(lambda: state.load_state_dict({"rank1": buffer.getvalue()})))
 """
 
 
 def test_what_cannot_work_is_refused_with_the_fix():
-    """FSDP's own HSDP (a 2-D mesh given to ``fully_shard``), a model without FSDP units and a
-    method built for another front end are refused at construction, naming the fix."""
+    """FSDP's own HSDP (a 2-D mesh given to ``fully_shard``), a model without FSDP units, a
+    method built for another front end and neither replicas nor mesh are refused at
+    construction; a state saved by a job of another size or by another rank at loading; each
+    naming the fix."""
     import subprocess
     import sys
 
@@ -173,7 +188,23 @@ def test_what_cannot_work_is_refused_with_the_fix():
     result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
                             timeout=HANG_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
-    hsdp, unsharded, other = result.stdout.strip().splitlines()[-3:]
+    hsdp, unsharded, other, neither, resized, foreign = result.stdout.strip().splitlines()[-6:]
     assert "2-D mesh" in hsdp and "mesh['replicate'].get_group()" in hsdp, hsdp
     assert "no FSDPModule" in unsharded and "fully_shard" in unsharded, unsharded
     assert "horovod_sparse.fsdp.Compression.topk" in other, other
+    assert "exactly one of replicate_group=" in neither and "mesh=" in neither, neither
+    assert "saved by a job of 4 ranks, this job has 1" in resized and "same ranks and mesh" in resized, resized
+    assert "no state of rank 0" in foreign and "['rank1']" in foreign, foreign
+
+
+def test_replicas_that_do_not_hold_one_shard_are_refused_on_every_rank(job):
+    """On the 4-rank job: the shard group or the whole job given as the replicate group would
+    average different slices of the parameters together, and a 1-D mesh names no replicas; each
+    is refused on every rank, naming the group to give."""
+    import json
+
+    for rank in range(NP):
+        told = json.loads((job / f"refusals.rank{rank}.json").read_text())
+        for case in ("shard_group", "world"):
+            assert "does not hold replicas of one shard" in told[case] and "mesh['replicate']" in told[case], told
+        assert "2-D DeviceMesh" in told["one_dimensional"] and "('replicate', 'shard')" in told["one_dimensional"], told

@@ -6,8 +6,7 @@
     for layer in model.layers:
         fully_shard(layer, mesh=mesh["shard"])
     fully_shard(model, mesh=mesh["shard"])
-    state = hsf.compress_replicas(model, compression=hsf.Compression.micro(density=0.01),
-                                  replicate_group=mesh["replicate"].get_group())
+    state = hsf.compress_replicas(model, compression=hsf.Compression.micro(density=0.01), mesh=mesh)
 
 FSDP2 shards the parameters inside the ``shard`` group (a node) as usual; each FSDP unit's
 reduce-scattered gradient shard is then exchanged across the replicas by the method, with an

@@ -25,10 +25,12 @@ itself and hands the hook the all-reduced result, which is refused.
 """
 from __future__ import annotations
 
+import io
 from typing import IO, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
 from horovod_sparse.common.inflight import Inflight
@@ -108,15 +110,34 @@ class State(StepBook):
         if not units:
             raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
                              "(no FSDPModule found in it)")
+        meshes = set()
         for name, p in model.named_parameters():
             mesh = getattr(p, "device_mesh", None)
             if mesh is not None and mesh.ndim != 1:
                 raise ValueError(f"parameter {name!r} was sharded with a {mesh.ndim}-D mesh (FSDP's own HSDP, which "
                                  "all-reduces across replicas itself); shard with the 1-D mesh['shard'] and pass "
                                  "mesh['replicate'].get_group() as replicate_group")
+            if mesh is not None:
+                meshes.add((tuple(mesh.mesh.tolist()), mesh.get_local_rank()))
+        self._require_replicas_of_one_shard(sorted(meshes))
         for name, module in units:
             module.set_all_reduce_hook(self._hook(name))
         self._params = list(model.parameters())
+
+    def _require_replicas_of_one_shard(self, meshes: List[Any]) -> None:
+        """Refuse a replicate group whose ranks hold different shards: every rank of it must
+        shard over a mesh of the same size at the same position (``meshes``: this rank's
+        ``(ranks, position)`` per mesh its parameters use), else the exchange would average
+        different slices of the parameters together."""
+        layout = [(len(ranks), position) for ranks, position in meshes]
+        group = self.process_group.group
+        everyone: List[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(everyone, layout, group=group)
+        if any(other != layout for other in everyone):
+            replicas = dist.get_process_group_ranks(group) if group is not None else list(range(len(everyone)))
+            raise ValueError(f"the replicate group (ranks {replicas}) does not hold replicas of one shard: its ranks "
+                             f"shard as (shard group size, position) {everyone}; give the group of ranks at the "
+                             "same position of every shard group (mesh['replicate'] of a ('replicate', 'shard') mesh)")
 
     def _hook(self, name: str) -> Any:
         def hook(reduce_output: torch.Tensor) -> None:
@@ -207,29 +228,80 @@ class State(StepBook):
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
 
     # -- checkpoints ------------------------------------------------------------------------------
-    def state_dict(self) -> Record:
-        """This rank's state: the step counter, the method's own state and per FSDP unit its
-        shard's residual and method state (tensors and plain containers). Residuals are per
-        rank and shard: save every rank's state to resume exactly."""
-        return self._model.record(list(self._groups.values()), self.steps, per_rank=True)
+    def state_dict(self) -> Dict[str, bytes]:
+        """This rank's state under a key of its own, ``{"rank<r>": bytes}``: the serialised step
+        counter, the method's own state and, per FSDP unit, its shard's residual and method
+        state. Residuals are per rank and shard, and ``torch.distributed.checkpoint`` keeps one
+        copy of the entries that share a key, so the key is the rank's: ``dcp.save({"model":
+        model, "replicas": state}, ...)`` keeps every rank's state, and ``torch.save`` of each
+        rank's ``state_dict()`` does too (``torch.load(weights_only=True)`` reads it)."""
+        record = self._model.record(list(self._groups.values()), self.steps, per_rank=True)
+        buffer = io.BytesIO()
+        torch.save({"world_size": dist.get_world_size(), "record": record}, buffer)
+        return {self._key(): buffer.getvalue()}
 
-    def load_state_dict(self, state_dict: Record) -> None:
-        """Continue from this rank's :meth:`state_dict` (the same model, mesh and rank): the
-        residuals and method states are taken as the units' hooks come; a shard of another size
-        raises ``ValueError`` then."""
-        self._saved = state_dict
+    def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
+        """Continue from a :meth:`state_dict` this rank saved in a job of the same size, model
+        and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). The residuals and method
+        states are taken as the units' hooks come; a shard of another size raises ``ValueError``
+        then, another job size at once; tensors go to the shards' device (a checkpoint saved on
+        GPUs loads on the CPU and back)."""
+        key, world = self._key(), dist.get_world_size()
+        if key not in state_dict:
+            raise ValueError(f"this state_dict holds no state of rank {dist.get_rank()} (its keys: "
+                             f"{sorted(state_dict)[:8]}); load the state_dict this rank saved")
+        saved = torch.load(io.BytesIO(state_dict[key]), map_location="cpu", weights_only=True)
+        if saved["world_size"] != world:
+            raise ValueError(f"the replicas' state was saved by a job of {saved['world_size']} ranks, this job has "
+                             f"{world}: residuals are per rank and shard, so resume with the same ranks and mesh "
+                             "(or start the replicas' state afresh)")
+        record = saved["record"]
+        self._saved = record
         self._groups.clear()
         self._model.states.clear()
-        if self.sparse and state_dict.get("method") is not None:
-            self.compression.load_method_state(state_dict["method"])
-        self._restart_at(int(state_dict["steps"]))
+        if self.sparse and record.get("method") is not None:
+            self.compression.load_method_state(record["method"])
+        self._restart_at(int(record["steps"]))
         self._check_due = True
 
+    @staticmethod
+    def _key() -> str:
+        return f"rank{dist.get_rank()}"
 
-def compress_replicas(model: torch.nn.Module, compression: Any, replicate_group: Optional[dist.ProcessGroup],
+
+def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:
+    """The replicate group of a 2-D ``mesh`` named ``("replicate", "shard")``, after checking that
+    every parameter of ``model`` was sharded with ``mesh["shard"]`` (the mesh the hooks assume)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if mesh.ndim != 2 or set(names) != {"replicate", "shard"}:
+        raise ValueError(f"compress_replicas(mesh=...) takes a 2-D DeviceMesh with dimensions named "
+                         f"('replicate', 'shard'); this one has {mesh.ndim} dimension(s) named {names}. Build it with "
+                         "init_device_mesh(device, (nodes, gpus_per_node), mesh_dim_names=('replicate', 'shard')) "
+                         "or pass replicate_group= instead")
+    shard = mesh["shard"]
+    for name, p in model.named_parameters():
+        used = getattr(p, "device_mesh", None)
+        if used is not None and used.ndim == 1 and not torch.equal(used.mesh, shard.mesh):
+            raise ValueError(f"parameter {name!r} was sharded over ranks {used.mesh.tolist()}, not over this rank's "
+                             f"mesh['shard'] ({shard.mesh.tolist()}); shard every unit with "
+                             "fully_shard(module, mesh=mesh['shard'])")
+    return mesh["replicate"].get_group()
+
+
+def compress_replicas(model: torch.nn.Module, compression: Any,
+                      replicate_group: Optional[dist.ProcessGroup] = None, *, mesh: Optional[DeviceMesh] = None,
                       nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> State:
-    """Exchange every FSDP unit of ``model`` across ``replicate_group`` with ``compression``
-    (see :class:`State` for the arguments); returns the state (checkpoints, statistics)."""
+    """Exchange every FSDP unit of ``model`` across the replicas with ``compression`` (see
+    :class:`State` for the arguments); returns the state (checkpoints, statistics).
+
+    The replicas are either ``replicate_group`` (a ``torch.distributed`` group) or the
+    ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named ``("replicate", "shard")``
+    whose ``mesh["shard"]`` sharded every unit. Give exactly one of the two."""
+    if (mesh is None) == (replicate_group is None):
+        raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
+                         "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
+    if mesh is not None:
+        replicate_group = replicate_group_of(mesh, model)
     state = State(compression, replicate_group, nonfinite=nonfinite, stats_log=stats_log)
     state.attach(model)
     return state

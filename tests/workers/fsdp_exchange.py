@@ -13,8 +13,9 @@ optimizer-free backward), the inputs, the residuals, the mismatches against the 
 density-1 check) and the statistics.
 
 Config: {"name", "method", "options", "steps", "seed", "nan_at" ([step, rank]: that rank's
-gradients hold a NaN at that step, nonfinite="skip"), "resume_at" (a second run saves its state
-after that step into a new model and state, which must continue bitwise as the first),
+gradients hold a NaN at that step, nonfinite="skip"), "resume_at" (the state saved after that step,
+with ``torch.save`` and with ``torch.distributed.checkpoint``, is loaded into a new model and state
+each, which must continue bitwise as the first),
 "accumulate" (each step is two backward passes, the first without gradient sync), "reshard"
 (``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
 reduction)}.
@@ -27,6 +28,7 @@ import warnings
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -79,9 +81,31 @@ def build(config, mesh):
         options["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     for unit in (model.a, model.b, model):
         fully_shard(unit, mesh=mesh["shard"], **options)
+    # The 2-D mesh names the replicas, or (the variants) the replicate group does.
+    replicas = ({"replicate_group": mesh["replicate"].get_group()} if {"accumulate", "reshard", "mixed"} & set(config)
+                else {"mesh": mesh})
     state = hsf.compress_replicas(model, hsf.Compression.create(config["method"], **config.get("options", {})),
-                                  mesh["replicate"].get_group(), nonfinite="skip" if "nan_at" in config else "default")
+                                  nonfinite="skip" if "nan_at" in config else "default", **replicas)
     return model, state
+
+
+def refusals(mesh, out):
+    """What each rank is told for replicas that are not replicas of one shard (the shard group,
+    the whole job) and for a 1-D mesh: the messages, per rank."""
+    told = {}
+    cases = {"shard_group": {"replicate_group": mesh["shard"].get_group()},
+             "world": {"replicate_group": dist.group.WORLD},
+             "one_dimensional": {"mesh": mesh["shard"]}}
+    for case, replicas in cases.items():
+        model = Net(0)
+        for unit in (model.a, model.b, model):
+            fully_shard(unit, mesh=mesh["shard"])
+        try:
+            hsf.compress_replicas(model, hsf.Compression.topk(density=0.1), **replicas)
+            told[case] = "not refused"
+        except ValueError as error:
+            told[case] = str(error)
+    (out / f"refusals.rank{dist.get_rank()}.json").write_text(json.dumps(told))
 
 
 class Checked:
@@ -167,6 +191,7 @@ def run(config, mesh, out, index):
             buffer = io.BytesIO()
             torch.save(state.state_dict(), buffer)
             saved = buffer.getvalue()
+            dcp.save({"replicas": state}, checkpoint_id=str(out / f"dcp_{config['name']}"))
     for name, inputs in checked.inputs.items():
         for step, x in enumerate(inputs):
             arrays[f"input_{step}_{name}"] = x.numpy()
@@ -178,25 +203,29 @@ def run(config, mesh, out, index):
             for i in range(len(shapes)):
                 average[f"mean_{step}_{unit}_{i}"] = torch.stack([g[unit][i] for g in everyone]).mean(0).numpy()
     arrays.update(average)
-    resumed_mismatches = []
+    resumed_mismatches, dcp_mismatches = [], []
     if saved is not None:
-        resumed_mismatches = resume(config, mesh, saved, resume_at, arrays)
+        resumed_mismatches = resume(config, mesh, lambda state: state.load_state_dict(
+            torch.load(io.BytesIO(saved), weights_only=True)), resume_at, arrays)
+        dcp_mismatches = resume(config, mesh, lambda state: dcp.load(
+            {"replicas": state}, checkpoint_id=str(out / f"dcp_{config['name']}")), resume_at, arrays)
     stats = [{"name": g.name, "numel": g.numel, "target": g.target, "union": g.union, "dense": g.dense}
              for g in state.last_stats.groups]
     record = {"mismatches": checked.mismatches, "abandoned": abandoned, "warnings": caught_warnings,
-              "stats": stats, "resumed_mismatches": resumed_mismatches, "steps": state.steps,
+              "stats": stats, "resumed_mismatches": resumed_mismatches, "dcp_resumed_mismatches": dcp_mismatches,
+              "steps": state.steps,
               "replicate_ranks": dist.get_process_group_ranks(replicate)}
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
 
 
-def resume(config, mesh, saved, resume_at, arrays):
-    """A new model and state loaded with the state saved after ``resume_at``, its parameters
+def resume(config, mesh, load, resume_at, arrays):
+    """A new model and state, ``load(state)`` given the state saved after ``resume_at``, its parameters
     as the first run's (unchanged: no optimizer), continuing: its gradients must equal the first
     run's bitwise."""
     rank = dist.get_rank()
     model, state = build(config, mesh)
-    state.load_state_dict(torch.load(io.BytesIO(saved), weights_only=True))
+    load(state)
     mismatches = []
     for step in range(resume_at + 1, config.get("steps", 4)):
         model(given(config.get("seed", 0), step, rank)).backward()
@@ -215,6 +244,7 @@ def main():
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     for index, config in enumerate(configs):
         run(config, mesh, out, index)
+    refusals(mesh, out)
     dist.destroy_process_group()
 
 
