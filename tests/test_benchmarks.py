@@ -320,6 +320,20 @@ def test_overhead_compares_both_optimizers(tmp_path):
         assert figures[clock]["overhead"] == pytest.approx(sorted(ratios)[0] / 2 + sorted(ratios)[1] / 2 - 1)
 
 
+def test_waiting_compares_the_spin_with_the_sleeping_wait(tmp_path):
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "waiting", "--rounds", "2", "--steps", "3", "--large", "1000", "--passes", "1",
+                  "--results", str(tmp_path / "waiting.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    rows = json.loads((tmp_path / "waiting.json").read_text())["results"]["rows"]
+    assert [(r["loop"], r["way"]) for r in rows] == [("latency", "spin"), ("latency", "wait"), ("work", "spin"),
+                                                      ("work", "wait")]
+    for spin, wait in (rows[:2], rows[2:]):
+        assert wait["spin_over_wait"] == pytest.approx(spin["seconds"] / wait["seconds"])
+        assert re.search(rf"^{wait['loop']} +wait +{wait['seconds'] * 1e3:.3f} .* {wait['spin_over_wait']:.2f}$",
+                         text, re.M)
+
+
 # -- MiCRO/ExDyna controllers and selection cost -------------------------------------------------------------
 def test_controllers_tables_and_json(tmp_path):
     result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",

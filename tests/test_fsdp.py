@@ -201,7 +201,6 @@ def test_replicas_that_do_not_hold_one_shard_are_refused_on_every_rank(job):
     """On the 4-rank job: the shard group or the whole job given as the replicate group would
     average different slices of the parameters together, and a 1-D mesh names no replicas; each
     is refused on every rank, naming the group to give."""
-
     for rank in range(NP):
         told = json.loads((job / f"refusals.rank{rank}.json").read_text())
         for case in ("shard_group", "world"):

@@ -13,32 +13,34 @@ import torch
 from horovod_sparse.common.communicator import Rows
 from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch.tensor_backend import synchronize
+from horovod_sparse.torch.waiting import wait
 
 
 def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> List[bytes]:
     """Every rank's ``payload``, in rank order (blocking; for rare metadata only). Unlike
     ``hvd.allgather_object`` in Horovod 0.28.1 it honours ``process_set``."""
     tensor = torch.tensor(list(payload), dtype=torch.uint8)
-    sizes = hvd.allgather(torch.tensor([tensor.numel()]), name=f"{name}.sizes", process_set=process_set)
-    data = hvd.allgather(tensor, name=f"{name}.data", process_set=process_set)
+    sizes = wait(hvd.allgather_async(torch.tensor([tensor.numel()]), name=f"{name}.sizes", process_set=process_set))
+    data = wait(hvd.allgather_async(tensor, name=f"{name}.data", process_set=process_set))
     return [bytes(chunk.tolist()) for chunk in data.split(sizes.tolist())]
 
 
 def allgather_array(array: np.ndarray, process_set: hvd.ProcessSet, name: str) -> np.ndarray:
     """Every rank's ``array`` concatenated along the first axis, in rank order (blocking)."""
-    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(array)), name=name, process_set=process_set).numpy()
+    return wait(hvd.allgather_async(torch.from_numpy(np.ascontiguousarray(array)), name=name,
+                                    process_set=process_set)).numpy()
 
 
 def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: hvd.ProcessSet, name: str) -> None:
     """Allgather ``numel`` float32 zeros on ``like``'s device and wait for the result (what the
     alpha-beta calibration times: on CUDA, Horovod's GPU path)."""
     payload = torch.zeros(numel, dtype=torch.float32, device=None if like is None else like.device)
-    synchronize(hvd.allgather(payload, name=name, process_set=process_set))
+    synchronize(wait(hvd.allgather_async(payload, name=name, process_set=process_set)))
 
 
 def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:
     """Every rank's ``(cross_rank, local_rank)``, in rank order (blocking, global)."""
-    rows = hvd.allgather(torch.tensor([list(place)], dtype=torch.int64), name="hs.tiers.places")
+    rows = wait(hvd.allgather_async(torch.tensor([list(place)], dtype=torch.int64), name="hs.tiers.places"))
     return [(int(node), int(local)) for node, local in rows.tolist()]
 
 
@@ -75,4 +77,4 @@ class Communicator(TorchCommunicator):
         return self._alltoall_launched(handle, tensor, splits, kind)
 
     def _complete(self, handle: Any) -> Any:
-        return hvd.synchronize(handle)
+        return wait(handle)

@@ -43,6 +43,7 @@ from horovod_sparse.torch.device_timing import ready_timeline
 from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.torch.finiteness import StepFiniteness, Usable
 from horovod_sparse.torch.tensor_backend import all_finite, read_scalars
+from horovod_sparse.torch.waiting import wait
 from horovod_sparse.methods.base import Sparsifier
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
@@ -83,7 +84,7 @@ class _DenseFlight:
         """Wait for the allreduces and write the aggregated gradients into ``.grad``."""
         start = time.perf_counter()
         for p, handle, ctx in self._launched:
-            result = self._compression.decompress(hvd.synchronize(handle), ctx)
+            result = self._compression.decompress(wait(handle), ctx)
             if result.dtype == p.grad.dtype:
                 p.grad.set_(result)
             else:
@@ -403,7 +404,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self.nonfinite is None:
             return []
         local = torch.tensor([nonfinite_here], dtype=torch.int32)
-        counts = hvd.allgather(local, name="hs.nonfinite", process_set=self.process_set)
+        counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=self.process_set))
         return [rank for rank, count in enumerate(counts.tolist()) if count]
 
     def _abandon_step(self, finished: List[Union[Inflight, _DenseFlight]]) -> None:
