@@ -18,8 +18,9 @@ with ``torch.save`` and with ``torch.distributed.checkpoint``, is loaded into a 
 each, which must continue bitwise as the first),
 "accumulate" (each step is two backward passes, the first without gradient sync), "reshard"
 (``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
-reduction)}.
+reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook)}.
 """
+import importlib
 import io
 import json
 import math
@@ -32,11 +33,16 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp.collectives import Communicator, ProcessGroup
 from tests.workers.cli import configs_and_out
+from tests.workers.ddp_exchange import GivenGradients
+
+#: The DDP front end's hook module (``horovod_sparse.ddp.hook`` names the hook function itself).
+ddp_hook_module = importlib.import_module("horovod_sparse.ddp.hook")
 
 #: The units: two sharded layers and the root's own parameter.
 SHAPES = {"a": [[12, 10], [12]], "b": [[10, 12], [10]], "root": [[5, 10]]}
@@ -237,13 +243,80 @@ def resume(config, mesh, load, resume_at, arrays):
     return mismatches
 
 
+def ddp_twin(config, out):
+    """The FSDP2 front end against the DDP hook on the unsharded model, fed the same gradients:
+    on a ``(world, 1)`` mesh (every rank a replica, shards of one rank: each holds the whole
+    unit) with the model as one FSDP unit, and DDP with one bucket. DDP's first step is dense
+    (its first iteration builds the buckets again, in the order gradients become ready), so
+    both take one warm-up step (``warmup_steps=1`` in the config) and the sparse steps follow;
+    FSDP2 lays the unit out as the children's parameters, then the root's own; the DDP hook
+    keeps the layout of DDP's first bucket for its group (the rebuilt bucket's parameters are
+    the same, so their residual stays), which holds the parameters in the reverse of their
+    registration order, and ``GivenGradients`` registers them reversed: it is given them in
+    FSDP2's order reversed. Records whether the flat gradient FSDP2's hook exchanged and the
+    one the DDP hook's group exchanged were equal at every sparse step (the layouts match), per
+    step the parameters whose gradients on this rank differ, and the largest relative
+    difference of the dense step."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    flat = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
+    model = Net(config["seed"])
+    named = dict(model.named_parameters())
+    order = [name for name in named if "." in name] + [name for name in named if "." not in name]
+    params = {name: torch.nn.Parameter(named[name].detach().clone()) for name in order}
+    fully_shard(model, mesh=flat["shard"])
+    compression = hsf.Compression.create(config["method"], **config["options"])
+    fsdp_state = hsf.compress_replicas(model, compression, mesh=flat)
+    inputs = {"fsdp": [], "ddp": []}
+    exchange = fsdp_state.exchange
+
+    def fsdp_exchange(name, shard):
+        inputs["fsdp"].append(shard.clone())
+        exchange(name, shard)
+
+    fsdp_state.exchange = fsdp_exchange
+    state = hsd.State(compression=hsd.Compression.create(config["method"], **config["options"]))
+    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients([params[name] for name in reversed(order)]))
+    ddp.register_comm_hook(state, hsd.hook)
+    split = ddp_hook_module.split
+
+    def ddp_split(buffer, params, groups):
+        flats = split(buffer, params, groups)
+        inputs["ddp"].append(flats[0].clone())
+        return flats
+
+    ddp_hook_module.split = ddp_split
+    places = {name: ("root", 0) if "." not in name else (name.split(".")[0], int(name.split(".")[-1]))
+              for name in order}
+    differ, dense_relative = [], 0.0
+    for step in range(config["steps"]):
+        grads = given(config["seed"], step, rank)
+        model(grads).backward()
+        ddp([grads[places[name][0]][places[name][1]] for name in reversed(order)], 1.0).backward()
+        for name, sharded in model.named_parameters():
+            mine, theirs = sharded.grad.to_local(), params[name].grad
+            if step == 0:
+                dense_relative = max(dense_relative, float((mine - theirs).abs().max() / theirs.abs().max()))
+            elif not torch.equal(mine, theirs):
+                differ.append(f"step {step} {name}")
+            sharded.grad, params[name].grad = None, None
+    ddp_hook_module.split = split
+    same_input = all(torch.equal(a, b) for a, b in zip(inputs["fsdp"][1:], inputs["ddp"][1:]))
+    record = {"differ": differ, "dense_relative": dense_relative, "buckets": len(state.last_stats.groups),
+              "sparse": not state.last_stats.groups[0].dense,
+              "same_input": same_input and len(inputs["fsdp"]) == len(inputs["ddp"]) == config["steps"]}
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
+
+
 def main():
     configs, out = configs_and_out()
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
     for index, config in enumerate(configs):
-        run(config, mesh, out, index)
+        if config.get("ddp_twin"):
+            ddp_twin(config, out)
+        else:
+            run(config, mesh, out, index)
     refusals(mesh, out)
     dist.destroy_process_group()
 
