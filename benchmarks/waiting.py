@@ -1,5 +1,6 @@
-"""How a rank waits for Horovod: ``hvd.synchronize`` (a spin) against
-:func:`horovod_sparse.torch.waiting.wait` (poll and sleep), side by side in one job.
+"""How a rank waits for Horovod: ``hvd.synchronize`` (a spin) against polling and sleeping
+(:func:`horovod_sparse.torch.waiting.sleep_until_done`, what ``wait`` does where the host has
+no cores to spare), side by side in one job.
 
     horovodrun -np 4 -H localhost:4 --gloo python -m benchmarks.waiting [--rounds 5] [--steps 200]
 
@@ -7,9 +8,10 @@ Two loops per round, each run once per way of waiting, the order alternating bet
 drifts of a shared machine fall on both alike: *latency* (an allreduce of ``--small`` floats, no
 work between them) and *work* (``--passes`` passes of ``sin`` over ``--large`` floats, then their
 allreduce). Rank 0 prints per loop and way the median seconds per step over the rounds and the
-ratio spin / wait (above 1: waiting by sleeping is faster), and the process CPU seconds per
+ratio spin / sleep (above 1: sleeping is faster), and the process CPU seconds per
 step. Run it with as many ranks as this host has cores and with more: the spin costs most where
-the ranks and Horovod's background threads share cores.
+the ranks and Horovod's background threads share cores (``wait``'s ``auto`` choice,
+:func:`horovod_sparse.torch.waiting.strategy`, sleeps there).
 """
 from __future__ import annotations
 
@@ -44,12 +46,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
 
     from benchmarks.results import command_line, write_results
-    from horovod_sparse.torch.waiting import wait
+    from horovod_sparse.torch.waiting import sleep_until_done
 
     args = parser().parse_args(argv)
     hvd.init()
     torch.set_num_threads(1)
-    ways = {"spin": hvd.synchronize, "wait": wait}
+    def sleeping(handle: Any) -> Any:
+        sleep_until_done(handle)
+        return hvd.synchronize(handle)
+
+    ways = {"spin": hvd.synchronize, "sleep": sleeping}
     small, large = torch.ones(args.small), torch.rand(args.large)
 
     def latency(finish: Callable[[Any], Any]) -> Callable[[], Any]:
@@ -76,12 +82,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
              "cpu": statistics.median(r["cpu"] for r in runs)} for name, by_way in measured.items()
             for way, runs in by_way.items()]
     print(f"{hvd.size()} ranks, {args.rounds} rounds x {args.steps} steps; medians over rounds")
-    print(f"{'loop':8} {'way':5} {'ms/step':>8} {'CPU ms/step':>12} {'spin/wait':>10}")
+    print(f"{'loop':8} {'way':5} {'ms/step':>8} {'CPU ms/step':>12} {'spin/sleep':>10}")
     for row in rows:
-        if row["way"] == "wait":
+        if row["way"] == "sleep":
             spin = next(r for r in rows if r["loop"] == row["loop"] and r["way"] == "spin")
-            row["spin_over_wait"] = spin["seconds"] / row["seconds"]
-        ratio = f"{row['spin_over_wait']:10.2f}" if "spin_over_wait" in row else ""
+            row["spin_over_sleep"] = spin["seconds"] / row["seconds"]
+        ratio = f"{row['spin_over_sleep']:10.2f}" if "spin_over_sleep" in row else ""
         print(f"{row['loop']:8} {row['way']:5} {row['seconds'] * 1e3:8.3f} {row['cpu'] * 1e3:12.3f} {ratio}")
     if args.results:
         write_results(args.results, "waiting", {"ranks": hvd.size(), "rows": rows},

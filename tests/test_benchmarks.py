@@ -326,12 +326,25 @@ def test_waiting_compares_the_spin_with_the_sleeping_wait(tmp_path):
                   "--results", str(tmp_path / "waiting.json")])
     text = "\n".join(rank0_lines(result.stdout))
     rows = json.loads((tmp_path / "waiting.json").read_text())["results"]["rows"]
-    assert [(r["loop"], r["way"]) for r in rows] == [("latency", "spin"), ("latency", "wait"), ("work", "spin"),
-                                                      ("work", "wait")]
-    for spin, wait in (rows[:2], rows[2:]):
-        assert wait["spin_over_wait"] == pytest.approx(spin["seconds"] / wait["seconds"])
-        assert re.search(rf"^{wait['loop']} +wait +{wait['seconds'] * 1e3:.3f} .* {wait['spin_over_wait']:.2f}$",
+    assert [(r["loop"], r["way"]) for r in rows] == [("latency", "spin"), ("latency", "sleep"), ("work", "spin"),
+                                                      ("work", "sleep")]
+    for spin, sleep in (rows[:2], rows[2:]):
+        assert sleep["spin_over_sleep"] == pytest.approx(spin["seconds"] / sleep["seconds"])
+        assert re.search(rf"^{sleep['loop']} +sleep +{sleep['seconds'] * 1e3:.3f} .* {sleep['spin_over_sleep']:.2f}$",
                          text, re.M)
+
+
+def test_waiting_spins_only_where_the_host_has_cores_to_spare():
+    from horovod_sparse.torch.waiting import strategy
+
+    assert strategy("auto", cores=2, local_ranks=2) == "sleep"
+    assert strategy("auto", cores=3, local_ranks=2) == "sleep"
+    assert strategy("auto", cores=4, local_ranks=2) == "spin"
+    assert strategy("auto", cores=64, local_ranks=8) == "spin"
+    assert strategy("spin", cores=2, local_ranks=4) == "spin"
+    assert strategy("sleep", cores=64, local_ranks=1) == "sleep"
+    with pytest.raises(ValueError, match="HOROVOD_SPARSE_WAIT='fast' is not one of auto, spin, sleep"):
+        strategy("fast", cores=2, local_ranks=2)
 
 
 # -- MiCRO/ExDyna controllers and selection cost -------------------------------------------------------------

@@ -2,17 +2,24 @@
 
 ``hvd.synchronize`` waits by spinning: it polls the handle and yields the thread in a loop
 (``WaitAndClear`` in Horovod 0.28.1's ``horovod/torch/mpi_ops_v2.cc``), so a waiting rank keeps a
-core busy. Horovod's background thread, which runs the collective, and the other ranks of the
-host need that core whenever a host runs about as many ranks as it has cores (CPU training, the
-main job, a laptop): the spin then slows the very exchange it waits for.
-:func:`wait` polls and sleeps between polls instead, the sleeps doubling from
-:data:`FIRST_SLEEP` to :data:`LONGEST_SLEEP`, so it notices a finished collective at most
-:data:`LONGEST_SLEEP` late (Horovod's own cycle, 1 ms by default, is coarser), then collects the
-result with ``hvd.synchronize``, which returns at once and raises the collective's error if it
-failed. ``python -m benchmarks.waiting`` measures both ways side by side.
+core busy. Where a host has cores to spare that costs nothing and notices a finished collective
+soonest. Where it does not (CPU training, the main job, a laptop: about as many ranks as cores),
+Horovod's background thread, which runs the collective, and the other ranks of the host need
+that core: the spin slows the very exchange it waits for. There :func:`wait` polls and sleeps
+between polls instead, the sleeps doubling from :data:`FIRST_SLEEP` to :data:`LONGEST_SLEEP`
+(so it notices a finished collective at most that late; Horovod's own cycle, 1 ms by default, is
+coarser), then collects the result with ``hvd.synchronize``, which returns at once and raises
+the collective's error if it failed.
+
+Which way (:func:`strategy`): ``HOROVOD_SPARSE_WAIT=spin`` or ``sleep``, or by default
+(``auto``) spin when the cores this process may run on are at least :data:`CORES_PER_RANK` per
+rank of the host (``hvd.local_size()``), else sleep. ``python -m benchmarks.waiting`` measures
+both ways side by side.
 """
 from __future__ import annotations
 
+import functools
+import os
 import time
 from typing import Any
 
@@ -22,13 +29,42 @@ import horovod.torch as hvd
 FIRST_SLEEP = 2e-5
 #: Seconds of the longest sleep between polls: the most a finished collective waits to be seen.
 LONGEST_SLEEP = 2.5e-4
+#: Cores per rank of the host from which ``auto`` spins: the rank's own thread and Horovod's
+#: background thread each keep one busy.
+CORES_PER_RANK = 2
+#: The environment variable that chooses, and its values.
+SETTING = "HOROVOD_SPARSE_WAIT"
+CHOICES = ("auto", "spin", "sleep")
 
 
-def wait(handle: Any) -> Any:
-    """The result of the Horovod collective ``handle`` (an ``*_async`` call's), once finished;
-    raises as ``hvd.synchronize`` does when it failed."""
+def strategy(setting: str, cores: int, local_ranks: int) -> str:
+    """``"spin"`` or ``"sleep"`` for the ``setting`` of :data:`SETTING` on a host where this
+    process may run on ``cores`` cores beside ``local_ranks`` ranks (itself included)."""
+    if setting not in CHOICES:
+        raise ValueError(f"{SETTING}={setting!r} is not one of {', '.join(CHOICES)}: 'spin' waits as hvd.synchronize "
+                         "does, 'sleep' polls and sleeps, 'auto' (the default) spins only where the host has "
+                         f"{CORES_PER_RANK} cores per rank")
+    if setting != "auto":
+        return setting
+    return "spin" if cores >= CORES_PER_RANK * local_ranks else "sleep"
+
+
+@functools.lru_cache(maxsize=None)
+def _strategy_here(setting: str, local_ranks: int) -> str:
+    return strategy(setting, len(os.sched_getaffinity(0)), local_ranks)
+
+
+def sleep_until_done(handle: Any) -> None:
+    """Return once the Horovod collective ``handle`` has finished, polling and sleeping."""
     delay = FIRST_SLEEP
     while not hvd.poll(handle):
         time.sleep(delay)
         delay = min(2.0 * delay, LONGEST_SLEEP)
+
+
+def wait(handle: Any) -> Any:
+    """The result of the Horovod collective ``handle`` (an ``*_async`` call's), once finished,
+    waited for the :func:`strategy`'s way; raises as ``hvd.synchronize`` does when it failed."""
+    if _strategy_here(os.environ.get(SETTING, "auto"), hvd.local_size()) == "sleep":
+        sleep_until_done(handle)
     return hvd.synchronize(handle)
