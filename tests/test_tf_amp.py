@@ -8,12 +8,15 @@ around stock Horovod, for every method, and the residuals stay in the loss's own
   ``get_unscaled_gradients``, ``apply_gradients``; eager and inside a ``tf.function``), under the
   ``mixed_float16`` policy with an initial scale of 2**24, so that the first steps overflow: the
   same scale at every step and the same skipped steps as stock Horovod until the first applied
-  step, then finite losses, weights and residuals, the scale growing again, a lower final loss
-  and bitwise identical replicas (``tests.test_amp.check_recipe``, PyTorch's check).
+  step (every method in ``fit`` and the eager custom loop; Top-k, gTop-k, MiCRO and DGC, one per
+  way a method runs, in the other two), then finite losses, weights and residuals, the scale
+  growing again, a lower final loss and bitwise identical replicas
+  (``tests.test_amp.check_recipe``, PyTorch's check).
 * Given gradients scaled by a power of two that changes every step (up, down, below 1), through
   the tape given the LossScaleOptimizer and through a LossScaleOptimizer around the Keras
-  wrapper, eagerly and traced: every step's unscaled aggregate, residual and variable bitwise
-  equal to those of the same gradients with no loss scaling (``tests.test_amp.check_units``).
+  wrapper, eagerly (every method) and traced (Top-k, gTop-k, MiCRO, DGC): every step's unscaled
+  aggregate, residual and variable bitwise equal to those of the same gradients with no loss
+  scaling (``tests.test_amp.check_units``).
 * Without a loss scaler the Keras wrapper's ``nonfinite`` policy acts in ``apply_gradients``, as
   ``step()`` does in PyTorch, eagerly and traced: an infinite gradient on rank 1 gives NaN
   gradients on both ranks, no update (variables and ``iterations`` as before), and the error
@@ -42,23 +45,32 @@ APIS = ("tape", "tape_function", "keras", "keras_function")
 #: the growth).
 RECIPE_STEPS = 12
 
-CONFIGS = ([{"name": loop, "scenario": "recipe", "loop": loop, "methods": [*METHODS, "none"], "options": OPTIONS,
+#: What each loop and API runs. Every method through Keras' default (``fit``, traced) and the
+#: eager tape and Keras optimizer; the other loops and the traced APIs run one method per way a
+#: method runs there, the loss-scale code they exercise being the same for all: Top-k (traced
+#: into the graph), gTop-k (a tree of collectives in the graph), MiCRO and DGC (decided on the
+#: host from a traced step; DGC's momentum), and Horovod's ``none`` through our wrappers.
+EVERY_WAY = ["topk", "gtopk", "micro", "dgc"]
+RECIPE_METHODS = {"fit": [*METHODS, "none"], "tape": [*METHODS, "none"], "fit_eager": [*EVERY_WAY, "none"],
+                  "tape_function": [*EVERY_WAY, "none"]}
+UNITS_METHODS = {"tape": METHODS, "keras": METHODS, "tape_function": EVERY_WAY, "keras_function": EVERY_WAY}
+
+CONFIGS = ([{"name": loop, "scenario": "recipe", "loop": loop, "methods": RECIPE_METHODS[loop], "options": OPTIONS,
              "steps": RECIPE_STEPS, "init_exponent": 24, "growth_steps": 4} for loop in LOOPS]
-           + [{"name": f"units_{api}", "scenario": "units", "api": api, "methods": METHODS, "options": EXACT,
-               "seed": 3, "shapes": [[30, 20], [20], [40, 30]], "exponents": EXPONENTS} for api in APIS]
+           + [{"name": f"units_{api}", "scenario": "units", "api": api, "methods": UNITS_METHODS[api],
+               "options": EXACT, "seed": 3, "shapes": [[30, 20], [20], [40, 30]], "exponents": EXPONENTS}
+              for api in APIS]
            + [{"name": "policy", "scenario": "policy", "options": OPTIONS, "seed": 4, "shapes": [[30, 20], [20]]}])
 
 job = job_fixture("tf_amp.py", NP, CONFIGS)
 
 
-@pytest.mark.parametrize("method", [*METHODS, "none"])
-@pytest.mark.parametrize("loop", LOOPS)
+@pytest.mark.parametrize("loop,method", [(loop, m) for loop in LOOPS for m in RECIPE_METHODS[loop]])
 def test_loss_scale_optimizer_skips_and_backs_off_as_with_stock_horovod(job, loop, method):
     check_recipe(Observed(job, f"recipe_{loop}_{method}", NP))
 
 
-@pytest.mark.parametrize("method", METHODS)
-@pytest.mark.parametrize("api", APIS)
+@pytest.mark.parametrize("api,method", [(api, m) for api in APIS for m in UNITS_METHODS[api]])
 def test_residuals_in_unscaled_units(job, api, method):
     check_units(Observed(job, f"units_{api}_{method}", NP))
 
