@@ -112,6 +112,23 @@ def _reached(obs, rank, unit):
     return total
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_the_union_of_each_shard_is_what_reached_it(job, method):
+    """The last step's statistics per unit: the union (coordinates of the shard the aggregate
+    carries) is the count of non-zero coordinates of the unit's gradient shard on this rank,
+    exactly k for gTop-k, at most the replicas' k each for the other methods."""
+    obs = Observed(job, method, NP)
+    for rank, record in enumerate(obs.meta):
+        for stats in record["stats"]:
+            reached = sum(int(np.count_nonzero(obs.arrays[rank][f"grad_{STEPS - 1}_{name}"]))
+                          for name, (unit, _) in PARAMETERS.items() if unit == stats["name"])
+            assert stats["union"] == reached, (rank, stats, reached)
+            if method == "gtopk":
+                assert stats["union"] == stats["target"], (rank, stats)
+            elif method not in ("threshold", "gaussiank"):  # a threshold's count is not k
+                assert 0 < stats["union"] <= 2 * stats["target"], (rank, stats)
+
+
 def test_density_one_gives_the_average_of_every_rank(job):
     obs = Observed(job, "dense_topk", NP)
     for rank in range(NP):
