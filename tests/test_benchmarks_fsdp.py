@@ -1,17 +1,21 @@
 """The FSDP2 side of the throughput benchmarks: :mod:`benchmarks.synthetic_fsdp` smoke-run under
 ``torchrun`` on 4 local processes as a 2 x 2 mesh (FSDP's HSDP, a horovod_sparse method on the
-replica axis), and ``benchmarks.cluster --fsdp`` on a real emulated cluster (root). Only the
-printed format, the JSON rows and their plumbing are checked, never a measured time."""
+replica axis), ``benchmarks.cluster --fsdp`` on a real emulated cluster (root) and
+:mod:`benchmarks.fsdp_overlap` (its simulation of an asynchronous hook against hand-worked
+timelines, its job's rows). Only the printed format, the JSON rows and their plumbing are
+checked, never a measured time."""
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from benchmarks import models, synthetic_fsdp
+from benchmarks import fsdp_overlap, models, synthetic_fsdp
 from benchmarks.cluster import add_ratios, fsdp_sweep
-from tests.test_benchmarks import cluster_rows, needs_root, run_torch_synthetic
+from tests.launch import TORCHRUN
+from tests.test_benchmarks import cluster_rows, needs_root, run, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["fsdp none", "fsdp micro(density=0.01)"]
@@ -62,3 +66,34 @@ def test_cluster_benchmark_runs_the_fsdp_sweep_on_the_same_cluster(tmp_path):
     assert [r.get("frontend") for r in rows.values()] == ["horovod"] * 3 + ["fsdp"] * 2
     assert rows["fsdp none"]["speedup_vs_dense"] == 1.0
     assert rows["fsdp topk(density=0.01)"]["stats"]["bytes_sent"] < rows["none"]["stats"]["bytes_sent"] / 10
+
+
+def test_overlap_simulation_runs_the_exchanges_beside_the_compute():
+    """Worked by hand: the exchanges queue one after the other on the link, each from the
+    moment its hook fired in compute time; the pass ends when compute and link both have."""
+    assert fsdp_overlap.overlapped((0.0, 4.0, [])) == 4.0
+    # compute 1 | exchange 2 | compute 1: the exchange runs beside the last second of compute.
+    assert fsdp_overlap.overlapped((0.0, 4.0, [(1.0, 3.0)])) == 3.0
+    # compute 1 | ex 1 | compute 1 | ex 2 | compute 1: link 1-2, then 2-4; compute ends at 3.
+    assert fsdp_overlap.overlapped((0.0, 6.0, [(1.0, 2.0), (3.0, 5.0)])) == 4.0
+    # A short exchange fully hidden: compute 2 | ex 0.5 | compute 2.
+    assert fsdp_overlap.overlapped((10.0, 14.5, [(12.0, 12.5)])) == 4.0
+    row = fsdp_overlap.summary("topk", [(0.0, 6.0, [(1.0, 2.0), (3.0, 5.0)])], [8.0])
+    assert (row["backward"], row["exchanges"], row["overlapped_backward"], row["lost_overlap"]) == (6.0, 3.0, 4.0, 2.0)
+    assert row["lost_share_of_step"] == 0.25 and row["units"] == 2
+
+
+def test_overlap_job_rows(tmp_path):
+    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "benchmarks.fsdp_overlap",
+                  "--model", "resnet20", "--size", "8", "--batch-size", "2", "--shard-size", "2", "--warmup", "1",
+                  "--steps", "2", "--compressors", "topk:density=0.01", "gtopk:density=0.01",
+                  "--results", str(tmp_path / "overlap.json")])
+    rows = json.loads((tmp_path / "overlap.json").read_text())["results"]["rows"]
+    assert [r["compressor"] for r in rows] == ["topk(density=0.01)", "gtopk(density=0.01)"]
+    # One exchange per unit with parameters of its own: the children (the root holds none).
+    units = sum(1 for child in models.resnet20().children() if any(True for _ in child.parameters()))
+    for row in rows:
+        assert row["units"] == units
+        assert 0 < row["exchanges"] < row["backward"] < row["step"]
+        assert row["backward"] - row["exchanges"] <= row["overlapped_backward"] <= row["backward"]
+        assert re.search(rf"^{re.escape(row['compressor'])} +{units} ", result.stdout, re.M)
