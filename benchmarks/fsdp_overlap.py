@@ -4,6 +4,7 @@ the same exchanges run beside the backward pass.
 
     torchrun --standalone --nproc-per-node 4 -m benchmarks.fsdp_overlap \\
         --model vgg --batch-size 16 --shard-size 2 --compressors topk:density=0.001 micro:density=0.001
+    python -m benchmarks.fsdp_overlap --emulate 1gbit --workers 4 --shard-size 2 ...   # root
 
 For each ``--compressors`` entry a fresh model is sharded as :mod:`benchmarks.synthetic_fsdp`
 shards it and its replicas exchanged by :mod:`horovod_sparse.fsdp`; every unit's exchange is
@@ -15,13 +16,17 @@ exchange is done) and the backward pass would end when both had: that *overlappe
 simulated from the measured segments. *Lost overlap* = measured backward - overlapped: the time
 an asynchronous hook point could save at most (at most: on shared CPU cores an exchange beside
 the compute also slows it). Medians over ``--steps`` steps after ``--warmup`` steps; rank 0
-prints one row per compressor and writes them with ``--results``.
+prints one row per compressor and writes them with ``--results``. ``--emulate RATE`` (root)
+runs the job itself across an emulated cluster (:mod:`benchmarks.netem`) of ``--workers``
+workers, hosts of ``--shard-size``, their links shaped to ``RATE``: the replicas then exchange
+across the shaped links, as HSDP's replicas do across nodes.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -115,7 +120,37 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--results", type=Path, help="write the rows as JSON here (rank 0)")
+    p.add_argument("--emulate", metavar="RATE", help="run across an emulated cluster with links of RATE (root)")
+    p.add_argument("--workers", type=int, default=4, help="--emulate: workers of the emulated cluster")
     return p
+
+
+def emulate(args: argparse.Namespace, argv: Sequence[str]) -> None:
+    """Run this benchmark's job (``argv`` without ``--emulate`` / ``--workers``) across an
+    emulated cluster of ``args.workers`` workers in hosts of ``args.shard_size``, printing
+    rank 0's lines."""
+    from benchmarks.netem import EmulatedCluster, run_torch_distributed
+
+    if not args.shard_size or args.workers % args.shard_size:
+        raise SystemExit(f"--emulate needs --shard-size dividing --workers {args.workers} (the workers of a host)")
+    with EmulatedCluster(args.workers, args.emulate, workers_per_host=args.shard_size) as cluster:
+        run_torch_distributed(cluster, [sys.executable, "-m", "benchmarks.fsdp_overlap", *job_argv(argv)],
+                              on_line=lambda line: print(line.rstrip("\n")))
+
+
+def job_argv(argv: Sequence[str]) -> List[str]:
+    """The arguments of an emulated run's workers: ``argv`` without ``--emulate`` and
+    ``--workers`` (each with its value, as two words or ``--option=value``)."""
+    job: List[str] = []
+    value_next = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif arg in ("--emulate", "--workers"):
+            value_next = True
+        elif not arg.startswith(("--emulate=", "--workers=")):
+            job.append(arg)
+    return job
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -125,7 +160,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
     from benchmarks.results import command_line, write_results
 
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
+    if args.emulate:
+        emulate(args, argv)
+        return
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     workers = dist.get_world_size()

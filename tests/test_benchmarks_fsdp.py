@@ -97,3 +97,9 @@ def test_overlap_job_rows(tmp_path):
         assert 0 < row["exchanges"] < row["backward"] < row["step"]
         assert row["backward"] - row["exchanges"] <= row["overlapped_backward"] <= row["backward"]
         assert re.search(rf"^{re.escape(row['compressor'])} +{units} ", result.stdout, re.M)
+
+
+def test_overlap_emulated_workers_run_the_job_without_the_drivers_options():
+    argv = ["--emulate", "1gbit", "--model", "vgg", "--workers=4", "--shard-size", "2", "--compressors", "topk"]
+    assert fsdp_overlap.job_argv(argv) == ["--model", "vgg", "--shard-size", "2", "--compressors", "topk"]
+    assert fsdp_overlap.job_argv(["--workers", "4", "--emulate=1gbit", "--steps", "3"]) == ["--steps", "3"]
