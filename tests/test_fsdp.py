@@ -20,6 +20,8 @@ from tests.workers.fsdp_exchange import SHAPES
 METHODS = [name for name in Compression.names() if name not in ("none", "fp16")]
 OPTIONS = {"density": 0.1, "min_numel": 0, "warmup_steps": 0}
 STEPS = 4
+#: The loss scale's exponent at each step: up, down, below 1.
+EXPONENTS = [10, 14, 3, -2, 6]
 CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})},
              "steps": STEPS, "seed": 1, "resume_at": 1} for m in METHODS]
            + [{"name": f"{m}_{variant}", "method": m, "options": OPTIONS, "steps": STEPS, "seed": 2, variant: value}
@@ -29,7 +31,11 @@ CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": Fals
               {"name": "topk_nan", "method": "topk", "options": OPTIONS, "steps": 3, "nan_at": [1, 3]}]
            + [{"name": f"ddp_{m}", "method": m, "steps": STEPS, "seed": 5, "ddp_twin": True,
                "options": {**OPTIONS, "warmup_steps": 1, **({"adaptive": False} if m == "lags" else {})}}
-              for m in METHODS])
+              for m in METHODS]
+           + [{"name": f"scaled_{m}", "method": m, "options": OPTIONS, "seed": 6, "exponents": EXPONENTS}
+              for m in ("topk", "micro", "dgc")]
+           + [{"name": "scaled_nan", "method": "topk", "options": OPTIONS, "seed": 7, "exponents": EXPONENTS,
+               "nan_at": [2, 1]}])
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
@@ -164,6 +170,28 @@ def test_the_same_update_as_the_ddp_hook_on_the_unsharded_model_bitwise(job, met
         assert record["buckets"] == 1 and record["sparse"] and record["same_input"], record
         assert record["differ"] == [], (rank, record["differ"][:3])
         assert record["dense_relative"] <= 1e-6, record
+
+
+@pytest.mark.parametrize("method", ["topk", "micro", "dgc"])
+def test_a_loss_scaler_leaves_the_residuals_in_the_losss_units(job, method):
+    """Gradients scaled by a GradScaler whose power-of-two scale changes every step (up, down,
+    below 1), given as ``loss_scaler=``: every step's gradients divided by the scale, and the
+    residuals, bitwise those of the same gradients unscaled."""
+    for rank in range(NP):
+        record = json.loads((job / f"scaled_{method}.rank{rank}.json").read_text())
+        assert record["differ"] == [] and record["residuals_differ"] == [], (rank, record)
+        assert record["warned"] == [] and record["nan_step_grads"] == [], (rank, record)
+
+
+def test_with_a_loss_scaler_a_nan_makes_every_ranks_gradients_nan_without_a_warning(job):
+    """Rank 1's NaN at step 2 under a loss scaler: every rank's gradients of that step are NaN
+    (the scaler's overflow check sees it on every rank alike), nothing is warned or raised, the
+    residuals are those of the unscaled run that abandoned the step, the other steps equal it."""
+    for rank in range(NP):
+        record = json.loads((job / f"scaled_nan.rank{rank}.json").read_text())
+        assert record["nan_step_grads"] and all(record["nan_step_grads"]), (rank, record)
+        assert record["differ"] == [] and record["residuals_differ"] == [], (rank, record)
+        assert record["warned"] == [], (rank, record)
 
 
 def test_a_nan_on_one_rank_abandons_the_step_everywhere(job):

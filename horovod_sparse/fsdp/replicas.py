@@ -26,7 +26,8 @@ itself and hands the hook the all-reduced result, which is refused.
 from __future__ import annotations
 
 import io
-from typing import IO, Any, Dict, List, Optional
+import math
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -43,6 +44,7 @@ from horovod_sparse.ddp.compression import checked_sparse
 from horovod_sparse.ddp.hook import dense_exchange
 from horovod_sparse.torch.buffers import FlatGroup
 from horovod_sparse.torch.finiteness import StepFiniteness
+from horovod_sparse.torch.loss_scale import LossScale
 from horovod_sparse.ddp.steps import StepBook
 
 
@@ -78,8 +80,15 @@ class State(StepBook):
         nonfinite: what a NaN/Inf gradient on any rank does, as in the other front ends
             (``"raise"`` by default with a sparsifier: ``backward()`` raises
             ``FloatingPointError`` on every rank; ``"skip"``: a warning and zero gradients; None:
-            no check). The residuals are restored first.
+            no check). The residuals are restored first. With a ``loss_scaler`` the gradients of
+            an abandoned step are NaN on every rank instead and nothing is raised or warned: the
+            scaler sees the overflow on every rank alike (``scaler.step`` skips, ``update``
+            backs the scale off).
         stats_log: a text stream receiving one JSON line of statistics per step.
+        loss_scaler: the ``torch.amp.GradScaler`` whose ``scale(loss)`` the gradients come from
+            (float16 training): each shard is divided by the scale as it enters the residual
+            and the average multiplied by it again, so the method and error feedback work in
+            the loss's own units and a scale change loses nothing (as in the DDP front end).
 
     Attributes:
         steps: steps taken (backward passes that reached the hooks).
@@ -87,11 +96,15 @@ class State(StepBook):
     """
 
     def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup],
-                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> None:
+                 nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
+                 loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
         sparse = checked_sparse(compression, "fsdp")
         self.compression = compression
         self.sparse = sparse
-        self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=False)
+        self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
+        self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
+        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first hook.
+        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self.process_group = ProcessGroup(replicate_group)
         self._world = ProcessGroup(None)
         self._model = ModelState(compression, backend, self.process_group, None)
@@ -163,7 +176,7 @@ class State(StepBook):
         if sparse:
             state = self._model.method_state(group, size)
             with comm.timer("flatten"):
-                x = group.load_flat(shard, None, usable)
+                x = group.load_flat(shard, None if self._scale_factors is None else self._scale_factors[1], usable)
                 comm.output_buffer = group.zeroed_output()
             exchange = self.compression.exchange(x, comm, state, self.steps)
         else:
@@ -174,6 +187,8 @@ class State(StepBook):
         if sparse:
             group.take_result(update, residual)
             update = group.output
+            if self._scale_factors is not None:
+                update.mul_(self._scale_factors[0])
         if update is not shard:
             shard.copy_(update)
         self._done.append(inflight)
@@ -184,6 +199,8 @@ class State(StepBook):
         self._in_step = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
         self._place_timeline(shard)
+        if self._loss_scale is not None:
+            self._scale_factors = self._loss_scale.factors()
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
@@ -221,10 +238,10 @@ class State(StepBook):
                     inflight.comm.undo_deliveries()
             for p in self._params:
                 if p.grad is not None:
-                    p.grad.to_local().fill_(0.0)
+                    p.grad.to_local().fill_(math.nan if self._loss_scale is not None else 0.0)
             self._step_stats.abandoned = True
         self._close_step(self._model)
-        if bad_ranks:
+        if bad_ranks and self._loss_scale is None:  # with a scaler, the NaN gradients tell it
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
 
     # -- checkpoints ------------------------------------------------------------------------------
@@ -290,7 +307,8 @@ def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.Process
 
 def compress_replicas(model: torch.nn.Module, compression: Any,
                       replicate_group: Optional[dist.ProcessGroup] = None, *, mesh: Optional[DeviceMesh] = None,
-                      nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None) -> State:
+                      nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
+                      loss_scaler: Optional[torch.amp.GradScaler] = None) -> State:
     """Exchange every FSDP unit of ``model`` across the replicas with ``compression`` (see
     :class:`State` for the arguments); returns the state (checkpoints, statistics).
 
@@ -302,7 +320,7 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
                          "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
     if mesh is not None:
         replicate_group = replicate_group_of(mesh, model)
-    state = State(compression, replicate_group, nonfinite=nonfinite, stats_log=stats_log)
+    state = State(compression, replicate_group, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler)
     state.attach(model)
     return state
 

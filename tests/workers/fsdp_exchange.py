@@ -18,7 +18,8 @@ with ``torch.save`` and with ``torch.distributed.checkpoint``, is loaded into a 
 each, which must continue bitwise as the first),
 "accumulate" (each step is two backward passes, the first without gradient sync), "reshard"
 (``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
-reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook)}.
+reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook), "exponents"
+(instead: :func:`scaled`, a loss scaler's units)}.
 """
 import importlib
 import io
@@ -78,7 +79,7 @@ def given(seed, step, rank):
             for unit, shapes in SHAPES.items()}
 
 
-def build(config, mesh):
+def build(config, mesh, loss_scaler=None):
     """The model sharded as the config says (``reshard``: ``reshard_after_forward``; ``mixed``:
     bfloat16 parameters, float32 reduction) and its replica exchange."""
     model = Net(config.get("seed", 0))
@@ -91,7 +92,8 @@ def build(config, mesh):
     replicas = ({"replicate_group": mesh["replicate"].get_group()} if {"accumulate", "reshard", "mixed"} & set(config)
                 else {"mesh": mesh})
     state = hsf.compress_replicas(model, hsf.Compression.create(config["method"], **config.get("options", {})),
-                                  nonfinite="skip" if "nan_at" in config else "default", **replicas)
+                                  nonfinite="skip" if "nan_at" in config else "default", loss_scaler=loss_scaler,
+                                  **replicas)
     return model, state
 
 
@@ -307,6 +309,47 @@ def ddp_twin(config, out):
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
 
 
+def scaled(config, out):
+    """Loss-scale units: two models from one seed on the 2 x 2 mesh, one fed the given gradients
+    (``nonfinite="skip"``), one fed them times the power of two ``2**e`` a ``GradScaler`` holds
+    at that step (``config["exponents"]``: up, down, below 1), through ``loss_scaler=``. Records
+    per step the scaled model's gradients divided by the scale against the plain model's, the
+    residuals of both, and the warnings of the scaled model's backward passes; with
+    ``nan_at``, both models get the NaN, and the scaled model's gradients of that step."""
+    rank = dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** config["exponents"][0])
+    plain_model, plain = build({**config, "nan_at": config.get("nan_at", [])}, mesh)
+    scaled_model, scaled_state = build(config, mesh, loss_scaler=scaler)
+    differ, residuals_differ, warned, nan_step_grads = [], [], [], []
+    for step, exponent in enumerate(config["exponents"]):
+        if step:  # the scale exists from the first scale() on, at init_scale
+            scaler.update(new_scale=2.0 ** exponent)
+        grads = given(config["seed"], step, rank)
+        if config.get("nan_at") == [step, rank]:
+            grads["a"][0][0, 0] = math.nan
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plain_model(grads).backward()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            scaler.scale(scaled_model(grads)).backward()
+        warned += [str(w.message) for w in caught if "non-finite" in str(w.message)]
+        for (name, p), q in zip(scaled_model.named_parameters(), plain_model.parameters()):
+            mine, theirs = p.grad.to_local(), q.grad.to_local()
+            if scaled_state.last_stats.abandoned:
+                nan_step_grads.append(bool(torch.isnan(mine).all()))
+            elif not torch.equal(mine / 2.0 ** exponent, theirs):
+                differ.append(f"step {step} {name}")
+            p.grad, q.grad = None, None
+        for unit, group in scaled_state._groups.items():
+            if not torch.equal(group.residual, plain._groups[unit].residual):
+                residuals_differ.append(f"step {step} {unit}")
+    record = {"differ": differ, "residuals_differ": residuals_differ, "warned": warned,
+              "nan_step_grads": nan_step_grads}
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
+
+
 def main():
     configs, out = configs_and_out()
     dist.init_process_group("gloo")
@@ -315,6 +358,8 @@ def main():
     for index, config in enumerate(configs):
         if config.get("ddp_twin"):
             ddp_twin(config, out)
+        elif config.get("exponents"):
+            scaled(config, out)
         else:
             run(config, mesh, out, index)
     refusals(mesh, out)
