@@ -129,28 +129,13 @@ def emulate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Run this benchmark's job (``argv`` without ``--emulate`` / ``--workers``) across an
     emulated cluster of ``args.workers`` workers in hosts of ``args.shard_size``, printing
     rank 0's lines."""
-    from benchmarks.netem import EmulatedCluster, run_torch_distributed
+    from benchmarks.netem import EmulatedCluster, inner_argv, run_torch_distributed
 
     if not args.shard_size or args.workers % args.shard_size:
         raise SystemExit(f"--emulate needs --shard-size dividing --workers {args.workers} (the workers of a host)")
     with EmulatedCluster(args.workers, args.emulate, workers_per_host=args.shard_size) as cluster:
-        run_torch_distributed(cluster, [sys.executable, "-m", "benchmarks.fsdp_overlap", *job_argv(argv)],
+        run_torch_distributed(cluster, [sys.executable, "-m", "benchmarks.fsdp_overlap", *inner_argv(argv)],
                               on_line=lambda line: print(line.rstrip("\n")))
-
-
-def job_argv(argv: Sequence[str]) -> List[str]:
-    """The arguments of an emulated run's workers: ``argv`` without ``--emulate`` and
-    ``--workers`` (each with its value, as two words or ``--option=value``)."""
-    job: List[str] = []
-    value_next = False
-    for arg in argv:
-        if value_next:
-            value_next = False
-        elif arg in ("--emulate", "--workers"):
-            value_next = True
-        elif not arg.startswith(("--emulate=", "--workers=")):
-            job.append(arg)
-    return job
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

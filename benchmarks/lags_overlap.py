@@ -99,17 +99,9 @@ def lags_report(trainer: Trainer) -> List[Dict[str, Any]]:
 
 def emulate(args: argparse.Namespace, argv: Sequence[str]) -> None:
     """Run this benchmark as a Horovod job across an emulated cluster (root)."""
-    from benchmarks.netem import EmulatedCluster, measure_link, run_horovod
+    from benchmarks.netem import EmulatedCluster, inner_argv, measure_link, run_horovod
 
-    inner: List[str] = []
-    skip = False
-    for item in argv:
-        if skip:
-            skip = False
-        elif item in ("--emulate", "--workers"):
-            skip = True
-        elif not item.startswith(("--emulate=", "--workers=")):
-            inner.append(item)
+    inner = inner_argv(argv)
     with EmulatedCluster(workers=args.workers, rate=args.emulate) as cluster:
         link = measure_link(cluster)
         print(f"Emulated cluster: {args.workers} workers, links shaped to {args.emulate}; measured link: "

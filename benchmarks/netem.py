@@ -343,6 +343,21 @@ def _serve_rendezvous(hosts: int, slots: int) -> None:
     server.stop()
 
 
+def inner_argv(argv: Sequence[str], driver_options: Sequence[str] = ("--emulate", "--workers")) -> List[str]:
+    """The arguments of an emulated run's workers: the driver's ``argv`` without its
+    ``driver_options`` (each with its value, as two words or ``--option=value``)."""
+    inner: List[str] = []
+    value_next = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif arg in driver_options:
+            value_next = True
+        elif not arg.startswith(tuple(f"{option}=" for option in driver_options)):
+            inner.append(arg)
+    return inner
+
+
 @dataclass
 class JobOutput:
     """What the workers of one job printed; ``stdout[0]`` is rank 0's."""

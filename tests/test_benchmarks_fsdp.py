@@ -14,6 +14,7 @@ import pytest
 
 from benchmarks import fsdp_overlap, models, synthetic_fsdp
 from benchmarks.cluster import add_ratios, fsdp_sweep
+from benchmarks.netem import inner_argv
 from tests.launch import TORCHRUN
 from tests.test_benchmarks import cluster_rows, needs_root, run, run_torch_synthetic
 
@@ -99,7 +100,7 @@ def test_overlap_job_rows(tmp_path):
         assert re.search(rf"^{re.escape(row['compressor'])} +{units} ", result.stdout, re.M)
 
 
-def test_overlap_emulated_workers_run_the_job_without_the_drivers_options():
+def test_emulated_workers_run_the_job_without_the_drivers_options():
     argv = ["--emulate", "1gbit", "--model", "vgg", "--workers=4", "--shard-size", "2", "--compressors", "topk"]
-    assert fsdp_overlap.job_argv(argv) == ["--model", "vgg", "--shard-size", "2", "--compressors", "topk"]
-    assert fsdp_overlap.job_argv(["--workers", "4", "--emulate=1gbit", "--steps", "3"]) == ["--steps", "3"]
+    assert inner_argv(argv) == ["--model", "vgg", "--shard-size", "2", "--compressors", "topk"]
+    assert inner_argv(["--workers", "4", "--emulate=1gbit", "--steps", "3"]) == ["--steps", "3"]
