@@ -120,8 +120,8 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
 def _top_k_function(dtype: tf.DType) -> Callable[[tf.Tensor, tf.Tensor], tf.Tensor]:
     """:func:`_top_k_flat` as a ``tf.function`` over a flat buffer of ``dtype`` of any length
     (one per dtype): eager calls run it as one graph, traced calls nest it. Its branches and
-    loop are ``tf.cond`` / ``tf.while_loop`` already, so AutoGraph is off: the first call of a
-    process traces in half the time."""
+    loop are ``tf.cond`` / ``tf.while_loop`` already, so AutoGraph is off: tracing it is
+    plain Python, without AutoGraph's conversion."""
     return tf.function(_top_k_flat, input_signature=[tf.TensorSpec([None], dtype), tf.TensorSpec([], tf.int64)],
                        autograph=False)
 
