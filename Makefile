@@ -2,6 +2,8 @@
 # idempotent: seconds when everything is there, about 15 minutes on a fresh machine).
 VENV ?= .venv
 NP ?= 2
+# HOSTS=localhost:2,127.0.0.1:2 puts the main job on two hosts of this machine (two-tier rows).
+HOSTS ?=
 PY := $(VENV)/bin/python
 export OMP_NUM_THREADS ?= 1
 # TensorFlow's C++ start-up lines (CPU features, oneDNN) say nothing to a user: the install's
@@ -17,7 +19,7 @@ install:
 # NP-worker horovodrun job (CPU, Gloo), measured, projected to 1 and 10 Gbit/s clusters by the
 # scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS).
 demo: install
-	$(PY) -m benchmarks.digits --np $(NP) $(ARGS)
+	$(PY) -m benchmarks.digits $(if $(HOSTS),--hosts $(HOSTS),--np $(NP)) $(ARGS)
 
 # The linter (ruff.toml) over the package, the tests and the benchmarks; `make test` runs it first.
 lint: install

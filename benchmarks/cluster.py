@@ -55,7 +55,8 @@ import numpy as np
 from benchmarks import plots
 from benchmarks.netem import EmulatedCluster, JobOutput, measure_link, run_horovod, run_torch_distributed
 from benchmarks.results import RESULTS_DIR, Progress, command_line, read_results, write_results
-from benchmarks.synthetic import available_methods, tier_bytes
+from benchmarks.synthetic import available_methods
+from benchmarks.tiers import tier_bytes
 from benchmarks.synthetic_ddp import POWERSGD_START_ITER
 
 

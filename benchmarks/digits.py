@@ -1,7 +1,8 @@
 """The main job: dense Horovod and every sparse method trained on real data (scikit-learn's digits)
 on this machine's workers, and what each one buys on a real cluster.
 
-    python -m benchmarks.digits [--np 2] [--framework torch|tensorflow] [--link 1gbit] [--workers 8]
+    python -m benchmarks.digits [--np 2 | --hosts localhost:2,127.0.0.1:2] [--framework torch|tensorflow]
+                                [--link 1gbit] [--workers 8] [--gpus-per-node 1]
 
 One ``horovodrun --gloo`` job of ``--np`` workers trains the digits MLP, one configuration after the
 other: compute-only (no exchange), dense Horovod (``none``), every method of the framework at every
@@ -11,7 +12,8 @@ per step and the reduction against dense, union density, the method's own work p
 *projected* by :mod:`benchmarks.scaling`'s alpha-beta model with this run's costs (step time and
 speed-up over dense on 1 and 10 Gbit/s clusters of 8 and 64 workers, and on ``--link`` /
 ``--workers``); then the recommendation: the fastest configuration on ``--link`` / ``--workers``
-whose accuracy is within ``--tolerance`` points of dense. Links use ``<out>/alpha_beta.json`` when
+whose accuracy is within ``--tolerance`` points of dense, and when to turn the two-tier exchange on
+there. Links use ``<out>/alpha_beta.json`` when
 this machine has one (``python -m benchmarks.scaling`` or ``--emulate`` write it), else the fits of
 the emulated cluster of the benchmarks (docs/benchmarks.md).
 
@@ -19,6 +21,15 @@ the emulated cluster of the benchmarks (docs/benchmarks.md).
 cluster of ``--np`` workers on 1 Gbit/s links (:mod:`benchmarks.netem`) and prints the measured step
 beside the projected one; when ``<out>/alpha_beta.json`` has no 1 Gbit/s fit, it fits alpha and
 beta on such a link first (:func:`benchmarks.scaling.load_fits`) and projects with them.
+
+``--hosts`` places the job on horovodrun's hosts (``-H``; ``localhost:2,127.0.0.1:2`` makes two
+hosts of this machine): with more than one host of several workers, every sparse configuration
+also trains two-tier (``hierarchical=True``, rows labelled ``+two-tier``), and the table shows the
+bytes a worker sent inside its host beside those it sent across. ``--gpus-per-node`` gives the
+projected clusters nodes of that many workers sharing a link (NVLink-class links inside): flat
+rows are projected with the node's link shared, two-tier rows with the two-tier model, and the
+recommendation says for which configurations two-tier is projected faster than flat. With
+``--emulate`` the emulated cluster has the same hosts.
 
 ``--framework tensorflow`` trains through Keras ``model.fit`` (:mod:`benchmarks.digits_tf`), traced
 (Keras' default) for every method.
@@ -39,9 +50,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import digits_report, scaling
 from benchmarks.digits_training import (EPOCH_PREFIX, LOCAL, MERGECOMP, Recorder, add_arguments, groups_argument,
-                                       horovodrun, parse_configuration, search_summary)
+                                       TWO_TIER, horovodrun, parse_configuration, process_sets, search_summary)
 from benchmarks.netem import rate_bits
 from benchmarks.results import Progress, command_line, read_results, write_results
+from benchmarks.tiers import placement
 
 FRAMEWORKS = {"torch": "PyTorch", "tensorflow": "TensorFlow, Keras model.fit"}
 #: What the table's local work is, per framework (see benchmarks.digits_tf for TensorFlow's).
@@ -60,10 +72,59 @@ def link_rate(text: str) -> str:
     return text
 
 
+def host_list(text: str) -> List[Tuple[str, int]]:
+    """``--hosts``: ``[(host, slots), ...]`` of horovodrun's ``-H`` form, every host with the same
+    slot count (checked now, not after the training)."""
+    hosts = []
+    for item in text.split(","):
+        host, _, slots = item.partition(":")
+        if not host or not slots.isdigit() or int(slots) < 1:
+            raise argparse.ArgumentTypeError(f"{item!r}: write each host as NAME:SLOTS, e.g. localhost:2,127.0.0.1:2")
+        hosts.append((host, int(slots)))
+    if len({slots for _, slots in hosts}) > 1:
+        raise argparse.ArgumentTypeError(f"{text}: every host needs the same number of slots (the two-tier exchange "
+                                         "splits the job into equal nodes)")
+    return hosts
+
+
+def placed(args: argparse.Namespace) -> argparse.Namespace:
+    """``args`` with ``np`` and ``hosts`` agreed: ``--hosts`` gives ``np`` (its slots), or ``np``
+    (default 2) puts every worker on ``localhost``. Exits with the fix when they disagree, or when
+    ``--gpus-per-node`` does not divide the projected clusters' workers."""
+    if args.hosts is None:
+        args.np = 2 if args.np is None else args.np
+        args.hosts = [("localhost", args.np)]
+    else:
+        slots = sum(n for _, n in args.hosts)
+        if args.np is not None and args.np != slots:
+            parser().error(f"--np {args.np} but --hosts has {slots} slots: give --hosts alone")
+        args.np = slots
+    projected = [n for _, n in digits_report.CLUSTERS] + [args.workers]
+    if args.gpus_per_node < 1 or any(n % args.gpus_per_node for n in projected):
+        parser().error(f"--gpus-per-node {args.gpus_per_node} must divide every projected cluster's workers "
+                       f"({', '.join(map(str, sorted(set(projected))))}: --workers and the table's)")
+    return args
+
+
+def emulated_per_host(args: argparse.Namespace) -> int:
+    """Workers per host of the ``--emulate`` cluster: as on ``--hosts`` when it names several
+    hosts, else one (every worker its own host and link)."""
+    return args.hosts[0][1] if len(args.hosts) > 1 else 1
+
+
+def two_tier_hosts(args: argparse.Namespace) -> bool:
+    """Whether the job's hosts make a two-tier exchange: more than one, of several workers."""
+    return len(args.hosts) > 1 and args.hosts[0][1] > 1
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--framework", choices=sorted(FRAMEWORKS), default="torch")
-    p.add_argument("--np", type=int, default=2, help="workers of the job on this machine")
+    p.add_argument("--np", type=int, help="workers of the job, all on this machine (default 2; with --hosts: "
+                   "the hosts' slots)")
+    p.add_argument("--hosts", type=host_list,
+                   help="horovodrun's -H for the job, e.g. localhost:2,127.0.0.1:2 (two hosts of this machine): with "
+                        "more than one host of several workers every sparse configuration also runs two-tier")
     p.add_argument("--methods", nargs="+", help="methods to train (default: every one the framework implements)")
     p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001],
                    help="every method is trained at each of these densities")
@@ -75,6 +136,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--link", type=link_rate, default="1gbit",
                    help="your cluster's link rate, as tc writes it (1gbit, 25gbit, 100mbit)")
     p.add_argument("--workers", type=int, default=8, help="your cluster's worker count")
+    p.add_argument("--gpus-per-node", type=int, default=1,
+                   help="your cluster's workers per node (NVLink-class links inside; they share the node's link): "
+                        "projected flat with the node link shared and, for two-tier rows, two-tier")
     p.add_argument("--tolerance", type=float, default=1.0,
                    help="accuracy points below dense a recommended configuration may lose")
     p.add_argument("--emulate", action="store_true",
@@ -85,7 +149,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def configurations(args: argparse.Namespace) -> List[str]:
-    """The job's configurations, in training order: compute-only, dense, then the methods."""
+    """The job's configurations, in training order: compute-only, dense, then the methods, each
+    followed by its two-tier twin (:data:`TWO_TIER`) when the hosts make one
+    (:func:`two_tier_hosts`)."""
     if args.compressors:
         chosen = [c for c in args.compressors if c != "none"]
     else:
@@ -94,6 +160,8 @@ def configurations(args: argparse.Namespace) -> List[str]:
         chosen = [f"{m}:density={d}" for m in args.methods or available_methods()
                   for d in args.densities]
         chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
+    if two_tier_hosts(args):
+        chosen = [tier for c in chosen for tier in (c, c if c.endswith(TWO_TIER) else c + TWO_TIER)]
     return [LOCAL, "none", *dict.fromkeys(chosen)]
 
 
@@ -105,11 +173,12 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
     from benchmarks.digits_training import DigitsJob
     from benchmarks.models import count_parameters
 
-    spec, groups = parse_configuration(label)
+    configuration = parse_configuration(label)
     recorder = Recorder(label, args.epochs, announce=hvd.rank() == 0)
     for seed in args.seeds:
-        job = DigitsJob(spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size, model_seed=seed,
-                        split_seed=0, groups=groups_argument(groups))
+        job = DigitsJob(configuration.spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size,
+                        model_seed=seed, split_seed=0, groups=groups_argument(configuration.groups),
+                        hierarchical=configuration.two_tier)
         search = getattr(job.opt, "mergecomp", None)
         settled = search is None
         loss = 0.0
@@ -123,7 +192,8 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
             settled = search is None or search.result is not None
             start = time.perf_counter()
         recorder.end_run(job.test_accuracy())
-    return recorder.row(count_parameters(job.model), hvd.size(), **search_summary(search))
+    return recorder.row(count_parameters(job.model), hvd.size(), **search_summary(search),
+                        **placement(hvd, getattr(job.opt, "tiers", None)))
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -136,7 +206,7 @@ def run_worker(args: argparse.Namespace) -> None:
         import horovod.torch as hvd
         import torch
 
-        hvd.init()
+        hvd.init(process_sets=process_sets(args.compressors))
         torch.set_num_threads(1)
         rows = [train(label, args) for label in args.compressors]
         rank = hvd.rank()
@@ -180,14 +250,15 @@ def run_jobs(args: argparse.Namespace, configs: Sequence[str]) -> Tuple[List[Dic
     with tempfile.TemporaryDirectory(prefix="hs-digits-") as tmp, ExitStack() as stack:
         follow = follower(stack, jobs * len(configs) * len(args.seeds) * args.epochs, args.seeds)
         local = Path(tmp, "local.json")
-        horovodrun(args.np, worker_argv(args, configs, local), partial(follow, "this machine"), args.timeout)
+        horovodrun(args.np, worker_argv(args, configs, local), partial(follow, "this machine"), args.timeout,
+                   hosts=",".join(f"{host}:{slots}" for host, slots in args.hosts))
         if not args.emulate:
             return read_results(local), None
         from benchmarks.netem import EmulatedCluster, run_horovod
 
         emulated = Path(tmp, "emulated.json")
         where = f"emulated {digits_report.rate_name(digits_report.EMULATED_RATE)}"
-        with EmulatedCluster(args.np, digits_report.EMULATED_RATE) as cluster:
+        with EmulatedCluster(args.np, digits_report.EMULATED_RATE, workers_per_host=emulated_per_host(args)) as cluster:
             run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout, partial(follow, where))
         return read_results(local), read_results(emulated)
 
@@ -197,7 +268,8 @@ def link_fits(args: argparse.Namespace, command: str) -> Tuple[Dict[str, Any], s
     ``--emulate``), and where they come from, in words."""
     fit_file = args.out / "alpha_beta.json"
     if args.emulate:
-        scaling.load_fits(fit_file, [digits_report.EMULATED_RATE], False, command)
+        inside = [scaling.NODE_FIT] if two_tier_hosts(args) else []
+        scaling.load_fits(fit_file, [digits_report.EMULATED_RATE, *inside], False, command)
     if fit_file.exists():
         return read_results(fit_file), f"the alpha and beta fitted on this machine's emulated links ({fit_file})"
     return scaling.REFERENCE_FITS, "the alpha and beta fitted on the emulated cluster of the benchmarks"
@@ -205,7 +277,8 @@ def link_fits(args: argparse.Namespace, command: str) -> Tuple[Dict[str, Any], s
 
 def summary(args: argparse.Namespace, report: digits_report.Report, parameters: int) -> str:
     """The table with its title, footnotes and legend."""
-    title = (f"digits MLP ({parameters:,} parameters), {FRAMEWORKS[args.framework]}, {args.np} workers (Gloo), "
+    title = (f"digits MLP ({parameters:,} parameters), {FRAMEWORKS[args.framework]}, "
+             f"{digits_report.where(report.dense)} (Gloo), "
              f"{args.epochs} epochs, batch {args.batch_size} per worker, seeds {' '.join(map(str, args.seeds))}")
     lines = [digits_report.table(report, title)]
     for row in report.rows:
@@ -214,13 +287,13 @@ def summary(args: argparse.Namespace, report: digits_report.Report, parameters: 
             lines.append(f"{row['label']}: MergeComp chose {groups} group{'s' * (groups != 1)} after a search of "
                          f"{steps} steps ({MERGECOMP.warmup_steps} + {MERGECOMP.timed_steps} per candidate), "
                          "measured after it.")
-    lines.append(digits_report.legend(report, f"{args.np} workers on this machine, Gloo over loopback",
-                                      LOCAL_WORK[args.framework]))
+    job = f"{digits_report.where(report.dense)} on this machine, Gloo over loopback"
+    lines.append(digits_report.legend(report, job, LOCAL_WORK[args.framework]))
     return "\n".join(lines)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    args = parser().parse_args(argv)
+    args = placed(parser().parse_args(argv))
     if args.worker:
         run_worker(args)
         return
@@ -228,7 +301,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rows, emulated_rows = run_jobs(args, configurations(args))
     fits, source = link_fits(args, command)
     target = (args.link, args.workers)
-    report = digits_report.Report.build(rows, fits, source, target, emulated_rows)
+    report = digits_report.Report.build(rows, fits, source, target, emulated_rows, per_node=args.gpus_per_node,
+                                        emulated_per_node=emulated_per_host(args))
     recommendation = digits_report.recommendation(report, target, args.tolerance)
     print(f"{summary(args, report, rows[0]['parameters'])}\n\n{recommendation}")
     projection = {label: [{"rate": rate, "workers": n, "step_seconds": s} for (rate, n), s in steps.items()]

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import plots, scaling
-from benchmarks.digits_training import LOCAL
+from benchmarks.digits_training import LOCAL, TWO_TIER
 from benchmarks.netem import rate_bits
+from benchmarks.tiers import tier_bytes
+from horovod_sparse.common.cost_model import AlphaBeta
 
 #: A projected cluster: (tc link rate, workers).
 Cluster = Tuple[str, int]
@@ -41,6 +43,25 @@ def is_dense(row: Dict[str, Any]) -> bool:
     return row["compressor"] == "none" and row["groups"] is None
 
 
+def flat_label(row: Dict[str, Any]) -> str:
+    """The label of a row's flat configuration: its own, or a two-tier row's without :data:`TWO_TIER`."""
+    return row["label"][:-len(TWO_TIER)] if row["label"].endswith(TWO_TIER) else row["label"]
+
+
+def projected_step(row: Dict[str, Any], flat: Dict[str, Any], compute: float, links: AlphaBeta, workers: int,
+                   per_node: int, inside: AlphaBeta) -> float:
+    """Seconds per step of ``row`` projected to ``workers`` workers, ``per_node`` to a node whose
+    link (``links``) they share and whose links inside are ``inside``: a flat row with the
+    node's link shared (:func:`benchmarks.scaling.predict_step`); a row measured two-tier
+    (``two_tier``) by :func:`benchmarks.scaling.predict_two_tier` against ``flat``, its flat twin
+    of the same job, or as that twin where the cluster has one node or one worker per node (the
+    exchange runs flat there)."""
+    nodes = workers // per_node
+    if row.get("two_tier") and per_node > 1 and nodes > 1:
+        return scaling.predict_two_tier(row, flat, compute, links.with_workers(nodes), inside.with_workers(per_node))
+    return scaling.predict_step(flat, compute, links.with_workers(workers), per_node=per_node)
+
+
 def local_ms(row: Dict[str, Any]) -> float:
     """The row's measured work per step outside the communication wait, in ms (the ``local``
     term of :func:`benchmarks.scaling.predict_step`, at the measured worker count)."""
@@ -56,6 +77,8 @@ class Report:
         compute: the compute-only step measured in the same job, in seconds.
         fits: the alpha-beta fits the projections use (:func:`benchmarks.scaling.network`).
         fits_source: where ``fits`` come from, in words.
+        per_node: workers per node of the projected clusters (``--gpus-per-node``), joined inside
+            by :data:`benchmarks.scaling.NVLINK` links.
         clusters: the projected clusters: :data:`CLUSTERS`, then the user's when not among them.
         steps: ``steps[label][cluster]``: projected seconds per step, for ``clusters`` and the
             emulated cluster.
@@ -67,26 +90,39 @@ class Report:
     compute: float
     fits: Dict[str, Any]
     fits_source: str
+    per_node: int
     clusters: List[Cluster]
     steps: Dict[str, Dict[Cluster, float]]
     emulated: Optional[Dict[str, float]] = None
 
     @classmethod
     def build(cls, rows: Sequence[Dict[str, Any]], fits: Dict[str, Any], fits_source: str, target: Cluster,
-              emulated_rows: Optional[Sequence[Dict[str, Any]]] = None) -> "Report":
-        """Project every row of a job (which must hold the ``local`` and the dense row) to
-        :data:`CLUSTERS`, the ``target`` cluster and, with ``emulated_rows``, the emulated one."""
+              emulated_rows: Optional[Sequence[Dict[str, Any]]] = None, per_node: int = 1,
+              emulated_per_node: int = 1) -> "Report":
+        """Project every row of a job (which must hold the ``local`` and the dense row, and each
+        two-tier row's flat twin) to :data:`CLUSTERS` and the ``target`` cluster with ``per_node``
+        workers per node (:func:`projected_step`) and, with ``emulated_rows``, to the emulated
+        cluster: ``emulated_per_node`` workers to a host, joined inside by the links of the
+        :data:`benchmarks.scaling.NODE_FIT` fit (which ``fits`` must hold for two-tier rows then)."""
         compute = next(r["step_seconds"] for r in rows if r["compressor"] == LOCAL)
         ranked = sorted((r for r in rows if r["compressor"] != LOCAL), key=lambda r: not is_dense(r))
         if not ranked or not is_dense(ranked[0]):
             raise ValueError("a digits job's rows must include dense Horovod (compressor none)")
         clusters = list(dict.fromkeys([*CLUSTERS, target]))
         emulated = None if emulated_rows is None else {r["label"]: r["step_seconds"] for r in emulated_rows}
-        report = cls(ranked, compute, fits, fits_source, clusters, {}, emulated)
+        report = cls(ranked, compute, fits, fits_source, per_node, clusters, {}, emulated)
+        flat = {r["label"]: r for r in ranked if not r.get("hierarchical")}
         for row in ranked:
-            report.steps[row["label"]] = {
-                (rate, n): scaling.predict_step(row, compute, scaling.network(fits, rate).with_workers(n))
-                for rate, n in [*clusters, report.emulated_cluster]}
+            twin = flat[flat_label(row)]
+            steps = {(rate, n): projected_step(row, twin, compute, scaling.network(fits, rate), n, per_node,
+                                               scaling.NVLINK) for rate, n in clusters}
+            if emulated is not None:
+                rate, n = report.emulated_cluster
+                inside = fits.get(scaling.NODE_FIT)
+                steps[rate, n] = projected_step(row, twin, compute, scaling.network(fits, rate), n,
+                                                emulated_per_node, scaling.NVLINK if inside is None
+                                                else AlphaBeta(**inside["model"]))
+            report.steps[row["label"]] = steps
         return report
 
     @property
@@ -108,24 +144,30 @@ class Report:
 
 
 def table(report: Report, title: str) -> str:
-    """The table: measured figures, then projected step and speed-up per cluster, then (with
+    """The table: measured figures (with a ``node kB`` column, the bytes sent inside the host,
+    when a row ran two-tier), then projected step and speed-up per cluster, then (with
     ``--emulate``) the emulated cluster's measured step beside its projection."""
-    measured = (f"{'configuration':32s} {'acc. %':>6} {'vs dense':>8} {'kB/step':>8} {'reduction':>9} "
+    tiers = any(tier_bytes(row["stats"])[1] for row in report.rows)
+    node_head = f" {'node kB':>8}" if tiers else ""
+    width = max(32, *(len(row["label"]) for row in report.rows))
+    measured = (f"{'configuration':{width}s} {'acc. %':>6} {'vs dense':>8} {'kB/step':>8}{node_head} {'reduction':>9} "
                 f"{'union':>7} {'local ms':>8}")
     projected = "".join(f"{cluster_name(c):>17s}" for c in report.clusters)
-    spans = (f"{'measured on this machine, ' + str(report.dense['workers']) + ' workers':^{len(measured)}s} |"
-             f"{'projected: ms per step (speed-up over dense)':^{len(projected)}s}")
+    spans = (f"{'measured on this machine, ' + where(report.dense):^{len(measured)}s} |"
+             f"{'projected: ms per step (speed-up over dense)' + per_node_note(report.per_node):^{len(projected)}s}")
     head = f"{measured} |{projected}"
     if report.emulated is not None:
         emulated = f"emulated {cluster_name(report.emulated_cluster)}"
         spans += f" | {'measured / projected ms':^{len(emulated)}s}"
         head += f" | {emulated}"
     lines = [title, spans, head, "-" * len(head)]
-    dense_bytes = report.dense["stats"]["bytes_sent"]
+    dense_bytes = tier_bytes(report.dense["stats"])[0]
     for row in report.rows:
-        label, sent, steps = row["label"], row["stats"]["bytes_sent"], report.steps[row["label"]]
-        line = (f"{label[:32]:32s} {100 * row['accuracy']:6.2f} {report.points(row):+8.2f} "
-                f"{sent / 1e3:8.2f} {dense_bytes / sent:8.1f}x {row['stats']['union_density']:7.4f} "
+        label, steps = row["label"], report.steps[row["label"]]
+        across, node = tier_bytes(row["stats"])
+        node_cell = f" {node / 1e3:8.2f}" if tiers else ""
+        line = (f"{label:{width}s} {100 * row['accuracy']:6.2f} {report.points(row):+8.2f} "
+                f"{across / 1e3:8.2f}{node_cell} {dense_bytes / across:8.1f}x {row['stats']['union_density']:7.4f} "
                 f"{local_ms(row):8.3f} |")
         line += "".join(f"{1e3 * steps[c]:10.2f} {report.speedup(row, c):5.2f}x" for c in report.clusters)
         if report.emulated is not None:
@@ -133,6 +175,17 @@ def table(report: Report, title: str) -> str:
             line += f" | {cell:^{len(emulated)}s}"
         lines.append(line)
     return "\n".join(lines)
+
+
+def where(row: Dict[str, Any]) -> str:
+    """A row's workers in words: ``2 workers``, or ``2 hosts x 2 workers``."""
+    hosts = row.get("hosts", 1)
+    return f"{hosts} hosts x {row['workers'] // hosts} workers" if hosts > 1 else f"{row['workers']} workers"
+
+
+def per_node_note(per_node: int) -> str:
+    """The projection's node size in words (nothing for one worker per node)."""
+    return f", {per_node} per node" if per_node > 1 else ""
 
 
 def legend(report: Report, job: str, local_work: str) -> str:
@@ -149,6 +202,18 @@ def legend(report: Report, job: str, local_work: str) -> str:
         f"payload measured here, on links with {report.fits_source} (1 Gbit/s: alpha {1e3 * base.alpha:.2f} ms, beta "
         f"{1e9 * base.beta:.1f} ns/byte). Communication overlapped with the backward pass is not subtracted.",
     ]
+    if report.per_node > 1:
+        paragraphs.append(
+            f"Nodes: the projected clusters have {report.per_node} workers per node (--gpus-per-node) sharing the "
+            f"node's link, joined inside by NVLink-class links (alpha {1e6 * scaling.NVLINK.alpha:.0f} us, "
+            f"{1e-9 / scaling.NVLINK.beta:.0f} GB/s, an assumption); a two-tier row is projected with "
+            "benchmarks.scaling's two-tier model (the buffer reduce-scattered and gathered inside the node, the "
+            "method across the nodes on the node's payload), and as its flat row on one node.")
+    if any(row.get("two_tier") for row in report.rows):
+        paragraphs.append(
+            f"Two-tier rows ({TWO_TIER.lstrip('+')}: hierarchical=True, dense inside a host, the method across "
+            "hosts) ran on the job's hosts: kB/step is what a worker sent across hosts, node kB what it sent inside "
+            "its host (the reduce-scatter and allgather of the buffer).")
     if report.emulated is not None:
         paragraphs.append(f"Emulated: the median step of the same job run across network namespaces joined by "
                           f"{rate_name(EMULATED_RATE)} links shaped with tc (benchmarks.netem), beside the "
@@ -181,7 +246,37 @@ def recommendation(report: Report, target: Cluster, tolerance: float) -> str:
     if faster:
         lines.append(f"Faster, but more than {tolerance:g} point below dense: " + ", ".join(
             f"{r['label']} ({report.speedup(r, target):.2f}x, {report.points(r):+.2f} points)" for r in faster) + ".")
-    return "\n".join(map(paragraph, lines))
+    advice = two_tier_advice(report, target)
+    return "\n".join(map(paragraph, lines + ([advice] if advice else [])))
+
+
+def two_tier_advice(report: Report, target: Cluster) -> Optional[str]:
+    """When to turn the two-tier exchange on for ``target``: the configurations whose two-tier
+    step is projected faster than their flat one there, and those it slows; or why nothing is
+    to be had (one worker per node, one node) or known (no two-tier row: the job ran on one host).
+    None where neither the job nor the projection has nodes of several workers (nothing to say)."""
+    switch = "hierarchical=True (or horovodrun --hierarchical-allreduce)"
+    pairs = [(row, report.steps[flat_label(row)][target] / report.steps[row["label"]][target])
+             for row in report.rows if row.get("two_tier")]
+    if not pairs and report.per_node == 1:
+        return None
+    nodes = target[1] // report.per_node
+    if report.per_node == 1 or nodes <= 1:
+        why = "one worker per node (--gpus-per-node 1)" if report.per_node == 1 else "one node"
+        return f"Two-tier exchange: nothing to gain on {target[1]} workers with {why}: it runs flat there."
+    if not pairs:
+        return ("Two-tier exchange: not measured (the job ran on one host); run it on several hosts (--hosts, e.g. "
+                "localhost:2,127.0.0.1:2 on this machine) for its rows.")
+    gains = [f"{flat_label(row)} ({gain:.2f}x)" for row, gain in pairs if gain > 1]
+    losses = [f"{flat_label(row)} ({gain:.2f}x)" for row, gain in pairs if gain <= 1]
+    text = f"Two-tier exchange on {nodes} nodes of {report.per_node} (projected speed-up over flat): "
+    if not gains:
+        return text + f"keep {switch} off: no configuration is projected faster two-tier."
+    text += f"turn on {switch} for " + ", ".join(gains)
+    return text + ("; keep it off for " + ", ".join(losses) if losses else "") + "."
+
+
+
 
 
 def figures(report: Report, out: Path, name: str, title: str) -> List[Path]:

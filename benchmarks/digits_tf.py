@@ -21,7 +21,9 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow.keras as hs_keras
 from benchmarks.data import digits_split, shard
-from benchmarks.digits_training import LOCAL, Recorder, groups_argument, parse_configuration, search_summary
+from benchmarks.digits_training import (LOCAL, Recorder, groups_argument, parse_configuration, process_sets,
+                                       search_summary)
+from benchmarks.tiers import placement
 from horovod_sparse.common.registry import parse_spec
 from horovod_sparse.tensorflow import Compression
 
@@ -74,7 +76,8 @@ class Measure(tf.keras.callbacks.Callback):
 def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str, Any]]:
     """Train configuration ``label`` once per seed through ``model.fit``; return the last seed's
     model and the configuration's row."""
-    spec, groups = parse_configuration(label)
+    configuration = parse_configuration(label)
+    spec, groups = configuration.spec, configuration.groups
     x_train, y_train, x_test, y_test = digits_split(seed=0)
     rank, size = hvd.rank(), hvd.size()
     # Every rank must take the same number of steps: size them on the smallest shard.
@@ -87,7 +90,8 @@ def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str,
             name, options = parse_spec(spec)
             compression = Compression.create(name, **options)
             optimizer = hs_keras.DistributedOptimizer(optimizer, compression=compression,
-                                                      groups=groups_argument(groups))
+                                                      groups=groups_argument(groups),
+                                                      hierarchical=configuration.two_tier)
         model.compile(optimizer=optimizer,
                       loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         data = local_batches(shard(x_train, rank, size), shard(y_train, rank, size), args.batch_size,
@@ -96,16 +100,17 @@ def fit(label: str, args: argparse.Namespace) -> Tuple[tf.keras.Model, Dict[str,
                   callbacks=[hs_keras.callbacks.BroadcastGlobalVariablesCallback(0),
                              Measure(recorder, seed, searching=groups == "mergecomp")])
         recorder.end_run(float((model.predict(x_test, verbose=0).argmax(1) == y_test).mean()))
-    search = getattr(getattr(model.optimizer, "exchanger", None), "mergecomp", None)
+    exchanger = getattr(model.optimizer, "exchanger", None)
     return model, recorder.row(int(model.count_params()), size, mode="eager" if model.run_eagerly else "tf.function",
-                               **search_summary(search))
+                               **search_summary(getattr(exchanger, "mergecomp", None)),
+                               **placement(hvd, getattr(exchanger, "tiers", None)))
 
 
 def run(args: argparse.Namespace) -> Tuple[int, List[Dict[str, Any]]]:
     """Initialise Horovod for TensorFlow and train every configuration of ``args.compressors``
     (the compute-only one first); return ``(rank, rows)`` with every row's local work set to its
     step minus the compute-only step."""
-    hvd.init()
+    hvd.init(process_sets=process_sets(args.compressors))
     tf.config.threading.set_intra_op_parallelism_threads(1)
     rows = [fit(label, args)[1] for label in args.compressors]
     compute = next(r["step_seconds"] for r in rows if r["compressor"] == LOCAL)

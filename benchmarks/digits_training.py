@@ -38,6 +38,9 @@ EPOCH_PREFIX = "epoch-done "
 #: epochs: 1 warm-up and 3 timed steps per candidate (the reference's 5 + 20 would outlast the
 #: training); the other options are the defaults.
 MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
+#: The suffix of a main-job configuration that runs the two-tier exchange (``hierarchical=True``:
+#: dense inside a host, the method across hosts), e.g. ``topk:density=0.01+two-tier``.
+TWO_TIER = "+two-tier"
 #: The DDP configuration with PyTorch's PowerSGD hook (:class:`DdpExchange`).
 POWERSGD = "powersgd"
 
@@ -58,15 +61,16 @@ def add_arguments(parser: argparse.ArgumentParser, *, seeds: Sequence[int], epoc
 
 
 def horovodrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None],
-               timeout: Optional[float] = None) -> None:
-    """Run the command ``argv`` as a ``horovodrun --gloo`` job of ``workers`` ranks on this machine;
-    ``on_line`` sees rank 0's stdout lines. As :func:`_run_job` otherwise."""
+               timeout: Optional[float] = None, hosts: Optional[str] = None) -> None:
+    """Run the command ``argv`` as a ``horovodrun --gloo`` job of ``workers`` ranks on ``hosts``
+    (horovodrun's ``-H``, e.g. ``localhost:2,127.0.0.1:2``: two hosts of this machine; default all
+    on ``localhost``); ``on_line`` sees rank 0's stdout lines. As :func:`_run_job` otherwise."""
     def rank0(line: str) -> None:
         if line.startswith("[0]<stdout>:"):
             on_line(line.split(":", 1)[1].rstrip("\n"))
 
-    _run_job([str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers), "-H", f"localhost:{workers}",
-              "--gloo", *argv], rank0, timeout)
+    _run_job([str(Path(sys.executable).with_name("horovodrun")), "-np", str(workers),
+              "-H", hosts or f"localhost:{workers}", "--gloo", *argv], rank0, timeout)
 
 
 def torchrun(workers: int, argv: Sequence[str], on_line: Callable[[str], None],
@@ -150,7 +154,7 @@ class Recorder:
 
     def row(self, parameters: int, workers: int, **extra: Any) -> Dict[str, Any]:
         """The configuration's row: ``label``, ``compressor`` (the method's name, or ``local``),
-        ``options``, ``groups``, ``accuracy`` (mean over seeds) and ``accuracies``,
+        ``options``, ``groups``, ``hierarchical`` (two-tier asked), ``accuracy`` (mean over seeds) and ``accuracies``,
         ``step_seconds`` (median steady-state step), ``stats`` (:func:`benchmarks.synthetic.summarize_stats`
         of the steady-state steps; empty without exchange), ``parameters``, ``workers``, ``extra``."""
         import numpy as np
@@ -161,9 +165,10 @@ class Recorder:
         if not self.step_seconds:
             raise RuntimeError(f"{self.label}: no settled step in the second half of the {self.epochs} epochs "
                                "(MergeComp's search ran past it): train more epochs")
-        spec, groups = parse_configuration(self.label)
-        name, options = parse_spec(spec)
-        return {"label": self.label, "compressor": name, "options": options, "groups": groups,
+        configuration = parse_configuration(self.label)
+        name, options = parse_spec(configuration.spec)
+        return {"label": self.label, "compressor": name, "options": options, "groups": configuration.groups,
+                "hierarchical": configuration.two_tier,
                 "accuracy": float(np.mean(self.accuracies)), "accuracies": self.accuracies,
                 "step_seconds": float(np.median(self.step_seconds)), "stats": summarize_stats(self.stats, parameters),
                 "parameters": parameters, "workers": workers, **extra}
@@ -176,10 +181,11 @@ def scaled_sgd(model: Any, lr: float, workers: int) -> Any:
     return torch.optim.SGD(model.parameters(), lr=lr * workers, momentum=0.9)
 
 
-def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None) -> Any:
-    """``hs.DistributedOptimizer`` with compressor ``spec`` (``name:key=value,...``) over
-    :func:`scaled_sgd` on ``model``'s parameters (the Horovod job's size). ``spec`` :data:`LOCAL`
-    returns that SGD itself: no exchange (the compute-only baseline)."""
+def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None, hierarchical: bool = False) -> Any:
+    """``hs.DistributedOptimizer`` with compressor ``spec`` (``name:key=value,...``), ``groups``
+    and ``hierarchical`` (never Horovod's environment switch) over :func:`scaled_sgd` on
+    ``model``'s parameters (the Horovod job's size). ``spec`` :data:`LOCAL` returns that SGD
+    itself: no exchange (the compute-only baseline)."""
     import horovod.torch as hvd
 
     import horovod_sparse.torch as hs
@@ -190,7 +196,8 @@ def distributed_sgd(spec: str, model: Any, lr: float, groups: Any = None) -> Any
         return sgd
     name, options = parse_spec(spec)
     return hs.DistributedOptimizer(sgd, named_parameters=model.named_parameters(),
-                                   compression=hs.Compression.create(name, **options), groups=groups)
+                                   compression=hs.Compression.create(name, **options), groups=groups,
+                                   hierarchical=hierarchical)
 
 
 class DdpExchange:
@@ -265,11 +272,28 @@ def _counted_powersgd(exchange: DdpExchange, bucket):
     return future
 
 
-def parse_configuration(label: str) -> Tuple[str, Optional[str]]:
-    """``(compressor spec, groups)`` of a main-job configuration ``SPEC[@GROUPS]``, e.g.
-    ``topk:density=0.01@mergecomp`` -> ``("topk:density=0.01", "mergecomp")``."""
-    spec, _, groups = label.partition("@")
-    return spec, groups or None
+class Configuration(NamedTuple):
+    """A main-job configuration ``SPEC[@GROUPS][+two-tier]`` taken apart: the compressor ``spec``
+    (``name:key=value,...``, or :data:`LOCAL`), the optimizer's ``groups`` (None: Horovod's own
+    grouping) and whether it asks for the two-tier exchange (``hierarchical=True``)."""
+
+    spec: str
+    groups: Optional[str]
+    two_tier: bool
+
+
+def parse_configuration(label: str) -> Configuration:
+    """The :class:`Configuration` of a main-job label, e.g. ``topk:density=0.01@mergecomp+two-tier``
+    -> ``("topk:density=0.01", "mergecomp", True)``."""
+    two_tier = label.endswith(TWO_TIER)
+    spec, _, groups = label[:len(label) - len(TWO_TIER) if two_tier else None].partition("@")
+    return Configuration(spec, groups or None, two_tier)
+
+
+def process_sets(labels: Sequence[str]) -> Optional[str]:
+    """``hvd.init``'s ``process_sets``: ``"dynamic"`` when a configuration runs two-tier (its
+    node and slice process sets are added as it starts), else None."""
+    return "dynamic" if any(parse_configuration(label).two_tier for label in labels) else None
 
 
 def groups_argument(groups: Optional[str]) -> Any:
@@ -299,16 +323,17 @@ class DigitsJob:
     """This rank's part of a digits run: the data split with ``split_seed`` (the same on every
     rank), this rank's shard of the training set, the MLP initialised with ``model_seed`` (the same
     on every rank, and broadcast from rank 0) and its optimizer. In a Horovod job (call after
-    ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec`` and ``groups``; with
+    ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec``, ``groups`` and
+    ``hierarchical``; with
     ``ddp`` (call after ``dist.init_process_group``) the model is trained as
     ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
     (:class:`DdpExchange`, kept in ``exchange``) and :func:`scaled_sgd` steps it; ``groups`` must
-    then be None (DDP's buckets are the groups). Both train the same: the same data, batches, model
-    and learning rate, the gradients averaged over the workers.
+    then be None (DDP's buckets are the groups) and ``hierarchical`` False. Both train the same:
+    the same data, batches, model and learning rate, the gradients averaged over the workers.
     """
 
     def __init__(self, spec: str, *, hidden: int, lr: float, batch_size: int, model_seed: int, split_seed: int,
-                 groups: Any = None, ddp: bool = False) -> None:
+                 groups: Any = None, hierarchical: bool = False, ddp: bool = False) -> None:
         import torch
 
         from benchmarks.data import digits_split, shard
@@ -320,8 +345,9 @@ class DigitsJob:
         if ddp:
             import torch.distributed as dist
 
-            if groups is not None:
-                raise ValueError(f"groups={groups!r}: a DDP job's groups are DDP's buckets")
+            if groups is not None or hierarchical:
+                raise ValueError(f"groups={groups!r}, hierarchical={hierarchical}: a DDP job's groups are DDP's "
+                                 "buckets and its exchange flat")
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
             self.exchange = DdpExchange(spec, self.model)
             self.opt = scaled_sgd(self.model, lr, self.size)
@@ -331,7 +357,7 @@ class DigitsJob:
             import horovod.torch as hvd
 
             self.rank, self.size = hvd.rank(), hvd.size()
-            self.opt = distributed_sgd(spec, self.model, lr, groups)
+            self.opt = distributed_sgd(spec, self.model, lr, groups, hierarchical)
             hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
             self.network = self.model
         x_train, y_train, self.x_test, self.y_test = digits_split(seed=split_seed)

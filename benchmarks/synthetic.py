@@ -39,6 +39,7 @@ import numpy as np
 
 from benchmarks.models import MODELS, count_parameters, model_spec
 from benchmarks.results import command_line, write_results
+from benchmarks.tiers import placement, tier_bytes
 from horovod_sparse.common import registry
 from horovod_sparse.common.registry import parse_spec
 from horovod_sparse.common.stats import BYTE_KINDS
@@ -102,18 +103,6 @@ def wants_process_sets(configs: Sequence[argparse.Namespace]) -> bool:
     return any(asks_two_tier(c) for c in configs)
 
 
-def tier_bytes(summary: Dict[str, Any]) -> Tuple[float, float]:
-    """``(across, node)``: bytes sent per step per worker across hosts (the method's values,
-    indices and metadata: the whole network in a flat exchange) and inside the host (the
-    two-tier exchange's reduce-scatter and allgather), from :func:`summarize_stats`'s figures
-    (0, 0 without statistics; summaries without bytes by kind, as the DDP job's own allreduce
-    and PowerSGD rows, and results written before the ``node`` kind count 0 inside)."""
-    if not summary:
-        return 0.0, 0.0
-    node = summary.get("bytes_sent_by_kind", {}).get("node", 0.0)
-    return summary["bytes_sent"] - node, node
-
-
 def summarize_stats(stats: Sequence[Any], parameters: int) -> Dict[str, Any]:
     """Means over the timed steps of the figures in ``StepStats`` records."""
     if not stats:
@@ -167,12 +156,9 @@ def check_stock(config: argparse.Namespace, name: str) -> None:
 
 
 def topology(config: argparse.Namespace, hvd: Any, tiers: Any) -> Dict[str, Any]:
-    """The fields of a result row that say where it ran: ``hierarchical`` (:func:`asks_two_tier`),
-    ``two_tier`` (whether the exchange runs two-tier: ``tiers``, the front end's, is not None;
-    a job of one host runs flat), ``hosts`` and ``local_size`` (Horovod's ``cross_size()`` and
-    ``local_size()``)."""
-    return {"hierarchical": asks_two_tier(config), "two_tier": tiers is not None, "hosts": hvd.cross_size(),
-            "local_size": hvd.local_size()}
+    """The fields of a result row that say where it ran: ``hierarchical`` (:func:`asks_two_tier`)
+    and :func:`placement`'s."""
+    return {"hierarchical": asks_two_tier(config), **placement(hvd, tiers)}
 
 
 def build_optimizer(model: Any, config: argparse.Namespace, size: int) -> Any:

@@ -604,6 +604,18 @@ MUTATIONS: List[Mutation] = [
       'include = ["horovod_sparse"]',
       ["tests/test_packaging.py"],
       "the wheel ships the top-level package without its front ends and methods"),
+    # -- the main job's report ----------------------------------------------------------------------
+    M("digits-one-node-projected-two-tier", "benchmarks/digits_report.py",
+      'if row.get("two_tier") and per_node > 1 and nodes > 1:',
+      'if row.get("two_tier") and per_node > 1 and nodes >= 1:',
+      ["tests/test_demo.py", "-k", "says_when_to_turn_it_on"],
+      "a two-tier row on a cluster of one node is projected with the two-tier model, which the exchange "
+      "does not run there (it runs flat)"),
+    M("digits-node-link-not-shared", "benchmarks/digits_report.py",
+      "return scaling.predict_step(flat, compute, links.with_workers(workers), per_node=per_node)",
+      "return scaling.predict_step(flat, compute, links.with_workers(workers))",
+      ["tests/test_demo.py", "-k", "says_when_to_turn_it_on"],
+      "--gpus-per-node leaves flat rows projected as if every worker had a link of its own"),
 ]
 
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from benchmarks import models, netem, scaling, synthetic
+from benchmarks import models, netem, scaling, synthetic, tiers
 from benchmarks.cluster import add_ratios, merge_repeats, place, sweep, table
 from horovod_sparse.common.cost_model import AlphaBeta
 from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, TORCHRUN, launcher_env
@@ -120,10 +120,10 @@ def test_two_tier_configurations_and_ratios():
         synthetic.check_stock(synthetic.parser().parse_args(["--optimizer", "stock", "--hierarchical"]), "none")
     stats = {"bytes_sent": 110.0, "bytes_sent_by_kind": {"values": 6.0, "indices": 4.0, "meta": 0.0, "node": 100.0},
              "seconds": {}}
-    assert synthetic.tier_bytes(stats) == (10.0, 100.0) and synthetic.tier_bytes({}) == (0.0, 0.0)
+    assert tiers.tier_bytes(stats) == (10.0, 100.0) and tiers.tier_bytes({}) == (0.0, 0.0)
     old = {"bytes_sent": 10.0, "bytes_sent_by_kind": {"values": 6.0, "indices": 4.0, "meta": 0.0}}
-    assert synthetic.tier_bytes(old) == (10.0, 0.0)  # written before the node kind
-    assert synthetic.tier_bytes({"bytes_sent": 5.0}) == (5.0, 0.0)  # DDP's own allreduce, PowerSGD: no kinds
+    assert tiers.tier_bytes(old) == (10.0, 0.0)  # written before the node kind
+    assert tiers.tier_bytes({"bytes_sent": 5.0}) == (5.0, 0.0)  # DDP's own allreduce, PowerSGD: no kinds
     row = {"workers": 4, "workers_per_host": 2, "rate": "1gbit", "batch_size": 16, "img_sec_per_worker": 1.0,
            "stats": stats}
     rows = add_ratios([{**row, "label": "local", "optimizer": "local", "compressor": "none", "total_img_sec": 40.0},

@@ -192,3 +192,125 @@ def test_links_without_a_fit_scale_beta_from_the_nominal_rates():
     assert scaling.network(fits, "1gbit") == scaling.AlphaBeta(1e-3, 12e-9, 1)
     assert scaling.network(fits, "25gbit").beta == pytest.approx(12e-9 / 25)
     assert scaling.network(scaling.REFERENCE_FITS, "10gbit").beta == 1.9e-9  # its own fit
+
+
+# -- two hosts: the two-tier rows, and the projection to nodes ---------------------------------------------------
+HOSTS = "localhost:2,127.0.0.1:2"
+TWO_TIER_TARGET = ("10gbit", 16)
+ROW_WITH_NODE = re.compile(r"^(?P<label>\S+?)\s+(?P<accuracy>[\d.]+)\s+(?P<points>[+-][\d.]+)\s+(?P<kb>[\d.]+)\s+"
+                           r"(?P<node>[\d.]+)\s+(?P<reduction>[\d.]+)x\s+[\d.]+\s+[\d.]+ \|(?P<cells>.*)$")
+
+
+def test_two_hosts_add_two_tier_rows_with_bytes_per_tier(tmp_path):
+    """``--hosts`` with two hosts of two: every sparse configuration also trains two-tier, the
+    rows say where they ran, the table splits the bytes by tier, gTop-k sends a quarter across
+    hosts (half the pairs, one round instead of two), and the recommendation says, per method,
+    what the projected speed-up over flat on 4 nodes of 4 says."""
+    labels = [f"topk:density={DENSITY}", f"gtopk:density={DENSITY}"]
+    result = demo(tmp_path, "--hosts", HOSTS, "--epochs", "2", "--gpus-per-node", "4", "--compressors", *labels)
+    twins = [label + "+two-tier" for label in labels]
+    assert "2 hosts x 2 workers" in result.stdout and ", 4 per node" in result.stdout
+    printed = {}
+    for line in result.stdout.splitlines():
+        match = ROW_WITH_NODE.match(line)
+        if match:
+            printed[match["label"]] = match.groupdict()
+    assert sorted(printed) == sorted(["none", *labels, *twins])
+    rows = {r["label"]: r for r in json.loads((tmp_path / "digits.json").read_text())["results"]["rows"]}
+    for label in ["none", *labels, *twins]:
+        row, node = rows[label], rows[label]["stats"]["bytes_sent_by_kind"]["node"]
+        assert (row["hosts"], row["local_size"], row["two_tier"]) == (2, 2, label in twins), label
+        across = row["stats"]["bytes_sent"] - node
+        assert float(printed[label]["kb"]) == pytest.approx(across / 1e3, abs=0.006), label
+        assert float(printed[label]["node"]) == pytest.approx(node / 1e3, abs=0.006), label
+        if label in twins:  # the node's collectives move at most the buffer per rank
+            assert 0 < node <= 4 * row["parameters"], label
+        else:
+            assert node == 0, label
+    flat_g = rows[f"gtopk:density={DENSITY}"]["stats"]
+    tier_g = rows[f"gtopk:density={DENSITY}+two-tier"]["stats"]
+    assert tier_g["bytes_sent"] - tier_g["bytes_sent_by_kind"]["node"] == pytest.approx(flat_g["bytes_sent"] / 4,
+                                                                                        rel=0.01)
+    text = " ".join(result.stdout.split())
+    advice = text[text.index("Two-tier exchange on 4 nodes of 4 (projected speed-up over flat): "):].split(" wrote ")[0]
+    cells = table_rows_with_node(result.stdout)
+    for label in labels:  # the target cluster's cell follows the table's four clusters
+        speedup = cells[label][len(CLUSTERS)][0] / cells[label + "+two-tier"][len(CLUSTERS)][0]
+        said = float(re.search(rf"{re.escape(label)} \(([\d.]+)x\)", advice)[1])
+        assert said == pytest.approx(speedup, rel=0.02), (label, advice)
+        turned_on = "turn on" in advice and label in advice.split("keep it off for")[0]
+        assert turned_on == (said > 1), advice
+
+
+def table_rows_with_node(stdout: str) -> Dict[str, List[Any]]:
+    """The projected cells (ms, speed-up) of a table with the node column, by label."""
+    return {m["label"]: [(float(ms), float(x)) for ms, x in CELL.findall(m["cells"])]
+            for m in map(ROW_WITH_NODE.match, stdout.splitlines()) if m}
+
+
+def two_host_rows(node_bytes: float) -> List[Dict[str, Any]]:
+    """A made-up 2 x 2 job: compute-only, dense, Top-k flat and two-tier (half the pairs per rank,
+    two more collectives, ``node_bytes`` inside the host)."""
+    def row(label: str, values: float, collectives: int, select: float, two_tier: bool = False,
+            node: float = 0.0) -> Dict[str, Any]:
+        name = label.split(":")[0]
+        kinds = {"values": values, "indices": 0.0 if name == "none" else values, "meta": 0.0, "node": node}
+        return {"label": label, "compressor": name, "groups": None, "accuracy": 0.95, "workers": 4, "parameters": 1000,
+                "step_seconds": 0.01, "hierarchical": two_tier, "two_tier": two_tier, "hosts": 2, "local_size": 2,
+                "stats": {} if name == "local" else {
+                    "bytes_sent": sum(kinds.values()), "union_density": 0.01, "collectives": collectives,
+                    "bytes_sent_by_kind": kinds, "seconds": {"select": select, "communicate": 1.0}}}
+
+    return [row("local", 0, 0, 0), row("none", 4e6, 1, 0.0), row("topk:density=0.01", 4e4, 2, 1e-3),
+            row("topk:density=0.01+two-tier", 2e4, 4, 5e-4, two_tier=True, node=node_bytes)]
+
+
+def test_report_projects_two_tier_rows_to_nodes_and_says_when_to_turn_it_on():
+    """Against the alpha-beta laws written out here: on 8 nodes of 8 the flat row's allgather
+    brings 8 x 56 remote ranks' pairs through each node link, the two-tier row's the 7 other
+    nodes' (a node's 2 slices each), after 2 inside collectives over NVLink-class links and a
+    selection over a quarter of the slice; on one node, or one worker per node, a two-tier row
+    is its flat row (it runs flat)."""
+    fits = scaling.REFERENCE_FITS
+    a, b = fits["1gbit"]["model"]["alpha"], fits["1gbit"]["model"]["beta"]
+    a_in, b_in = scaling.NVLINK.alpha, scaling.NVLINK.beta
+    compute, node_bytes = 0.01, 4e6
+    report = Report.build(two_host_rows(node_bytes), fits, "made up", ("1gbit", 64), per_node=8)
+    steps = report.steps
+    flat = compute + 1e-3 + 2 * a * 6 + 8 * 56 * b * 8e4
+    two_tier = (compute + 5e-4 * 2 / 8 + 2 * 7 * a_in + 2 * 7 / 8 * b_in * node_bytes
+                + 2 * a * 3 + 7 * b * (2 * 4e4))
+    assert steps["topk:density=0.01"][("1gbit", 64)] == pytest.approx(flat, rel=1e-12)
+    assert steps["topk:density=0.01+two-tier"][("1gbit", 64)] == pytest.approx(two_tier, rel=1e-12)
+    one_node = compute + 1e-3 + 2 * a * 3  # 8 workers on one node: the node link carries nothing
+    assert steps["topk:density=0.01"][("1gbit", 8)] == pytest.approx(one_node, rel=1e-12)
+    assert steps["topk:density=0.01+two-tier"][("1gbit", 8)] == steps["topk:density=0.01"][("1gbit", 8)]
+    advice = " ".join(digits_report.two_tier_advice(report, ("1gbit", 64)).split())
+    assert advice == (f"Two-tier exchange on 8 nodes of 8 (projected speed-up over flat): turn on hierarchical=True "
+                      f"(or horovodrun --hierarchical-allreduce) for topk:density=0.01 ({flat / two_tier:.2f}x).")
+    assert "nothing to gain on 8 workers with one node" in digits_report.two_tier_advice(report, ("1gbit", 8))
+    flat_nodes = Report.build(two_host_rows(node_bytes), fits, "made up", ("1gbit", 64), per_node=1)
+    assert all(flat_nodes.steps["topk:density=0.01+two-tier"][c] == flat_nodes.steps["topk:density=0.01"][c]
+               for c in flat_nodes.clusters)
+    assert "with one worker per node (--gpus-per-node 1)" in digits_report.two_tier_advice(flat_nodes, ("1gbit", 64))
+    slow_inside = Report.build(two_host_rows(1e12), fits, "made up", ("1gbit", 64), per_node=8)
+    assert "keep hierarchical=True (or horovodrun --hierarchical-allreduce) off" in " ".join(
+        digits_report.two_tier_advice(slow_inside, ("1gbit", 64)).split())
+    single_host = Report.build(made_up_rows(), fits, "made up", ("1gbit", 64), per_node=8)
+    assert "not measured (the job ran on one host)" in digits_report.two_tier_advice(single_host, ("1gbit", 64))
+    assert digits_report.two_tier_advice(Report.build(made_up_rows(), fits, "made up", ("1gbit", 64)),
+                                         ("1gbit", 64)) is None  # one host, one worker per node: nothing to say
+
+
+@pytest.mark.parametrize("options, error", [
+    (["--np", "3", "--hosts", HOSTS], "--np 3 but --hosts has 4 slots: give --hosts alone"),
+    (["--hosts", "localhost:2,127.0.0.1:1"], "every host needs the same number of slots"),
+    (["--hosts", "localhost"], "write each host as NAME:SLOTS"),
+    (["--gpus-per-node", "3"], "--gpus-per-node 3 must divide every projected cluster's workers"),
+])
+def test_bad_placement_is_refused_before_training(options, error, capsys):
+    from benchmarks import digits
+
+    with pytest.raises(SystemExit):
+        digits.main(options)
+    assert error in capsys.readouterr().err
