@@ -545,3 +545,20 @@ def test_readme_commands_name_existing_benchmarks_and_options():
         source = (ROOT / "benchmarks" / f"{name}.py").read_text()
         for option in re.findall(r"(--[\w-]+)", rest):
             assert f'"{option}"' in source, f"{page} passes {option} to benchmarks.{name}, which does not declare it"
+
+
+def test_node_collectives_times_the_inside_tier_beside_the_allreduce(tmp_path):
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "node_collectives", "--sizes-mb", "0.1", "0.4", "--repeats", "2",
+                  "--results", str(tmp_path / "node.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    rows = json.loads((tmp_path / "node.json").read_text())["results"]["rows"]
+    assert [(r["megabytes"], r["collective"]) for r in rows] == [
+        (size, c) for size in (0.1, 0.4) for c in ("reducescatter", "allgather", "allreduce")]
+    for rs, ag, ar in (rows[:3], rows[3:]):
+        # A rank of 2 moves half the buffer in a reduce-scatter or an allgather, all of it in an allreduce.
+        assert rs["gbit_per_second"] * rs["seconds"] == pytest.approx(8 * rs["megabytes"] * 1e6 / 2 / 1e9)
+        assert ar["gbit_per_second"] * ar["seconds"] == pytest.approx(8 * ar["megabytes"] * 1e6 / 1e9)
+        assert ar["tier_over_allreduce"] == pytest.approx((rs["seconds"] + ag["seconds"]) / ar["seconds"])
+        assert re.search(rf"^ +{ar['megabytes']:.2f} allreduce +{1e3 * ar['seconds']:.2f} .* "
+                         rf"{ar['tier_over_allreduce']:.2f}$", text, re.M)
