@@ -151,7 +151,7 @@ def parser() -> argparse.ArgumentParser:
 def configurations(args: argparse.Namespace) -> List[str]:
     """The job's configurations, in training order: compute-only, dense, then the methods, each
     followed by its two-tier twin (:data:`TWO_TIER`) when the hosts make one
-    (:func:`two_tier_hosts`)."""
+    (:func:`two_tier_hosts`) or ``--compressors`` asks for it."""
     if args.compressors:
         chosen = [c for c in args.compressors if c != "none"]
     else:
@@ -160,9 +160,11 @@ def configurations(args: argparse.Namespace) -> List[str]:
         chosen = [f"{m}:density={d}" for m in args.methods or available_methods()
                   for d in args.densities]
         chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
-    if two_tier_hosts(args):
-        chosen = [tier for c in chosen for tier in (c, c if c.endswith(TWO_TIER) else c + TWO_TIER)]
-    return [LOCAL, "none", *dict.fromkeys(chosen)]
+    # A two-tier configuration is reported against its flat twin: the twin always trains too.
+    asked = {c.removesuffix(TWO_TIER) for c in chosen if c.endswith(TWO_TIER)}
+    flat = dict.fromkeys(c.removesuffix(TWO_TIER) for c in chosen)
+    return [LOCAL, "none", *(tier for c in flat
+                             for tier in ([c, c + TWO_TIER] if two_tier_hosts(args) or c in asked else [c]))]
 
 
 # -- the job's ranks --------------------------------------------------------------------------------------

@@ -314,3 +314,19 @@ def test_bad_placement_is_refused_before_training(options, error, capsys):
     with pytest.raises(SystemExit):
         digits.main(options)
     assert error in capsys.readouterr().err
+
+
+def test_two_tier_configurations_come_with_their_flat_twins():
+    from benchmarks import digits
+
+    def configurations(*options: str) -> List[str]:
+        return digits.configurations(digits.placed(digits.parser().parse_args(list(options))))
+
+    asked = ["--compressors", "topk:density=0.1+two-tier", "micro:density=0.1"]
+    assert configurations(*asked) == ["local", "none", "topk:density=0.1", "topk:density=0.1+two-tier",
+                                      "micro:density=0.1"]
+    assert configurations("--hosts", HOSTS, *asked)[2:] == ["topk:density=0.1", "topk:density=0.1+two-tier",
+                                                            "micro:density=0.1", "micro:density=0.1+two-tier"]
+    # One worker per host: nothing to split, no twins.
+    assert configurations("--hosts", "localhost:1,127.0.0.1:1", "--compressors", "micro:density=0.1")[2:] == [
+        "micro:density=0.1"]
