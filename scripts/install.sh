@@ -170,18 +170,23 @@ build_horovod_wheel() {
     rm -rf "$out.partial" "$work"
 }
 
+# The venv's Horovod must be the wheel built for its torch, TensorFlow and Python: $venv/.hs_horovod
+# names the cached wheel's folder it was installed from, so a venv whose frameworks changed (an
+# older venv on TensorFlow 2.15, upgraded by create_venv) gets the wheel for the new ones.
 install_horovod() {
-    if "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
-        return
-    fi
     local dir
     dir=$(horovod_wheel_dir)
+    if [ "$(cat "$venv/.hs_horovod" 2>/dev/null)" = "$dir" ] \
+        && "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
+        return
+    fi
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
         build_horovod_wheel "$dir"
     else
         log "reusing cached Horovod wheel from $dir"
     fi
-    "$venv/bin/python" -m pip install -q --no-deps "$dir"/horovod-*.whl
+    "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$dir"/horovod-*.whl
+    echo "$dir" >"$venv/.hs_horovod"
     # Horovod's own runtime requirements, without letting pip touch torch or tensorflow.
     "$venv/bin/python" -m pip install -q cloudpickle psutil pyyaml packaging
 }
