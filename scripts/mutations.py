@@ -468,6 +468,11 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_nonfinite.py", "-k", "test_tensorflow"],
       "each TensorFlow rank decides alone whether to abandon a step (the others wait in its exchange)",
       hang=True, hang_timeout=360),
+    M("tf-keras-3-optimizer-accepted", P + "tensorflow/keras_version.py",
+      "    if keras is None or major_version(keras) < 3:\n",
+      "    if keras is None or major_version(keras) <= 3:\n",
+      ["tests/test_tf_api.py", "-k", "keras_3"],
+      "a keras 3 optimizer is wrapped without a word (Horovod's Keras layer then trains exchanging nothing)"),
 
     # -- DDP comm hook ---------------------------------------------------------------------------
     M("ddp-average-scale-dropped", P + "ddp/hook.py",

@@ -1,13 +1,18 @@
 """Shared fixtures: the repository root on sys.path so tests import the ``tests`` helpers;
 Hypothesis without its timing checks (a 200 ms deadline per example, a "too slow" health check):
 on a shared 2-core machine they fail by how busy the machine is, not by what the code does; and
-a closing line counting the multi-process jobs the session launched and their time."""
+a closing line counting the multi-process jobs the session launched and their time. Before any
+test imports TensorFlow, ``TF_USE_LEGACY_KERAS=1`` (unless set): ``tf.keras`` is Keras 2 (tf-keras),
+which ``horovod_sparse.tensorflow`` needs, in pytest and in every worker it launches."""
 import collections
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, settings
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:

@@ -1,4 +1,6 @@
-"""TensorFlow front end of horovod_sparse (TF 2.15, Keras 2 via ``tf.keras``).
+"""TensorFlow front end of horovod_sparse (TF 2.21 with Keras 2 as ``tf.keras``: the tf-keras
+package under ``TF_USE_LEGACY_KERAS=1``; importing it under Keras 3 raises ``ImportError`` saying
+so, see :mod:`horovod_sparse.tensorflow.keras_version`).
 
     import horovod.tensorflow as hvd
     import horovod_sparse.tensorflow as hs
@@ -18,10 +20,15 @@ a Keras optimizer, and ``horovod.tensorflow.keras.load_model(path, compression=<
 (an HDF5 file: Horovod's ``load_model`` cannot read the ``.keras`` format, swapped or not;
 residuals start empty, restore them with ``model.optimizer.exchanger.load_state_dict``).
 """
-from horovod_sparse.tensorflow.compression import Compression
-from horovod_sparse.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape
-from horovod_sparse.tensorflow.optimizer import DistributedOptimizer
-from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.tensorflow.keras_version import require_keras_2
+
+# Before Horovod's Keras layer is imported below: under Keras 3 it imports, then fails obscurely.
+require_keras_2()
+
+from horovod_sparse.tensorflow.compression import Compression  # noqa: E402
+from horovod_sparse.tensorflow.gradient_tape import DistributedGradientTape, PartialDistributedGradientTape  # noqa: E402
+from horovod_sparse.tensorflow.optimizer import DistributedOptimizer  # noqa: E402
+from horovod_sparse.methods.base import Sparsifier  # noqa: E402
 
 __all__ = ["Compression", "DistributedGradientTape", "DistributedOptimizer", "PartialDistributedGradientTape",
            "Sparsifier"]

@@ -11,8 +11,8 @@
                                hsk.SparsificationStatsCallback()])
 
 This is Horovod's own Keras wrapper (``horovod.tensorflow.keras.DistributedOptimizer``: same
-arguments, local variables, ``backward_passes_per_step`` aggregation, process sets, Keras 2 /
-TF 2.15 optimizers new and legacy) with its gradient reduction replaced by a
+arguments, local variables, ``backward_passes_per_step`` aggregation, process sets, Keras 2
+optimizers new and legacy) with its gradient reduction replaced by a
 :class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger`. Gradients are exchanged after
 the wrapped optimizer computes them and before it clips and applies them, so momentum, weight
 decay and clipping act on the aggregated gradient, as in every reference implementation.
@@ -48,6 +48,7 @@ from horovod_sparse.common.arguments import check_backward_passes, merge_num_gro
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
+from horovod_sparse.tensorflow.keras_version import refuse_keras_3
 from horovod_sparse.tensorflow.loss_scale import tracked_scale
 
 
@@ -77,13 +78,15 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     ``FloatingPointError`` (``"raise"``; traced, a ``tf.errors`` error carrying its message) or
     warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
     (see the module docstring). ``hierarchical`` is the two-tier sparse exchange, as on
-    :func:`horovod_sparse.tensorflow.DistributedGradientTape`.
+    :func:`horovod_sparse.tensorflow.DistributedGradientTape`. An optimizer of the ``keras`` 3
+    package is refused with ``TypeError`` (:func:`~horovod_sparse.tensorflow.keras_version.refuse_keras_3`).
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
         does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``, ``state_dict()`` /
         ``load_state_dict()`` for exact resume) and ``last_stats``.
     """
+    refuse_keras_3(optimizer, "optimizer")
     if op != hvd.Average and op != hvd.Sum:
         raise ValueError("op currently only supports Average and Sum")
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)

@@ -27,6 +27,8 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
+from horovod_sparse.tensorflow.keras_version import refuse_keras_3
+
 #: The current loss scale as a float32 scalar tensor (read when called), or None when the
 #: gradients are not scaled.
 ScaleReader = Callable[[], Optional[tf.Tensor]]
@@ -38,7 +40,8 @@ _TRACKED_NAME = "loss_scale"
 
 def scale_of(loss_scaler: Any) -> ScaleReader:
     """The reader of ``loss_scaler``'s current scale; ``TypeError`` unless it is a
-    ``tf.keras.mixed_precision.LossScaleOptimizer``."""
+    ``tf.keras.mixed_precision.LossScaleOptimizer`` (a Keras 3 one says how to get Keras 2)."""
+    refuse_keras_3(loss_scaler, "loss_scaler")
     if not isinstance(loss_scaler, tf.keras.mixed_precision.LossScaleOptimizer):
         raise TypeError(f"loss_scaler={loss_scaler!r}: pass the tf.keras.mixed_precision.LossScaleOptimizer "
                         "whose get_scaled_loss(loss) the tape differentiates (or None without loss scaling)")
