@@ -56,6 +56,7 @@ def main() -> None:
         "numpy": np.__version__,
     }
     (Path(sys.argv[1]) / f"rank{rank}.json").write_text(json.dumps(record))
+    dist.barrier()  # destroying the group while a peer still uses it aborts that peer
     dist.destroy_process_group()
 
 
