@@ -45,7 +45,7 @@ def is_dense(row: Dict[str, Any]) -> bool:
 
 def flat_label(row: Dict[str, Any]) -> str:
     """The label of a row's flat configuration: its own, or a two-tier row's without :data:`TWO_TIER`."""
-    return row["label"][:-len(TWO_TIER)] if row["label"].endswith(TWO_TIER) else row["label"]
+    return row["label"].removesuffix(TWO_TIER)
 
 
 def projected_step(row: Dict[str, Any], flat: Dict[str, Any], compute: float, links: AlphaBeta, workers: int,
