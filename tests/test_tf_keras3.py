@@ -31,6 +31,8 @@ TOPK = topk_config("k3_topk", 0.05, "keras3", steps=6)
 REFERENCE = [DENSE, TOPK] + [of_method(name) for name in (
     "gtopk_eager", "lags_uniform_keras_function", "micro_histogram", "exdyna_default", "threshold_function",
     "dgc", "gaussiank")]
+#: ``model.fit(run_eagerly=True)``: the same wrapper, eagerly.
+EAGER = topk_config("k3_topk_eager", 0.05, "keras3", steps=4, run_eagerly=True)
 PASSES = topk_config("k3_topk_two_passes", 0.05, "keras3", steps=4, scenario="passes", passes=2)
 #: An Inf on rank 1 at the last step.
 SKIP = topk_config("k3_topk_skip", 0.05, "keras3", steps=4, scenario="nonfinite", nonfinite="skip", bad=[1, 3])
@@ -38,7 +40,7 @@ RAISE = dict(SKIP, name="k3_topk_raise", nonfinite="raise")
 SCALER = dict(SKIP, name="k3_topk_scaler", scenario="scaler", initial_scale=16.0)
 del SCALER["nonfinite"]
 RESTORED = topk_config("k3_topk_restored", 0.05, "keras3", steps=3, scenario="restored")
-CONFIGS = REFERENCE + [PASSES, SKIP, RAISE, SCALER, RESTORED]
+CONFIGS = REFERENCE + [EAGER, PASSES, SKIP, RAISE, SCALER, RESTORED]
 
 job = job_fixture("tf_keras3.py", 2, CONFIGS, env={"TF_USE_LEGACY_KERAS": None})
 
@@ -53,18 +55,19 @@ def reference_of(config):
 
 @pytest.mark.parametrize("config", CONFIGS, ids=[c["name"] for c in CONFIGS])
 def test_keras_3_traced_fit_from_rank_0s_weights(job, config):
-    """Every config ran under Keras 3, traced, and BroadcastGlobalVariablesCallback(0) gave
-    every rank rank 0's weights (zeros) before the first step."""
+    """Every config ran under Keras 3, traced (but the eager one), and
+    BroadcastGlobalVariablesCallback(0) gave every rank rank 0's weights (zeros) before the
+    first step."""
     obs = Observed(job, config["name"], 2)
     for rank in range(2):
         assert obs.meta[rank]["tf_keras"].startswith("keras."), obs.meta[rank]["tf_keras"]
         assert obs.meta[rank]["keras"].startswith("3."), obs.meta[rank]["keras"]
-        assert not obs.meta[rank]["run_eagerly"]
+        assert obs.meta[rank]["run_eagerly"] == config.get("run_eagerly", False)
         for i in range(len(config["shapes"])):
             np.testing.assert_array_equal(obs.arrays[rank][f"start_{i}"], 0.0, err_msg=f"rank {rank} start {i}")
 
 
-@pytest.mark.parametrize("config", REFERENCE + [PASSES], ids=[c["name"] for c in REFERENCE + [PASSES]])
+@pytest.mark.parametrize("config", REFERENCE + [EAGER, PASSES], ids=[c["name"] for c in REFERENCE + [EAGER, PASSES]])
 def test_matches_slow_reference_with_identical_replicas(job, config):
     """The update of every step (the weights' difference, SGD at learning rate 1) and the final
     residuals equal the slow reference's to float32 rounding; replicas are bitwise identical."""

@@ -13,7 +13,7 @@ of the weights before and after it: they are recorded after every batch and writ
 statistics in the JSON record), which ``tests/checks.py`` reads.
 
 Config: {"name", "method" ("none": Horovod's Compression.none), "options", "groups", "shapes",
-"seed", "steps", "scenario"}, the scenario one of
+"seed", "steps", "scenario", "run_eagerly"}, the scenario one of
 
 * ``"reference"``: as above, with ``MetricAverageCallback`` and ``SparsificationStatsCallback``;
 * ``"passes"``: ``backward_passes_per_step=passes``, step t's gradient arriving over that many
@@ -111,7 +111,8 @@ def run(config, out):
     for variable in model.params:  # rank 0 starts from zeros, the others elsewhere
         variable.assign(np.zeros(variable.shape) if rank == 0 else rng.standard_normal(variable.shape))
     optimizer = optimizer_for(config)
-    model.compile(optimizer=optimizer, loss=lambda y_true, y_pred: y_pred, jit_compile=False)
+    model.compile(optimizer=optimizer, loss=lambda y_true, y_pred: y_pred, jit_compile=False,
+                  run_eagerly=config.get("run_eagerly", False))
     if config.get("scenario") == "restored" and rank == 0:
         optimizer.build(model.trainable_variables)
         optimizer.iterations.assign(5)
