@@ -115,12 +115,19 @@ def test_keras_3_gradient_accumulation_is_refused_for_backward_passes_per_step()
 
 def test_a_loss_scale_optimizer_inside_the_keras_3_wrapper_lends_it_its_scale():
     """``DistributedOptimizer(LossScaleOptimizer(opt))``: still a LossScaleOptimizer (model.compile
-    under mixed_float16 does not wrap it again), the exchange reads its dynamic scale, and the
+    under mixed_float16 takes it as it is), the exchange reads its dynamic scale, and the
     scaler, not the nonfinite policy, skips an abandoned step (so nonfinite=None is refused)."""
     optimizer = hs_keras.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1),
                                                                                   initial_scale=8.0), compression=TOPK)
     assert isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and optimizer.exchanger.reports_in is None
-    optimizer.build([keras.Variable(np.zeros(3, np.float32))])
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(optimizer=optimizer, loss="mse")
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.optimizer is optimizer
+    optimizer.build(model.trainable_variables)
     assert float(optimizer.exchanger.loss_scale()) == 8.0
     with pytest.raises(ValueError, match="nonfinite=None with loss_scaler"):
         hs_keras.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1)),
