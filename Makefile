@@ -10,7 +10,8 @@ export OMP_NUM_THREADS ?= 1
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # TensorFlow >= 2.16's tf.keras is Keras 3 unless this makes it tf-keras (Keras 2), which
-# horovod_sparse.tensorflow and Horovod 0.28.1's Keras layer need (the package refuses Keras 3).
+# Horovod 0.28.1's Keras layer and the suite's Keras 2 tests need (tests/test_tf_keras3.py runs
+# its workers without it, under Keras 3).
 export TF_USE_LEGACY_KERAS ?= 1
 
 .PHONY: install demo lint docs test mutations

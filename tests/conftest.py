@@ -3,7 +3,8 @@ Hypothesis without its timing checks (a 200 ms deadline per example, a "too slow
 on a shared 2-core machine they fail by how busy the machine is, not by what the code does; and
 a closing line counting the multi-process jobs the session launched and their time. Before any
 test imports TensorFlow, ``TF_USE_LEGACY_KERAS=1`` (unless set): ``tf.keras`` is Keras 2 (tf-keras),
-which ``horovod_sparse.tensorflow`` needs, in pytest and in every worker it launches."""
+the Keras of most TensorFlow tests, in pytest and in every worker it launches (the Keras 3 job
+removes it from its workers' environment)."""
 import collections
 import os
 import sys

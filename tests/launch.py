@@ -59,15 +59,16 @@ def worker_env() -> Dict[str, str]:
 
 
 def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "gloo",
-               timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None,
+               timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, Optional[str]]] = None,
                hosts: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run ``tests/workers/<script>`` on ``np`` local processes (``env`` added to
-    :func:`launcher_env`) with ``horovodrun`` (:data:`SUITE_HOROVODRUN`) over ``backend``, or
-    with ``torchrun`` for ``backend="torchrun"`` (its own rendezvous on a free port); raise with
-    the output on failure. ``hosts``: horovodrun's ``-H`` (default ``localhost:np``); names of
-    this machine such as ``localhost:2,127.0.0.1:2`` emulate several hosts (Horovod gives each
-    name its own ``cross_rank``)."""
-    env = {**launcher_env(), **(env or {})}
+    :func:`launcher_env`, a None value removing the variable) with ``horovodrun``
+    (:data:`SUITE_HOROVODRUN`) over ``backend``, or with ``torchrun`` for ``backend="torchrun"``
+    (its own rendezvous on a free port); raise with the output on failure. ``hosts``:
+    horovodrun's ``-H`` (default ``localhost:np``); names of this machine such as
+    ``localhost:2,127.0.0.1:2`` emulate several hosts (Horovod gives each name its own
+    ``cross_rank``)."""
+    env = {name: value for name, value in {**launcher_env(), **(env or {})}.items() if value is not None}
     if backend == "torchrun":
         command = [TORCHRUN, "--standalone", "--nproc-per-node", str(np), str(WORKERS / script), *args]
     else:
@@ -108,7 +109,7 @@ def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, m
 
 
 def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], backend: str = "gloo",
-                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, str]] = None,
+                timeout: float = HANG_TIMEOUT, env: Optional[Dict[str, Optional[str]]] = None,
                 hosts: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run one launch that goes through every config in ``configs`` (one launch amortises the
     few seconds of start-up every worker pays); results go under ``out`` (``hosts``: see
@@ -119,16 +120,16 @@ def run_configs(script: str, np: int, out: Path, configs: List[Dict[str, Any]], 
 
 
 def job_fixture(script: str, np: int, configs: List[Dict[str, Any]], timeout: float = HANG_TIMEOUT,
-                hosts: Optional[str] = None) -> Any:
+                hosts: Optional[str] = None, env: Optional[Dict[str, Optional[str]]] = None) -> Any:
     """A module-scoped pytest fixture running every config of ``configs`` in one ``script`` job
-    on ``np`` workers (:func:`run_configs`, ``hosts`` as there); it yields the folder of the
-    workers' records."""
+    on ``np`` workers (:func:`run_configs`, ``hosts`` and ``env`` as there); it yields the folder
+    of the workers' records."""
     import pytest
 
     @pytest.fixture(scope="module")
     def job(tmp_path_factory: Any) -> Path:
         out = tmp_path_factory.mktemp(Path(script).stem)
-        run_configs(script, np, out, configs, timeout=timeout, hosts=hosts)
+        run_configs(script, np, out, configs, timeout=timeout, env=env, hosts=hosts)
         return out
 
     return job

@@ -10,7 +10,15 @@
     model.fit(x, y, callbacks=[hsk.callbacks.BroadcastGlobalVariablesCallback(0),
                                hsk.SparsificationStatsCallback()])
 
-This is Horovod's own Keras wrapper (``horovod.tensorflow.keras.DistributedOptimizer``: same
+Keras 2 and Keras 3 both work. An optimizer of the ``keras`` 3 package (``keras.optimizers.*``,
+and ``tf.keras.optimizers.*`` when ``tf.keras`` is Keras 3) is wrapped by
+:func:`horovod_sparse.tensorflow.keras3.DistributedOptimizer` (see there: exchange in ``apply``,
+``jit_compile=False``, loss scaling as ``DistributedOptimizer(LossScaleOptimizer(opt))``), and
+:mod:`callbacks` is then :mod:`horovod_sparse.tensorflow.keras3_callbacks`. The rest of this
+docstring is the Keras 2 path (``tf.keras`` is tf-keras, ``TF_USE_LEGACY_KERAS=1``), where Horovod
+0.28.1's Keras layer is used; under Keras 3 it is never imported (it does not work there).
+
+On Keras 2 this is Horovod's own Keras wrapper (``horovod.tensorflow.keras.DistributedOptimizer``: same
 arguments, local variables, ``backward_passes_per_step`` aggregation, process sets, Keras 2
 optimizers new and legacy) with its gradient reduction replaced by a
 :class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger`. Gradients are exchanged after
@@ -29,30 +37,37 @@ Horovod's wrapper (it never calls this optimizer's ``apply_gradients`` then, so 
 policy never acts), and the scale of a dynamic one is divided out of the residuals
 (:mod:`horovod_sparse.tensorflow.loss_scale`).
 
-Horovod's callbacks work unchanged and are re-exported as :mod:`callbacks`
+On Keras 2, Horovod's callbacks work unchanged and are re-exported as :mod:`callbacks`
 (``BroadcastGlobalVariablesCallback``, ``MetricAverageCallback``, ``LearningRateWarmupCallback``,
 ``LearningRateScheduleCallback``, ``BestModelCheckpoint``): the residuals are per-rank state and
-are never broadcast.
+are never broadcast. :class:`SparsificationStatsCallback` works under both.
 """
 from __future__ import annotations
 
 from typing import IO, Any, Dict, List, Optional
 
-import horovod._keras as _impl
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from horovod.tensorflow.keras import callbacks  # noqa: F401  (re-exported: Horovod's callbacks work as they are)
 
 from horovod_sparse.common.arguments import check_backward_passes, merge_num_groups
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
-from horovod_sparse.tensorflow.keras_version import refuse_keras_3
+from horovod_sparse.tensorflow.keras_version import LEGACY_FIX, is_keras_3_optimizer, tf_keras_is_keras_3
 from horovod_sparse.tensorflow.loss_scale import tracked_scale
 
+#: Whether ``tf.keras`` is Keras 3: Horovod's Keras layer is then never imported.
+KERAS_3 = tf_keras_is_keras_3()
+if KERAS_3:
+    from horovod_sparse.tensorflow import keras3_callbacks as callbacks
+    _impl: Any = None
+else:
+    import horovod._keras as _impl
+    from horovod.tensorflow.keras import callbacks  # noqa: F401  (re-exported: Horovod's callbacks work as they are)
 
-def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optional[str] = None,
+
+def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          device_dense: str = "", device_sparse: str = "",
                          compression: Any = hvd.Compression.none, sparse_as_dense: bool = False,
                          gradient_predivide_factor: float = 1.0, op: Any = hvd.Average,
@@ -62,7 +77,7 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
                          scale_local_gradients: bool = True,
                          stats_log: Optional[IO[str]] = None,
                          nonfinite: Optional[str] = "default",
-                         hierarchical: Optional[bool] = None) -> tf.keras.optimizers.Optimizer:
+                         hierarchical: Optional[bool] = None) -> Any:
     """Wrap a Keras optimizer so its gradients are exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -79,14 +94,25 @@ def DistributedOptimizer(optimizer: tf.keras.optimizers.Optimizer, name: Optiona
     warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
     (see the module docstring). ``hierarchical`` is the two-tier sparse exchange, as on
     :func:`horovod_sparse.tensorflow.DistributedGradientTape`. An optimizer of the ``keras`` 3
-    package is refused with ``TypeError`` (:func:`~horovod_sparse.tensorflow.keras_version.refuse_keras_3`).
+    package goes to :func:`horovod_sparse.tensorflow.keras3.DistributedOptimizer` with every
+    argument; while ``tf.keras`` is Keras 3 any other optimizer raises ``TypeError``.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
         does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``, ``state_dict()`` /
         ``load_state_dict()`` for exact resume) and ``last_stats``.
     """
-    refuse_keras_3(optimizer, "optimizer")
+    if is_keras_3_optimizer(optimizer):
+        from horovod_sparse.tensorflow import keras3
+
+        return keras3.DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
+                                           gradient_predivide_factor, op, backward_passes_per_step,
+                                           average_aggregated_gradients, num_groups, groups, process_set,
+                                           scale_local_gradients, stats_log, nonfinite, hierarchical)
+    if KERAS_3:
+        raise TypeError(f"optimizer={type(optimizer).__module__}.{type(optimizer).__name__} is not a Keras 3 "
+                        "optimizer, while tf.keras is Keras 3: pass a keras.optimizers.Optimizer "
+                        f"(tf.keras.optimizers.* is one here), or, for a Keras 2 optimizer, {LEGACY_FIX}")
     if op != hvd.Average and op != hvd.Sum:
         raise ValueError("op currently only supports Average and Sum")
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)
@@ -177,7 +203,12 @@ def load_model(filepath: str, custom_optimizers: Optional[List[type]] = None,
                custom_objects: Optional[Dict[str, Any]] = None, compression: Any = hvd.Compression.none,
                legacy_opts: bool = False) -> tf.keras.Model:
     """``horovod.tensorflow.keras.load_model`` with the optimizer wrapped by this module's
-    :func:`DistributedOptimizer` (residuals start empty: they are not part of a saved model)."""
+    :func:`DistributedOptimizer` (residuals start empty: they are not part of a saved model).
+    Keras 2 only (Horovod's ``load_model``): under Keras 3 it raises ``NotImplementedError``."""
+    if _impl is None:
+        raise NotImplementedError("load_model is Horovod 0.28.1's Keras 2 load_model; under Keras 3 load the model "
+                                  "with keras.saving.load_model(path) and compile it again with "
+                                  "DistributedOptimizer(...) (residuals start empty either way)")
 
     def wrap_optimizer(cls: type) -> Any:
         return lambda **kwargs: DistributedOptimizer(cls(**kwargs), compression=compression)

@@ -1,15 +1,21 @@
-"""Which Keras ``tf.keras`` is, and the refusal of Keras 3.
+"""Which Keras ``tf.keras`` is, and which Keras an optimizer belongs to.
 
 From TensorFlow 2.16 on, ``tf.keras`` is Keras 3 unless the environment variable
 ``TF_USE_LEGACY_KERAS=1`` is set before ``tf.keras`` is first used, which makes it the ``tf-keras``
-package (Keras 2). This front end, and Horovod 0.28.1's Keras layer under it, are written for
-Keras 2. Under Keras 3 they break in ways that do not say why: Horovod's broadcast callback fails
-on a Keras 3 variable (``'Variable' object has no attribute 'ref'``), and a Keras 3 optimizer
-trains with no exchange at all and no error (Keras 3 calls ``apply_gradients`` directly, while
-Horovod's wrapper reduces in ``get_gradients`` / ``_compute_gradients``). So the front end refuses
-Keras 3 up front: :func:`require_keras_2` when ``horovod_sparse.tensorflow`` is imported, and
-:func:`refuse_keras_3` where a Keras optimizer is accepted (a Keras 3 optimizer can still be built
-from the ``keras`` 3 package, ``import keras``, when ``tf.keras`` is Keras 2).
+package (Keras 2). The front end works under both:
+
+* Keras 2 (``tf.keras`` is tf-keras): the Keras wrapper is Horovod 0.28.1's own Keras layer
+  (``horovod._keras``) with the exchange installed, and Horovod's callbacks;
+* Keras 3 (the ``keras`` package, TensorFlow backend): Horovod's Keras layer is written for
+  Keras 2 and breaks there without saying why (its broadcast callback fails on a Keras 3
+  variable, ``'Variable' object has no attribute 'ref'``; its optimizer wrapper reduces in
+  ``get_gradients``, which Keras 3 never calls, so training runs with no exchange and no error).
+  So it is never imported on that path: a Keras 3 optimizer is wrapped by
+  :mod:`horovod_sparse.tensorflow.keras3`, and :mod:`horovod_sparse.tensorflow.keras3_callbacks`
+  gives the callbacks.
+
+The Keras of an optimizer decides which wrapper takes it (:func:`is_keras_3_optimizer`), so a
+``keras`` 3 optimizer is wrapped for Keras 3 also while ``tf.keras`` is Keras 2.
 """
 from __future__ import annotations
 
@@ -19,10 +25,9 @@ from typing import Any
 
 import tensorflow as tf
 
-#: How to get Keras 2, named in every refusal.
-FIX = ("set TF_USE_LEGACY_KERAS=1 in the environment before TensorFlow is imported (with the tf-keras "
-       "package installed, `pip install horovod_sparse[tensorflow]`), so that tf.keras is Keras 2, and build "
-       "the model and the optimizer with tf.keras (or `import tf_keras`), not with the `keras` 3 package")
+#: How to get Keras 2 as ``tf.keras``, named where only Keras 2 will do.
+LEGACY_FIX = ("set TF_USE_LEGACY_KERAS=1 in the environment before TensorFlow is imported (with the tf-keras "
+              "package installed, `pip install horovod_sparse[tensorflow]`), so that tf.keras is Keras 2")
 
 
 def major_version(keras: ModuleType) -> int:
@@ -30,24 +35,17 @@ def major_version(keras: ModuleType) -> int:
     return int(keras.__version__.split(".")[0])
 
 
-def require_keras_2() -> None:
-    """Raise ``ImportError`` unless ``tf.keras`` is Keras 2 (TF 2.15's own, or ``tf-keras``)."""
+def tf_keras_is_keras_3() -> bool:
+    """Whether ``tf.keras`` is Keras 3 (TensorFlow >= 2.16 without ``TF_USE_LEGACY_KERAS=1``)."""
     package = sys.modules[tf.keras.__name__.split(".")[0]]  # e.g. tf_keras.api._v2.keras -> tf_keras
-    if major_version(package) >= 3:
-        raise ImportError(f"horovod_sparse.tensorflow needs Keras 2 as tf.keras, but tf.keras is Keras "
-                          f"{package.__version__} (TensorFlow {tf.__version__}'s default): {FIX}.")
+    return major_version(package) >= 3
 
 
-def refuse_keras_3(obj: Any, argument: str) -> None:
-    """Raise ``TypeError`` when ``obj``, passed as ``argument``, is an optimizer of the ``keras`` 3
-    package. Only an imported ``keras`` can have made one, so nothing is imported here."""
+def is_keras_3_optimizer(obj: Any) -> bool:
+    """Whether ``obj`` is an optimizer of the ``keras`` 3 package (``keras.optimizers.Optimizer``).
+    Only an imported ``keras`` can have made one, so nothing is imported here."""
     keras = sys.modules.get("keras")
-    if keras is None or major_version(keras) < 3:
-        return
-    if isinstance(obj, keras.optimizers.Optimizer):
-        raise TypeError(f"{argument}={type(obj).__module__}.{type(obj).__name__} is a Keras 3 optimizer, which "
-                        f"Horovod 0.28.1's Keras layer cannot wrap (Keras 3 would apply the gradients without "
-                        f"exchanging them): {FIX}.")
+    return keras is not None and major_version(keras) >= 3 and isinstance(obj, keras.optimizers.Optimizer)
 
 
-__all__ = ["FIX", "major_version", "refuse_keras_3", "require_keras_2"]
+__all__ = ["LEGACY_FIX", "is_keras_3_optimizer", "major_version", "tf_keras_is_keras_3"]

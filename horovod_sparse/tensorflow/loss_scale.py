@@ -19,7 +19,10 @@ Where the exchange finds the scale:
   state a checkpoint dependency of the optimizer it wraps, named ``"loss_scale"`` (Keras saves
   the two as one optimizer), and the wrapper reads the scale there at each exchange. A fixed
   scale (``dynamic=False``) is a Python float the wrapped optimizer cannot see: its residuals
-  then hold gradients times that constant scale (nothing is lost: it never changes).
+  then hold gradients times that constant scale (nothing is lost: it never changes);
+* the Keras 3 ``DistributedOptimizer`` wrapping a Keras 3 LossScaleOptimizer
+  (``hsk.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))``,
+  :mod:`horovod_sparse.tensorflow.keras3`): its ``dynamic_scale`` (:func:`keras_3_scale`).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from typing import Any, Callable, Optional
 
 import tensorflow as tf
 
-from horovod_sparse.tensorflow.keras_version import refuse_keras_3
+from horovod_sparse.tensorflow.keras_version import LEGACY_FIX, is_keras_3_optimizer
 
 #: The current loss scale as a float32 scalar tensor (read when called), or None when the
 #: gradients are not scaled.
@@ -40,8 +43,13 @@ _TRACKED_NAME = "loss_scale"
 
 def scale_of(loss_scaler: Any) -> ScaleReader:
     """The reader of ``loss_scaler``'s current scale; ``TypeError`` unless it is a
-    ``tf.keras.mixed_precision.LossScaleOptimizer`` (a Keras 3 one says how to get Keras 2)."""
-    refuse_keras_3(loss_scaler, "loss_scaler")
+    Keras 2 ``tf.keras.mixed_precision.LossScaleOptimizer`` (a Keras 3 one says what to do instead)."""
+    if is_keras_3_optimizer(loss_scaler):
+        raise TypeError(f"loss_scaler={type(loss_scaler).__module__}.{type(loss_scaler).__name__} is a Keras 3 "
+                        "optimizer; the tape's loss_scaler is a Keras 2 LossScaleOptimizer (get_scaled_loss, "
+                        "loss_scale). With Keras 3, wrap the optimizer instead: horovod_sparse.tensorflow.keras."
+                        "DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt), ...); for the tape, "
+                        f"{LEGACY_FIX} and pass tf.keras.mixed_precision.LossScaleOptimizer (tf-keras)")
     if not isinstance(loss_scaler, tf.keras.mixed_precision.LossScaleOptimizer):
         raise TypeError(f"loss_scaler={loss_scaler!r}: pass the tf.keras.mixed_precision.LossScaleOptimizer "
                         "whose get_scaled_loss(loss) the tape differentiates (or None without loss scaling)")
@@ -59,6 +67,13 @@ def tracked_scale(optimizer: Any) -> ScaleReader:
     return read
 
 
+def keras_3_scale(loss_scale_optimizer: Any) -> ScaleReader:
+    """The reader of the current scale of a Keras 3 ``keras.optimizers.LossScaleOptimizer``
+    (always dynamic): its ``dynamic_scale`` variable, which exists once it is built (before the
+    first exchange: the Keras 3 wrapper builds it first)."""
+    return lambda: tf.convert_to_tensor(loss_scale_optimizer.dynamic_scale, tf.float32)
+
+
 def rescaled(tensor: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
     """``tensor * factor`` (``factor`` a float32 scalar) computed in float64 for float64 tensors
     and in float32 otherwise, in ``tensor``'s dtype: a float16 group neither overflows the factor
@@ -68,4 +83,4 @@ def rescaled(tensor: tf.Tensor, factor: tf.Tensor) -> tf.Tensor:
     return tf.cast(tf.cast(tensor, wide) * tf.cast(factor, wide), tensor.dtype)
 
 
-__all__ = ["ScaleReader", "rescaled", "scale_of", "tracked_scale"]
+__all__ = ["ScaleReader", "keras_3_scale", "rescaled", "scale_of", "tracked_scale"]

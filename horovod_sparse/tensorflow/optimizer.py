@@ -1,7 +1,8 @@
 """``horovod_sparse.tensorflow.DistributedOptimizer``: ``hvd.DistributedOptimizer``'s dispatch.
 
 As in Horovod, a Keras optimizer is wrapped by the Keras wrapper
-(:func:`horovod_sparse.tensorflow.keras.DistributedOptimizer`). A TF1 ``tf.compat.v1.train``
+(:func:`horovod_sparse.tensorflow.keras.DistributedOptimizer`: Horovod's Keras layer for a Keras 2
+one, :mod:`horovod_sparse.tensorflow.keras3` for a ``keras`` 3 one). A TF1 ``tf.compat.v1.train``
 optimizer goes to Horovod's own wrapper with a dense compression; with a sparsifier it is refused
 (graph-mode sessions are not supported; use a Keras optimizer or ``DistributedGradientTape``).
 
