@@ -12,7 +12,7 @@
 
 Keras 2 and Keras 3 both work. An optimizer of the ``keras`` 3 package (``keras.optimizers.*``,
 and ``tf.keras.optimizers.*`` when ``tf.keras`` is Keras 3) is wrapped by
-:func:`horovod_sparse.tensorflow.keras3.DistributedOptimizer` (see there: exchange in ``apply``,
+:mod:`horovod_sparse.tensorflow.keras3` (see there: exchange in ``apply``,
 ``jit_compile=False``, loss scaling as ``DistributedOptimizer(LossScaleOptimizer(opt))``), and
 :mod:`callbacks` is then :mod:`horovod_sparse.tensorflow.keras3_callbacks`. The rest of this
 docstring is the Keras 2 path (``tf.keras`` is tf-keras, ``TF_USE_LEGACY_KERAS=1``), where Horovod
@@ -94,22 +94,17 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
     (see the module docstring). ``hierarchical`` is the two-tier sparse exchange, as on
     :func:`horovod_sparse.tensorflow.DistributedGradientTape`. An optimizer of the ``keras`` 3
-    package goes to :func:`horovod_sparse.tensorflow.keras3.DistributedOptimizer` with every
-    argument; while ``tf.keras`` is Keras 3 any other optimizer raises ``TypeError``.
+    package is wrapped by :func:`horovod_sparse.tensorflow.keras3.wrap` (what differs there, and
+    what is refused, is in that module's docstring); while ``tf.keras`` is Keras 3 any other
+    optimizer raises ``TypeError``.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
         does) with ``exchanger`` (``groups()``, ``residuals()``, ``steps``, ``state_dict()`` /
         ``load_state_dict()`` for exact resume) and ``last_stats``.
     """
-    if is_keras_3_optimizer(optimizer):
-        from horovod_sparse.tensorflow import keras3
-
-        return keras3.DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
-                                           gradient_predivide_factor, op, backward_passes_per_step,
-                                           average_aggregated_gradients, num_groups, groups, process_set,
-                                           scale_local_gradients, stats_log, nonfinite, hierarchical)
-    if KERAS_3:
+    keras_3 = is_keras_3_optimizer(optimizer)
+    if KERAS_3 and not keras_3:
         raise TypeError(f"optimizer={type(optimizer).__module__}.{type(optimizer).__name__} is not a Keras 3 "
                         "optimizer, while tf.keras is Keras 3: pass a keras.optimizers.Optimizer "
                         f"(tf.keras.optimizers.* is one here), or, for a Keras 2 optimizer, {LEGACY_FIX}")
@@ -117,10 +112,17 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
         raise ValueError("op currently only supports Average and Sum")
     backward_passes_per_step = check_backward_passes(backward_passes_per_step)
     groups = merge_num_groups(num_groups, groups)
+    if keras_3:
+        from horovod_sparse.tensorflow import keras3
+
+        groups = keras3.prepare(optimizer, groups, scale_local_gradients)
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
                                   groups, process_set, device_dense, device_sparse, stats_log, nonfinite,
                                   backward_passes_per_step, hierarchical=hierarchical)
+    if keras_3:
+        return keras3.wrap(optimizer, exchanger, nonfinite, backward_passes_per_step, average_aggregated_gradients,
+                           sparse_as_dense, process_set)
     # Horovod builds its wrapper (class, checks, local-gradient aggregation) around a dense
     # reduction; the exchanger then takes that reduction's place everywhere Horovod calls it.
     wrapped = _impl.create_distributed_optimizer(

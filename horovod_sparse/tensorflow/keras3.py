@@ -56,7 +56,7 @@ The callbacks for Keras 3 are :mod:`horovod_sparse.tensorflow.keras3_callbacks`.
 """
 from __future__ import annotations
 
-from typing import IO, Any, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import horovod.tensorflow as hvd
 import keras
@@ -65,7 +65,6 @@ from horovod.tensorflow.gradient_aggregation_eager import LocalGradientAggregati
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import control_flow_util
 
-from horovod_sparse.common.arguments import check_backward_passes, merge_num_groups
 from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
@@ -181,52 +180,41 @@ class _Distributed:
         return None
 
 
-def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[str] = None,
-                         device_dense: str = "", device_sparse: str = "",
-                         compression: Any = hvd.Compression.none, sparse_as_dense: bool = False,
-                         gradient_predivide_factor: float = 1.0, op: Any = hvd.Average,
-                         backward_passes_per_step: int = 1, average_aggregated_gradients: bool = False,
-                         num_groups: int = 0, groups: Any = None,
-                         process_set: hvd.ProcessSet = hvd.global_process_set,
-                         scale_local_gradients: bool = True,
-                         stats_log: Optional[IO[str]] = None,
-                         nonfinite: Optional[str] = "default",
-                         hierarchical: Optional[bool] = None) -> keras.optimizers.Optimizer:
-    """Wrap a ``keras`` 3 optimizer (or a ``keras.optimizers.LossScaleOptimizer`` of one) so that
-    its gradients are exchanged over Horovod in ``apply``, sparsely when ``compression``
-    sparsifies.
-
-    The arguments are those of :func:`horovod_sparse.tensorflow.keras.DistributedOptimizer`, with
-    the same meaning; ``groups`` given as lists of variables may hold Keras 3 variables. Refused
-    with ``ValueError``: ``op`` other than Average/Sum, ``backward_passes_per_step`` below 1,
-    ``scale_local_gradients=False`` (no local variables here), an optimizer with
-    ``gradient_accumulation_steps`` (use ``backward_passes_per_step``), ``nonfinite=None`` with a
-    sparsifier around a LossScaleOptimizer. See the module docstring for XLA and loss scaling.
-
-    Returns:
-        An optimizer of the same class as ``optimizer``, built from its config (dynamically
-        subclassed, as Horovod does), with ``exchanger`` (``groups()``, ``residuals()``,
-        ``steps``, ``state_dict()`` / ``load_state_dict()``) and ``last_stats``.
-    """
-    if op != hvd.Average and op != hvd.Sum:
-        raise ValueError("op currently only supports Average and Sum")
-    backward_passes_per_step = check_backward_passes(backward_passes_per_step)
-    groups = merge_num_groups(num_groups, groups)
+def prepare(optimizer: keras.optimizers.Optimizer, groups: Any, scale_local_gradients: bool) -> Any:
+    """Refuse what cannot apply to the Keras 3 ``optimizer`` (or a ``keras.optimizers.
+    LossScaleOptimizer`` of one), with ``ValueError`` naming the fix: ``scale_local_gradients=False``
+    (no local variables here) and Keras 3's own ``gradient_accumulation_steps`` (use
+    ``backward_passes_per_step``). Returns ``groups`` with Keras 3 variables given as their
+    ``tf.Variable`` (:func:`tf_variable`), what the exchanger's layouts match."""
     if not scale_local_gradients:
         raise ValueError("scale_local_gradients=False acts on Horovod's local variables (register_local_var), "
                          "which the Keras 3 wrapper does not have (it exchanges every variable); leave it True")
-    scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-    inner = optimizer.inner_optimizer if scaler else optimizer
+    inner = optimizer.inner_optimizer if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) else optimizer
     if inner.gradient_accumulation_steps:
         raise ValueError(f"gradient_accumulation_steps={inner.gradient_accumulation_steps} on the Keras 3 optimizer "
                          "would exchange at every pass: leave it unset and pass backward_passes_per_step="
                          f"{inner.gradient_accumulation_steps} to DistributedOptimizer (local aggregation, one "
                          "exchange per step)")
     if isinstance(groups, (list, tuple)):
-        groups = [[tf_variable(v) for v in members] for members in groups]
-    exchanger = GradientExchanger(name or f"Distributed{type(optimizer).__name__}", compression, sparse_as_dense,
-                                  op, gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
-                                  stats_log, nonfinite, backward_passes_per_step, hierarchical=hierarchical)
+        return [[tf_variable(v) for v in members] for members in groups]
+    return groups
+
+
+def wrap(optimizer: keras.optimizers.Optimizer, exchanger: GradientExchanger, nonfinite: Optional[str],
+         backward_passes_per_step: int, average_aggregated_gradients: bool, sparse_as_dense: bool,
+         process_set: hvd.ProcessSet) -> keras.optimizers.Optimizer:
+    """The Keras 3 ``optimizer`` (checked by :func:`prepare`) wrapped so that its gradients go
+    through ``exchanger`` in ``apply``: what :func:`horovod_sparse.tensorflow.keras.DistributedOptimizer`
+    returns for a ``keras`` 3 optimizer, whose arguments these are (see there; XLA and loss
+    scaling: the module docstring). ``nonfinite=None`` with a sparsifier around a
+    LossScaleOptimizer is refused with ``ValueError``.
+
+    Returns:
+        An optimizer of the same class as ``optimizer``, built from its config (dynamically
+        subclassed, as Horovod does), with ``exchanger`` (``groups()``, ``residuals()``,
+        ``steps``, ``state_dict()`` / ``load_state_dict()``) and ``last_stats``.
+    """
+    scaler = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
     if scaler:
         resolve_nonfinite(nonfinite, exchanger.sparse, scaled=True)  # a sparsifier refuses None
     cls = type(type(optimizer).__name__, (_Distributed, type(optimizer)), {})
@@ -239,10 +227,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: Optional[s
         exchanger.reports_in = "apply"
     wrapped.exchanger = exchanger
     wrapped._hs_aggregation = None if backward_passes_per_step == 1 else LocalGradientAggregationHelperEager(
-        backward_passes_per_step, exchanger, sparse_as_dense, average_aggregated_gradients, process_set,
-        scale_local_gradients)
+        backward_passes_per_step, exchanger, sparse_as_dense, average_aggregated_gradients, process_set, True)
     wrapped._hs_wrapped = True
     return wrapped
 
 
-__all__ = ["DistributedOptimizer", "SCALER_AROUND_REFUSAL", "XLA_REFUSAL", "tf_variable"]
+__all__ = ["SCALER_AROUND_REFUSAL", "XLA_REFUSAL", "prepare", "tf_variable", "wrap"]
