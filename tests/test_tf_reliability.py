@@ -4,9 +4,12 @@ resume: ``tests/test_tf_resume.py``; non-finite gradients: ``tests/test_nonfinit
 launch has a timeout, so a hang fails the test instead of stalling the suite."""
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from tests.launch import job_fixture
+from tests.launch import HANG_TIMEOUT, job_fixture, worker_env
 from tests.mismatch import assert_every_rank_refused, wrapper_cases
 from tests.test_torch_reliability import conserved, records, same_on_all_ranks
 from tests.workers.tf_reliability import SHAPES
@@ -51,3 +54,43 @@ def test_odd_variables_are_passed_through_and_missing_gradients_do_not_hang(run)
         # update; an empty variable list: nothing
         assert rec["unused_grads"] == [0.0] * 6 and rec["nothing"] == []
     conserved(recs, SHAPES, 6, "float32", skipped=lambda step, rank, i: rank == 0 and i == 1 and step % 2 == 0)
+
+
+#: One rank, one TensorFlow inter-op thread: a step traced into the graph (Top-k) runs; a host
+#: step (MiCRO with warm-up, which hung a 2-worker job so) is refused when traced, naming the fix.
+ONE_THREAD_SCRIPT = """
+import horovod.tensorflow as hvd, numpy as np, tensorflow as tf
+import horovod_sparse.tensorflow as hs
+
+hvd.init()
+tf.config.threading.set_inter_op_parallelism_threads(1)
+v = tf.Variable(np.arange(50, dtype=np.float32))
+
+def traced_step(compression):
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v * v)
+        return hs.DistributedGradientTape(tape, compression=compression).gradient(loss, [v])[0]
+    return step()
+
+print("graph", traced_step(hs.Compression.topk(density=0.1, min_numel=0)).numpy().tolist())
+try:
+    traced_step(hs.Compression.micro(density=0.1, min_numel=0, warmup_steps=1))
+except RuntimeError as error:
+    print("refused", str(error).replace(chr(10), " "))
+"""
+
+
+def test_a_host_step_is_refused_on_one_inter_op_thread_naming_the_fix():
+    """With one inter-op thread a traced host step would hang (its tf.py_function holds the only
+    thread its collectives need): it raises RuntimeError when traced, naming the two fixes; a
+    step traced into the graph still runs (on one rank, Top-k's first step delivers the 5 largest
+    of the gradient 2v, v = 0..49)."""
+    result = subprocess.run([sys.executable, "-c", ONE_THREAD_SCRIPT], capture_output=True, text=True,
+                            timeout=HANG_TIMEOUT, env=worker_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.startswith(("graph", "refused")))
+    assert lines["graph"] == str([2.0 * i if i >= 45 else 0.0 for i in range(50)])
+    assert "micro's exchange on the host" in lines["refused"]
+    assert "set_inter_op_parallelism_threads(2)" in lines["refused"] and "run_eagerly=True" in lines["refused"]

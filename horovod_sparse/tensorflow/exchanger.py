@@ -60,6 +60,11 @@ Reliability, as on the PyTorch side:
   NumPy/Python objects; loaded
   by another number of workers the method state is rebuilt for it and the residuals kept, and a
   checkpoint of other groups raises ``ValueError`` on every rank.
+* **No hang on one inter-op thread**: a host step (above) runs in a ``tf.py_function``, which
+  holds one of TensorFlow's inter-op threads while its collectives run, and TensorFlow needs
+  another to finish them (a traced MiCRO with ``warmup_steps`` hung so). Tracing one where the
+  pool has fewer than 2 threads (:func:`inter_op_threads`) raises ``RuntimeError`` on every
+  rank, naming the fix, before it runs; the methods traced into the graph run there.
 * **Dtypes and odd variables**: groups are formed per dtype; float16, float32 and float64
   values travel in their own dtype, bfloat16 ones as float32 (Horovod 0.28.1's TensorFlow
   collectives do not take bfloat16; residuals and results stay bfloat16); variables of other dtypes (integer, bool) and
@@ -70,6 +75,7 @@ Reliability, as on the PyTorch side:
 from __future__ import annotations
 
 import functools
+import os
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -167,6 +173,16 @@ def _all_finite(tensor: tf.Tensor) -> tf.Tensor:
     accumulate = tf.float64 if tensor.dtype == tf.float64 else tf.float32
     return tf.cond(tf.math.is_finite(tf.reduce_sum(tf.cast(tensor, accumulate))), lambda: tf.constant(True),
                    lambda: tf.reduce_all(tf.math.is_finite(tensor)))
+
+
+def inter_op_threads() -> int:
+    """The threads of TensorFlow's inter-op pool: as configured
+    (``tf.config.threading.set_inter_op_parallelism_threads``), else (0, the default) TensorFlow's
+    choice, one per CPU this process may run on."""
+    configured = tf.config.threading.get_inter_op_parallelism_threads()
+    if configured:
+        return configured
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _eager_capable() -> bool:
@@ -585,6 +601,17 @@ class GradientExchanger:
         (MergeComp). Only one such function runs at a time on a rank (every one is a stateful
         op, ordered by the function's automatic control dependencies), so ranks cannot block
         each other on two of them."""
+
+        threads = inter_op_threads()
+        if threads < 2:
+            method = self.compression.method_name
+            what = "MergeComp's grouping" if layout.mergecomp is not None else f"{method}'s exchange"
+            raise RuntimeError(
+                f"horovod_sparse runs {what} on the host inside the traced step, in a tf.py_function that holds "
+                f"one TensorFlow inter-op thread while its collectives run and needs another to finish them: with "
+                f"{threads} inter-op thread the step would hang. Give TensorFlow at least 2 "
+                f"(tf.config.threading.set_inter_op_parallelism_threads(2) before it starts; the default, 0, is one "
+                f"per CPU), or run the step eagerly (Keras: run_eagerly=True)")
 
         def run(*inputs: tf.Tensor) -> List[Any]:
             exchanged, abandoned = self._sparse_step(list(inputs[:len(kept)]), layout,
