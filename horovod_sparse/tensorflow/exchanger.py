@@ -339,6 +339,23 @@ class GradientExchanger:
         assert self.nonfinite is not None and self._abandoned_report is not None
         apply_nonfinite_policy(self.nonfinite, *self._abandoned_report)
 
+    def update_unless_abandoned(self, abandoned: Any, update: Callable[[], Any]) -> None:
+        """Run ``update`` (the optimizer's update with the exchanged gradients) unless
+        ``abandoned`` (what :meth:`take_abandoned` returned; False where the policy is off): then
+        no update, and :meth:`report_abandoned` instead. A boolean tensor (traced) decides in a
+        ``tf.cond``, the report running in a ``tf.py_function``; ``update``'s result is dropped."""
+        if not tf.is_tensor(abandoned):
+            self.report_abandoned() if abandoned else update()
+            return
+
+        def report() -> None:
+            tf.py_function(self.report_abandoned, inp=[], Tout=[], name="horovod_sparse_abandoned")
+
+        def apply() -> None:
+            update()
+
+        tf.cond(abandoned, report, apply)
+
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,

@@ -160,20 +160,7 @@ def _install(optimizer: Any, exchanger: GradientExchanger) -> None:
         exchanger = self.exchanger
         if exchanger.nonfinite is None:
             return apply_gradients(self, *args, **kwargs)
-        abandoned = exchanger.take_abandoned()
-        if not tf.is_tensor(abandoned):
-            if abandoned:
-                exchanger.report_abandoned()
-                return self.iterations
-            return apply_gradients(self, *args, **kwargs)
-
-        def report() -> None:
-            tf.py_function(exchanger.report_abandoned, inp=[], Tout=[], name="horovod_sparse_abandoned")
-
-        def apply() -> None:
-            apply_gradients(self, *args, **kwargs)
-
-        tf.cond(abandoned, report, apply)
+        exchanger.update_unless_abandoned(exchanger.take_abandoned(), lambda: apply_gradients(self, *args, **kwargs))
         return self.iterations
 
     cls.apply_gradients = apply_gradients_unless_abandoned

@@ -152,28 +152,15 @@ class _Distributed:
         def step() -> None:
             update(list(exchanged), variables)
 
+        def step_unless_abandoned() -> None:
+            exchanger.update_unless_abandoned(abandoned, step)
+
         def count_pass() -> None:
             self.iterations.assign_add(1)  # type: ignore[attr-defined]
 
         if tf.executing_eagerly():
-            if not bool(ready):
-                count_pass()
-            elif abandoned:
-                exchanger.report_abandoned()
-            else:
-                step()
-            return None
-
-        def report() -> None:
-            tf.py_function(exchanger.report_abandoned, inp=[], Tout=[], name="horovod_sparse_abandoned")
-
-        def step_unless_abandoned() -> None:
-            if abandoned is False:
-                step()
-            else:
-                tf.cond(abandoned, report, step)
-
-        if ready is True:
+            step_unless_abandoned() if bool(ready) else count_pass()
+        elif ready is True:
             step_unless_abandoned()
         else:
             tf.cond(ready, step_unless_abandoned, count_pass)
