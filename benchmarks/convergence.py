@@ -90,8 +90,9 @@ def run_worker(args: argparse.Namespace) -> None:
     if rank == 0:
         write_results(args.results, "convergence-job", rows, command_line(None, "benchmarks.convergence"))
     if args.ddp:
-        dist.barrier()  # destroying the group while a peer still uses it aborts that peer
-        dist.destroy_process_group()
+        from horovod_sparse.ddp import exit_job
+
+        exit_job()
 
 
 def _mean(values: Sequence[Optional[float]]) -> Optional[float]:

@@ -144,6 +144,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
     from benchmarks.results import command_line, write_results
+    from horovod_sparse.ddp import exit_job
 
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
@@ -170,8 +171,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if args.results:
             write_results(args.results, "fsdp_overlap", {"model": args.model, "rows": rows},
                           command_line(argv, "benchmarks.fsdp_overlap"))
-    dist.barrier()
-    dist.destroy_process_group()
+    exit_job()
 
 
 if __name__ == "__main__":

@@ -186,8 +186,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     run_all(args, run_ddp, dist.get_rank(), "synthetic_ddp", command_line(argv, "benchmarks.synthetic_ddp"))
-    dist.barrier()  # without it a peer sometimes aborts ("terminate called without an active exception")
-    dist.destroy_process_group()
+    hsd.exit_job()
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
 from benchmarks.models import count_parameters, model_spec
 from benchmarks.results import command_line
@@ -84,8 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     run_all(args, run_fsdp, dist.get_rank(), "synthetic_fsdp", command_line(argv, "benchmarks.synthetic_fsdp"))
-    dist.barrier()
-    dist.destroy_process_group()
+    hsd.exit_job()
 
 
 if __name__ == "__main__":

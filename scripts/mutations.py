@@ -495,6 +495,16 @@ MUTATIONS: List[Mutation] = [
       "the Keras 3 wrapper applies the NaN gradients of an abandoned step (the nonfinite policy ignored)"),
 
     # -- DDP comm hook ---------------------------------------------------------------------------
+    M("ddp-exit-job-finalizes", P + "ddp/job_exit.py",
+      "    os._exit(code)\n",
+      "    sys.exit(code)\n",
+      ["tests/test_ddp_exit.py"],
+      "exit_job leaves through the interpreter's finalization, where a late Gloo thread aborts the process"),
+    M("ddp-exit-job-output-lost", P + "ddp/job_exit.py",
+      "    sys.stdout.flush()\n",
+      "",
+      ["tests/test_ddp_exit.py"],
+      "exit_job leaves without flushing stdout: what the rank printed last is lost"),
     M("ddp-average-scale-dropped", P + "ddp/hook.py",
       "                                         1.0 / size, gradient.device)",
       "                                         1.0, gradient.device)",

@@ -88,8 +88,7 @@ def main() -> None:
         else:
             units(config, arrays)
         write_record(out, config["name"], dist.get_rank(), arrays, record)
-    dist.barrier()  # destroying the group while a peer still uses it aborts that peer
-    dist.destroy_process_group()
+    hsd.exit_job()
 
 
 if __name__ == "__main__":

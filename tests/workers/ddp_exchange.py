@@ -130,8 +130,7 @@ def main() -> None:
     torch.set_num_threads(1)
     for config in configs:
         run(config, out)
-    dist.barrier()  # destroying the group while a peer still uses it aborts that peer
-    dist.destroy_process_group()
+    hsd.exit_job()
 
 
 if __name__ == "__main__":

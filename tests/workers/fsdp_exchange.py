@@ -363,8 +363,7 @@ def main():
         else:
             run(config, mesh, out, index)
     refusals(mesh, out)
-    dist.barrier()  # destroying the group while a peer still uses it aborts that peer
-    dist.destroy_process_group()
+    hsd.exit_job()
 
 
 if __name__ == "__main__":
