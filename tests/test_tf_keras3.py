@@ -39,8 +39,12 @@ SKIP = topk_config("k3_topk_skip", 0.05, "keras3", steps=4, scenario="nonfinite"
 RAISE = dict(SKIP, name="k3_topk_raise", nonfinite="raise")
 SCALER = dict(SKIP, name="k3_topk_scaler", scenario="scaler", initial_scale=16.0)
 del SCALER["nonfinite"]
+#: The LossScaleOptimizer inside the wrapper with local aggregation: the Inf in both passes of the last step.
+SCALER_PASSES = dict(SCALER, name="k3_topk_scaler_two_passes", passes=2)
+#: Keras' mixed_float16 policy, a LossScaleOptimizer inside the wrapper.
+MIXED = topk_config("k3_topk_mixed_float16", 0.05, "keras3", steps=4, scenario="mixed", initial_scale=16.0)
 RESTORED = topk_config("k3_topk_restored", 0.05, "keras3", steps=3, scenario="restored")
-CONFIGS = REFERENCE + [EAGER, PASSES, SKIP, RAISE, SCALER, RESTORED]
+CONFIGS = REFERENCE + [EAGER, PASSES, SKIP, RAISE, SCALER, SCALER_PASSES, MIXED, RESTORED]
 
 job = job_fixture("tf_keras3.py", 2, CONFIGS, env={"TF_USE_LEGACY_KERAS": None})
 
@@ -170,3 +174,40 @@ def test_broadcast_callback_sends_rank_0s_optimizer_state(job):
     for meta in obs.meta:
         assert meta["error"] is None, meta["error"]
         assert meta["iterations"] == 5 + RESTORED["steps"]
+
+
+def test_a_loss_scale_optimizer_inside_with_two_passes_skips_the_inf_step_everywhere(job):
+    """backward_passes_per_step=2 with a LossScaleOptimizer inside the wrapper, the Inf in both
+    passes of the last step: the weights change only at the exchanging batches before it, whose
+    updates match the reference; no rank applies the last step; ``iterations`` counts every
+    pass but the skipped update; the step is reported abandoned and the scale halves on every
+    rank."""
+    obs = Observed(job, SCALER_PASSES["name"], 2)
+    last, batches = SCALER_PASSES["bad"][1], SCALER_PASSES["steps"] * SCALER_PASSES["passes"]
+    assert_updates_before(obs, SCALER_PASSES, last)
+    assert_identical_replicas(obs)
+    for meta in obs.meta:
+        assert meta["error"] is None, meta["error"]
+        assert meta["unchanged"] == [b for b in range(1, batches) if b % 2] + [batches]
+        assert meta["iterations"] == batches - 1
+        assert meta["stats"][-1]["abandoned"] is True
+        assert meta["loss_scale"] == SCALER_PASSES["initial_scale"] / 2
+
+
+def test_mixed_float16_fit_matches_the_reference_on_float16_gradients(job):
+    """Keras' mixed_float16 policy with a LossScaleOptimizer inside the wrapper (compile keeps
+    it as given): the model computes in float16 over float32 variables, so the gradient reaching
+    the exchange is the stream rounded to float16 (scaling by 16 and back is exact); each step's
+    update and the residuals equal the reference's on that rounded stream, replicas are bitwise
+    identical, and the scale stays 16 (nothing overflowed)."""
+    obs = Observed(job, MIXED["name"], 2)
+    for meta in obs.meta:
+        assert meta["error"] is None, meta["error"]
+        assert (meta["compute_dtype"], meta["variable_dtype"]) == ("float16", "float32")
+        assert meta["optimizer_is_ours"] and meta["loss_scale"] == MIXED["initial_scale"]
+
+    def on_float16(stream):
+        return reference_of(MIXED)([[g.astype(np.float16).astype(g.dtype) for g in per_rank] for per_rank in stream])
+
+    assert_matches_reference(obs, MIXED, on_float16)
+    assert_identical_replicas(obs)

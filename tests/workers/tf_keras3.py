@@ -22,6 +22,9 @@ Config: {"name", "method" ("none": Horovod's Compression.none), "options", "grou
   policy ``nonfinite`` (``"raise"``: ``model.fit`` raises; the error is recorded);
 * ``"scaler"``: the same Inf, with the optimizer a ``keras.optimizers.LossScaleOptimizer``
   (``initial_scale``) wrapped by ours; records the final scale;
+* ``"mixed"``: the model under Keras' ``mixed_float16`` policy (float16 compute, float32
+  variables), the optimizer a ``LossScaleOptimizer`` (``initial_scale``) wrapped by ours, as
+  Keras' mixed-precision guide has it; records the dtypes and the final scale;
 * ``"restored"``: ``SGD(0.1, momentum=0.9)``; rank 0 alone sets its optimizer's state (momentum
   buffers, ``iterations``) before the fit, as after restoring a checkpoint.
 """
@@ -93,7 +96,7 @@ def optimizer_for(config):
         base = keras.optimizers.SGD(0.1, momentum=0.9)
     else:
         base = keras.optimizers.SGD(1.0)
-    if scenario == "scaler":
+    if scenario in ("scaler", "mixed"):
         base = keras.optimizers.LossScaleOptimizer(base, initial_scale=config["initial_scale"])
     options = {"compression": compression, "backward_passes_per_step": config.get("passes", 1)}
     if "groups" in config:
@@ -106,6 +109,8 @@ def optimizer_for(config):
 def run(config, out):
     rank = hvd.rank()
     prefix = f"{config['name']}_p"
+    mixed = config.get("scenario") == "mixed"
+    keras.mixed_precision.set_global_policy("mixed_float16" if mixed else "float32")
     model = GivenGradients(config["shapes"], prefix)
     rng = np.random.default_rng([config["seed"], 99, rank])
     for variable in model.params:  # rank 0 starts from zeros, the others elsewhere
@@ -123,7 +128,8 @@ def run(config, out):
                  hsk.SparsificationStatsCallback()]
     x = samples(config, rank)
     record = {"keras": keras.__version__, "tf_keras": tf.keras.__name__, "run_eagerly": model.run_eagerly,
-              "error": None}
+              "error": None, "compute_dtype": model.compute_dtype, "variable_dtype": model.params[0].dtype,
+              "optimizer_is_ours": model.optimizer is optimizer}
     try:
         history = model.fit(x, np.zeros(len(x), np.float32), batch_size=1, epochs=1, shuffle=False, verbose=0,
                             callbacks=callbacks)
@@ -148,7 +154,8 @@ def run(config, out):
         "unchanged": [b for b in range(1, len(weights))
                       if all(np.array_equal(a, z) for a, z in zip(weights[b - 1], weights[b]))],
         "final_is_last_recorded": all(np.array_equal(a, z) for a, z in zip(weights[-1], recorder.snapshot())),
-        "loss_scale": float(optimizer.dynamic_scale.numpy()) if config.get("scenario") == "scaler" else None,
+        "loss_scale": float(optimizer.dynamic_scale.numpy()) if config.get("scenario") in ("scaler", "mixed")
+        else None,
     })
     write_record(out, config["name"], rank, arrays, record)
 
