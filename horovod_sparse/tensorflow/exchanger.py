@@ -345,7 +345,10 @@ class GradientExchanger:
         no update, and :meth:`report_abandoned` instead. A boolean tensor (traced) decides in a
         ``tf.cond``, the report running in a ``tf.py_function``; ``update``'s result is dropped."""
         if not tf.is_tensor(abandoned):
-            self.report_abandoned() if abandoned else update()
+            if abandoned:
+                self.report_abandoned()
+            else:
+                update()
             return
 
         def report() -> None:

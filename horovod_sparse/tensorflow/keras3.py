@@ -158,10 +158,10 @@ class _Distributed:
         def count_pass() -> None:
             self.iterations.assign_add(1)  # type: ignore[attr-defined]
 
-        if tf.executing_eagerly():
-            step_unless_abandoned() if bool(ready) else count_pass()
-        elif ready is True:
+        if ready is True or (tf.executing_eagerly() and bool(ready)):
             step_unless_abandoned()
+        elif tf.executing_eagerly():
+            count_pass()
         else:
             tf.cond(ready, step_unless_abandoned, count_pass)
         return None

@@ -58,5 +58,6 @@ def main() -> None:
     (Path(sys.argv[1]) / f"rank{rank}.json").write_text(json.dumps(record))
     hsd.exit_job()
 
+
 if __name__ == "__main__":
     main()
