@@ -163,7 +163,9 @@ build_horovod_wheel() {
         export HOROVOD_CMAKE=$cmake_bin
         export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 \
                HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_MXNET=1
-        export MAKEFLAGS="-j$(nproc)"
+        # Every core this process may use compiles: `nproc` honours OMP_NUM_THREADS, which the
+        # Makefile sets to 1 for the jobs, and made this a one-compiler build.
+        export MAKEFLAGS="-j$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
         "$venv/bin/python" -m pip wheel -q --no-build-isolation --no-deps -w "$out.partial" .
     )
     mv "$out.partial"/horovod-*.whl "$out/"
