@@ -1,5 +1,5 @@
 """How a rank waits for Horovod: ``hvd.synchronize`` (a spin) against polling and sleeping
-(:func:`horovod_sparse.torch.waiting.sleep_until_done`, what ``wait`` does where the host has
+(:func:`horovod_sparse.torch.waiting.poll_until_done`, what ``wait`` does where the host has
 no cores to spare), side by side in one job.
 
     horovodrun -np 4 -H localhost:4 --gloo python -m benchmarks.waiting [--rounds 5] [--steps 200]
@@ -46,13 +46,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
 
     from benchmarks.results import command_line, write_results
-    from horovod_sparse.torch.waiting import sleep_until_done
+    from horovod_sparse.torch.waiting import poll_until_done
 
     args = parser().parse_args(argv)
     hvd.init()
     torch.set_num_threads(1)
     def sleeping(handle: Any) -> Any:
-        sleep_until_done(handle)
+        poll_until_done(handle, sleep=True)
         return hvd.synchronize(handle)
 
     ways = {"spin": hvd.synchronize, "sleep": sleeping}

@@ -17,6 +17,7 @@ TensorFlow front ends are compared with the Horovod optimizer on DDP's buckets, 
 import numpy as np
 import pytest
 
+from horovod_sparse.common.stall import TIME_ENV
 from tests.checks import Observed
 from tests.launch import rank_records, run_configs
 
@@ -41,6 +42,18 @@ CONFIGS = [
     {**config("topk_nan", "topk", steps=4), "nan_at": [2, 1]},
     {**config("micro_nan", "micro", steps=4), "groups": "model", "nan_at": [1, 3]},
 ]
+#: Issue 46's shape, smaller: every method on a larger model (3 x 20,000 elements) for 8 steps,
+#: with a burst in the first parameter at step 5 (x100: within the histogram's window, beyond the
+#: candidates). The burst lies in slice 0 of the node sums, so MiCRO's and ExDyna's cross sets
+#: take different histogram rounds that step (slice 0's a wide one): the rounds of the two
+#: tiers' sets diverge.
+BURST_STEP = 5
+LARGE = [{"name": f"{method}_large", "method": method, "shapes": [[20000]] * 3, "steps": 8, "seed": 5,
+          "options": {"density": 0.005, "min_numel": 0, **options}, "burst": [BURST_STEP, 0, 100.0],
+          **({"groups": "model"} if method in ("micro", "exdyna") else {})}
+         for method, options in [("topk", {}), ("threshold", {}), ("gaussiank", {}), ("dgc", {"momentum": 0.9}),
+                                 ("gtopk", {}), ("micro", {}), ("exdyna", {}), ("lags", {"adaptive": False})]]
+CONFIGS += LARGE
 NAMES = [c["name"] for c in CONFIGS]
 DDP_METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags"]
 #: DDP's first step is dense (its buckets are final after it): the Horovod side warms up as long.
@@ -82,15 +95,57 @@ def test_two_tier_step_is_the_flat_method_on_node_sums(job, index):
 @pytest.mark.parametrize("index", range(len(CONFIGS)), ids=NAMES)
 def test_bytes_per_tier(job, index):
     """Inside the node each sparse group moves its whole buffer once (reduce-scatter out, the
-    slices' updates in); across nodes only the method's payload of this rank's slice."""
+    slices' updates in); across nodes only the method's payload of this rank's slice: a slice
+    may select nothing (a threshold above all of it), never all of it, but for the hard
+    threshold, which never adapts (on the large model it lets most of a slice through: at most
+    a value and an index of each of its elements)."""
     for record in rank_records(job, index, NP):
         numels = record["numels"]
         for step, node in enumerate(record["node_bytes"]):
             assert node and all(sent == 4 * numels[name] for name, sent in node.items()), (step, node)
             cross = record["cross_bytes"][step]
             assert set(cross) == set(node)
-            # a slice may select nothing (a threshold above all of it), never all of it
-            assert sum(cross.values()) > 0 and all(sent < 4 * numels[name] for name, sent in cross.items()), cross
+            if CONFIGS[index]["method"] == "threshold":
+                limits = {name: 8 * -(-numel // NODE_SIZE) + 1 for name, numel in numels.items()}
+            else:
+                limits = {name: 4 * numel for name, numel in numels.items()}
+            assert sum(cross.values()) > 0 and all(sent < limits[name] for name, sent in cross.items()), cross
+
+
+@pytest.mark.parametrize("method", ["micro", "exdyna"])
+def test_the_cross_sets_take_their_own_histogram_rounds(job, method):
+    """On the large model the controllers take their extra rounds in two tiers, each cross set
+    its own: at the burst the owners of slice 0 (node position 0: ranks 0 and 2) read a wide
+    budget and the owners of slice 1 do not; fine rounds come too. Replicas stay identical and
+    every step equals its definition (test_two_tier_step_is_the_flat_method_on_node_sums)."""
+    records = rank_records(job, NAMES.index(f"{method}_large"), NP)
+    rounds = [[next(iter(step.values()))["rounds"] for step in record["selections"]] for record in records]
+    assert rounds[0] == rounds[2] and rounds[1] == rounds[3], "the ranks of a cross set took other rounds"
+    assert rounds[0][BURST_STEP][:2] == ["histogram", "histogram.wide"], rounds[0]
+    assert "histogram.wide" not in rounds[1][BURST_STEP], rounds[1]
+    assert any("histogram.fine" in r for r in rounds[0] + rounds[1]), rounds
+
+
+#: The large configs whose union has a bound (the threshold baselines select what passes).
+BOUNDED = [c for c in LARGE if c["method"] not in ("threshold", "gaussiank")]
+
+
+@pytest.mark.parametrize("config", BOUNDED, ids=[c["method"] for c in BOUNDED])
+def test_the_union_is_that_of_two_hosts(job, config):
+    """The method runs among the 2 hosts, not the 4 workers: per slice, Top-k's union (and that of
+    DGC and LAGS, which allgather like it) is at most 2 k, gTop-k's exactly k, and MiCRO's and
+    ExDyna's the sum of 2 counts. (A DGC rank may send up to 1.3 k: above that it keeps the exact
+    top-k.)"""
+    for record in rank_records(job, NAMES.index(config["name"]), NP):
+        for step in record["selections"]:
+            for group in step.values():
+                if config["method"] == "gtopk":
+                    assert group["union"] == group["target"], group
+                elif config["method"] in ("micro", "exdyna"):
+                    assert len(group["counts"]) == NP // NODE_SIZE and group["union"] == sum(group["counts"]), group
+                else:
+                    per_rank = 1.3 * group["target"] if config["method"] == "dgc" else group["target"]
+                    assert 0 < group["union"] <= (NP // NODE_SIZE) * per_rank, group
 
 
 def test_nan_on_one_rank_abandons_the_step_everywhere(job):
@@ -140,3 +195,40 @@ def test_tensorflow_two_tier_equals_the_horovod_optimizers(job, config, api):
         for group in range(len(pt.groups)):
             a, b = pt.residual(rank, group), tf.residual(rank, group)
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * np.abs(a).max())
+
+
+#: Horovod's stall-check time of the diverging job, in seconds, and how much later than it an
+#: error may come (the step's work before the wait, on a loaded 2-core machine).
+STALL_SECONDS, STALL_SLACK = 3, 6
+#: MiCRO on the model, rank 1 taking one round more than rank 3 (its cross set's other member)
+#: after the first histogram round of step 2.
+DIVERGING = {**config("micro_diverge", "micro", steps=4), "groups": "model", "diverge": [2, 1]}
+
+
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory):
+    """A 2 x 2 job whose rank 1 takes a round alone: every rank records the error that ends it
+    (the launch's own limit turns a hang into a failure well before the suite's guard)."""
+    out = tmp_path_factory.mktemp("two_tier_stalled")
+    run_configs("torch_two_tier.py", NP, out, [DIVERGING], hosts="localhost:2,127.0.0.1:2",
+                env={TIME_ENV: str(STALL_SECONDS)}, timeout=180)
+    return out
+
+
+def test_a_round_taken_by_one_rank_stops_every_rank_with_the_group_step_and_ranks(stalled):
+    """Rank 1 waits for its extra round in its cross set {1, 3}, rank 3 for the round that
+    follows there, ranks 0 and 2 for the node's gather of the slices' updates (their partners
+    never get there): each raises ExchangeStalled within the stall-check time of its wait,
+    naming the group, the step, the collective and the set's ranks."""
+    waits = {0: ([0, 1], ["node.update"]), 1: ([1, 3], ["extra"]), 2: ([2, 3], ["node.update"]),
+             3: ([1, 3], ["indices", "counts"])}
+    for rank, record in enumerate(rank_records(stalled, 0, NP)):
+        error, (group,) = record["error"], record["groups"]
+        assert record["steps_done"] == 2 and error is not None, record
+        assert error["type"] == "ExchangeStalled", error
+        ranks, tags = waits[rank]
+        assert (error["group"], error["step"], error["rank"], error["ranks"]) == (group, 2, rank, ranks), error
+        assert error["collective"] in [f"hs.{group}.{tag}" for tag in tags], error
+        assert STALL_SECONDS <= error["seconds"] < STALL_SECONDS + STALL_SLACK, error
+        for part in (repr(group), "step 2", f"rank {rank}", str(ranks), error["collective"]):
+            assert part in error["message"], (part, error["message"])

@@ -12,6 +12,7 @@ every rank issues them in the same order, which the front end guarantees.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -150,12 +151,12 @@ class Communicator(TorchCommunicator):
                                                  None if known is None else [int(n) for n in known])
         if isinstance(rows, str):
             self._rows[rows] = lengths
-        return self._launched((work, finish), kind, sent=nbytes(tensor), own=nbytes(tensor))
+        return self._launched((work, finish), tag, kind, sent=nbytes(tensor), own=nbytes(tensor))
 
     def allreduce(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
         """In-place sum of ``tensor`` over the group."""
         work = dist.all_reduce(tensor, group=self.process_set.group, async_op=True)
-        return self._launched((work, lambda: tensor), kind, sent=nbytes(tensor), own=0)
+        return self._launched((work, lambda: tensor), tag, kind, sent=nbytes(tensor), own=0)
 
     def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], tag: str, kind: str,
                  received: Optional[Sequence[int]] = None) -> Pending:
@@ -173,7 +174,7 @@ class Communicator(TorchCommunicator):
         output = tensor.new_empty((sum(received), *tensor.shape[1:]))
         work = dist.all_to_all_single(output, tensor, received, list(splits), group=group, async_op=True)
         counts = torch.tensor(received, dtype=torch.int32)
-        return self._alltoall_launched((work, lambda: (output, counts)), tensor, splits, kind)
+        return self._alltoall_launched((work, lambda: (output, counts)), tensor, splits, tag, kind)
 
     def reducescatter(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
         """Sum ``tensor`` over the group and hand rank ``r`` its slice of the sum
@@ -181,9 +182,21 @@ class Communicator(TorchCommunicator):
         sizes = [hi - lo for lo, hi in (slice_bounds(tensor.shape[0], self.size, r) for r in range(self.size))]
         output = tensor.new_empty(sizes[self.rank])
         work = dist.reduce_scatter(output, list(tensor.split(sizes)), group=self.process_set.group, async_op=True)
-        return self._reducescatter_launched((work, lambda: output), tensor, kind)
+        return self._reducescatter_launched((work, lambda: output), tensor, tag, kind)
 
-    def _complete(self, handle: Any) -> Any:
+    def _complete(self, handle: Any, timeout: Optional[float]) -> Any:
         work, finish = handle
-        work.wait()
+        if timeout is None:
+            work.wait()
+        else:
+            try:
+                work.wait(datetime.timedelta(seconds=timeout))
+            except RuntimeError as error:  # Gloo's "Operation timed out!"
+                if "timed out" not in str(error).lower():
+                    raise
+                raise TimeoutError(str(error)) from error
         return finish()
+
+    def member_ranks(self) -> List[int]:
+        group = self.process_set.group
+        return dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))

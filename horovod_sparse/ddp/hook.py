@@ -28,6 +28,7 @@ import torch.distributed as dist
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.stall import ExchangeStalled
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.ddp import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
@@ -169,7 +170,7 @@ class State(StepBook):
         stats = GroupStats(group.name, numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
         comm, node = group_communicators(Communicator, self.process_group, size, rank, tiers, group.name, stats,
-                                         1.0 / size, gradient.device)
+                                         1.0 / size, gradient.device, self.steps)
         if sparse:
             state = self._model.method_state(group, comm.size, numel)
             with comm.timer("flatten"):
@@ -192,18 +193,12 @@ class State(StepBook):
         saw a non-finite gradient, close the step and complete the futures."""
         self.timeline.backward_ended()
         finished, self._inflight = self._inflight, []
-        results = []
-        for _, params, started in finished:
-            updates = []
-            for inflight in started:
-                update, residual = inflight.finish()
-                if inflight.sparse:
-                    inflight.group.take_result(update, residual)
-                    update = inflight.group.output
-                    if self._scale_factors is not None:
-                        update.mul_(self._scale_factors[0])
-                updates.append(update)
-            results.append(join(updates, params, [inflight.group for inflight in started]))
+        try:
+            results = [self._finish_bucket(params, started) for _, params, started in finished]
+        except ExchangeStalled as stalled:  # backward() raises it on every rank left waiting
+            for future, _, _ in finished:
+                future.set_exception(stalled)
+            return
         nonfinite_groups = self._finiteness.nonfinite()
         bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
         if bad_ranks:
@@ -221,6 +216,19 @@ class State(StepBook):
         # that raises: the error goes to the last bucket's future, which backward() waits for.
         if error is not None:
             futures[-1].set_exception(error)
+
+    def _finish_bucket(self, params: List[torch.Tensor], started: List[Inflight]) -> torch.Tensor:
+        """Finish the exchanges of one bucket's groups: the bucket's aggregate."""
+        updates = []
+        for inflight in started:
+            update, residual = inflight.finish()
+            if inflight.sparse:
+                inflight.group.take_result(update, residual)
+                update = inflight.group.output
+                if self._scale_factors is not None:
+                    update.mul_(self._scale_factors[0])
+            updates.append(update)
+        return join(updates, params, [inflight.group for inflight in started])
 
     def _nonfinite_error(self, bad_ranks: List[int], groups: List[str]) -> Optional[FloatingPointError]:
         """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient (in

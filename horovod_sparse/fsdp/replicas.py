@@ -172,7 +172,7 @@ class State(StepBook):
         target = options.count(group.numel, self.steps) if sparse else group.numel
         stats = GroupStats(name, group.numel, target, dense=not sparse)
         self._step_stats.groups.append(stats)
-        comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device)
+        comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device, self.steps)
         if sparse:
             state = self._model.method_state(group, size)
             with comm.timer("flatten"):

@@ -52,20 +52,20 @@ class Communicator(TorchCommunicator):
         """Variable-length allgather along dim 0 (tensors of rank >= 1; length 0 is allowed;
         ``rows``: see :class:`~horovod_sparse.common.communicator.CommunicatorBase`, unused)."""
         handle = hvd.allgather_async(tensor, name=self._name(tag), process_set=self.process_set)
-        return self._launched(handle, kind, sent=nbytes(tensor), own=nbytes(tensor))
+        return self._launched(handle, tag, kind, sent=nbytes(tensor), own=nbytes(tensor))
 
     def allreduce(self, tensor: torch.Tensor, tag: str, kind: str, op: Any = hvd.Sum,
                   prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Pending:
         """In-place allreduce of ``tensor`` (Horovod's ``allreduce_async_``)."""
         handle = hvd.allreduce_async_(tensor, name=self._name(tag), op=op, prescale_factor=prescale_factor,
                                       postscale_factor=postscale_factor, process_set=self.process_set)
-        return self._launched(handle, kind, sent=nbytes(tensor), own=0)
+        return self._launched(handle, tag, kind, sent=nbytes(tensor), own=0)
 
     def reducescatter(self, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
         """Sum ``tensor`` over the process set and hand rank ``r`` the ``r``-th of ``size`` slices
         of the sum along dim 0 (Horovod's split: the first ``numel % size`` one element longer)."""
         handle = hvd.reducescatter_async(tensor, name=self._name(tag), op=hvd.Sum, process_set=self.process_set)
-        return self._reducescatter_launched(handle, tensor, kind)
+        return self._reducescatter_launched(handle, tensor, tag, kind)
 
     def alltoall(self, tensor: torch.Tensor, splits: Sequence[int], tag: str, kind: str,
                  received: Optional[Sequence[int]] = None) -> Pending:
@@ -74,7 +74,10 @@ class Communicator(TorchCommunicator):
         them) is unused: Horovod negotiates sizes itself."""
         handle = hvd.alltoall_async(tensor, splits=torch.tensor(splits, dtype=torch.int32), name=self._name(tag),
                                     process_set=self.process_set)
-        return self._alltoall_launched(handle, tensor, splits, kind)
+        return self._alltoall_launched(handle, tensor, splits, tag, kind)
 
-    def _complete(self, handle: Any) -> Any:
-        return wait(handle)
+    def _complete(self, handle: Any, timeout: Optional[float]) -> Any:
+        return wait(handle, timeout)
+
+    def member_ranks(self) -> List[int]:
+        return list(self.process_set.ranks) if self.process_set.ranks else list(range(hvd.size()))

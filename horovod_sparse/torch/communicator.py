@@ -16,6 +16,7 @@ from typing import Any, ContextManager, List, Optional, Sequence, Tuple, Type
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
+from horovod_sparse.common.stall import ExchangeStalled, stall_seconds
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import Tiers, two_tier_exchange
 from horovod_sparse.common.timing import timed
@@ -28,6 +29,10 @@ class Pending:
     """A launched collective: the subclass's handle plus what is needed to account for it."""
 
     handle: Any
+    #: the communicator that launched it (and waits for it).
+    comm: "TorchCommunicator"
+    #: the collective's tag (its name is ``hs.<group>.<tag>``).
+    tag: str
     kind: str
     #: bytes of the output that this rank contributed itself (not received from others).
     own_bytes: int
@@ -47,14 +52,21 @@ class TorchCommunicator(CommunicatorBase):
     ``allgather(tensor, tag, kind)`` (variable length along dim 0), ``allreduce(tensor, tag,
     kind)`` (a sum, in place), ``alltoall(tensor, splits, tag, kind)`` (output and received
     splits), ``reducescatter(tensor, tag, kind)`` (a sum of 1-D tensors, this rank's slice of
-    :func:`~horovod_sparse.common.tiers.slice_bounds`) and :meth:`_complete`. ``device``: where
-    the group's tensors live (its phases are timed with CUDA events there, see :meth:`timer`)."""
+    :func:`~horovod_sparse.common.tiers.slice_bounds`), :meth:`_complete` and
+    :meth:`member_ranks`. ``device``: where the group's tensors live (its phases are timed with
+    CUDA events there, see :meth:`timer`); ``step``: the front end's step counter (named when the
+    exchange stalls, see :meth:`wait`)."""
 
     def __init__(self, process_set: Any, name: str, stats: GroupStats, scale: float,
                  size: Optional[int] = None, rank: Optional[int] = None,
-                 device: Optional[torch.device] = None) -> None:
+                 device: Optional[torch.device] = None, step: Optional[int] = None) -> None:
         super().__init__(process_set, name, stats, scale, size, rank)
         self.device = device
+        self.step = step
+        #: Seconds a wait may take once the exchange is under way (None: no limit), and whether
+        #: it is (a wait of this communicator has completed).
+        self._stall_seconds = stall_seconds()
+        self._under_way = False
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
         self.output_buffer: Optional[torch.Tensor] = None
@@ -63,37 +75,62 @@ class TorchCommunicator(CommunicatorBase):
         """The zeroed buffer the aggregated update of ``x``'s group is written into."""
         return torch.zeros_like(x) if self.output_buffer is None else self.output_buffer
 
-    def _launched(self, handle: Any, kind: str, sent: int, own: int, received: Optional[int] = None) -> Pending:
+    def _launched(self, handle: Any, tag: str, kind: str, sent: int, own: int,
+                  received: Optional[int] = None) -> Pending:
         self._account(kind, sent)
-        return Pending(handle, kind, own, received)
+        return Pending(handle, self, tag, kind, own, received)
 
-    def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Sequence[int], kind: str) -> Pending:
+    def _alltoall_launched(self, handle: Any, tensor: torch.Tensor, splits: Sequence[int], tag: str,
+                           kind: str) -> Pending:
         """Account for an alltoall of ``tensor``'s rows, ``splits[r]`` of them to rank ``r``
         (what this rank sends itself stays off the wire)."""
         row_bytes = nbytes(tensor) // tensor.shape[0] if tensor.shape[0] else 0
         own = splits[self.rank] * row_bytes
-        return self._launched(handle, kind, sent=nbytes(tensor) - own, own=own)
+        return self._launched(handle, tag, kind, sent=nbytes(tensor) - own, own=own)
 
-    def _reducescatter_launched(self, handle: Any, tensor: torch.Tensor, kind: str) -> Pending:
+    def _reducescatter_launched(self, handle: Any, tensor: torch.Tensor, tag: str, kind: str) -> Pending:
         """Account for a reduce-scatter of the 1-D ``tensor`` (:meth:`_slice_bytes`)."""
         sent, own, received = self._slice_bytes(tensor.numel(), tensor.element_size())
-        return self._launched(handle, kind, sent, own, received)
+        return self._launched(handle, tag, kind, sent, own, received)
 
-    def _complete(self, handle: Any) -> Any:
-        """Wait for one launched collective; its output (alltoall: ``(output, received_splits)``)."""
+    def _complete(self, handle: Any, timeout: Optional[float]) -> Any:
+        """Wait for one launched collective; its output (alltoall: ``(output, received_splits)``).
+        ``TimeoutError`` when it has not completed within ``timeout`` seconds (None: no limit)."""
+        raise NotImplementedError
+
+    def member_ranks(self) -> List[int]:
+        """The global ranks of the process set, in its rank order."""
         raise NotImplementedError
 
     def wait(self, pendings: Sequence[Pending]) -> List[Any]:
-        """Wait for ``pendings`` and return their outputs (alltoall: ``(output, received_splits)``)."""
-        outputs = []
+        """Wait for ``pendings`` and return their outputs (alltoall: ``(output, received_splits)``),
+        each through the communicator that launched it (a two-tier exchange yields the node's and
+        the cross set's).
+
+        Once a wait of a communicator has completed, every rank of its process set has joined the
+        group's exchange, and a later collective of it that does not complete within Horovod's
+        stall-check time raises :class:`~horovod_sparse.common.stall.ExchangeStalled`
+        (:mod:`horovod_sparse.common.stall`)."""
         with self.timer("communicate"):
-            for pending in pendings:
-                output = self._complete(pending.handle)
-                outputs.append(output)
-                tensor = output[0] if isinstance(output, tuple) else output
-                self.stats.received[pending.kind] += (nbytes(tensor) - pending.own_bytes if pending.received is None
-                                                      else pending.received)
+            outputs = [pending.comm._finish(pending) for pending in pendings]
+        for pending in pendings:
+            pending.comm._under_way = True
         return outputs
+
+    def _finish(self, pending: Pending) -> Any:
+        """Wait for one collective this communicator launched, account for what it received and
+        return its output."""
+        limit = self._stall_seconds if self._under_way else None
+        try:
+            output = self._complete(pending.handle, limit)
+        except TimeoutError:
+            ranks = self.member_ranks()
+            raise ExchangeStalled(self.name, self.step, ranks[self.rank], ranks, self._name(pending.tag),
+                                  float(limit or 0)) from None
+        tensor = output[0] if isinstance(output, tuple) else output
+        self.stats.received[pending.kind] += (nbytes(tensor) - pending.own_bytes if pending.received is None
+                                              else pending.received)
+        return output
 
     def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> torch.Tensor:
         """Residual update: subtract from ``x`` what this rank delivered at ``idx`` (distinct
@@ -122,16 +159,16 @@ class TorchCommunicator(CommunicatorBase):
 
 
 def group_communicators(cls: Type[TorchCommunicator], process_set: Any, size: int, rank: int, tiers: Optional[Tiers],
-                        name: str, stats: GroupStats, scale: float, device: torch.device
+                        name: str, stats: GroupStats, scale: float, device: torch.device, step: int
                         ) -> Tuple[TorchCommunicator, Optional[TorchCommunicator]]:
-    """A sparse group's communicators of class ``cls``: the one its method exchanges over (the
-    front end's ``process_set`` of ``size`` ranks, or in two tiers this rank's cross set) and,
-    in two tiers, the node's (None when flat). Both account into ``stats``; ``scale`` is the
-    method's (``1 / size`` of the whole job for Average, in either case)."""
+    """A sparse group's communicators of class ``cls`` at ``step``: the one its method exchanges
+    over (the front end's ``process_set`` of ``size`` ranks, or in two tiers this rank's cross
+    set) and, in two tiers, the node's (None when flat). Both account into ``stats``; ``scale``
+    is the method's (``1 / size`` of the whole job for Average, in either case)."""
     if tiers is None:
-        return cls(process_set, name, stats, scale, size, rank, device), None
-    return (cls(tiers.cross_set, name, stats, scale, tiers.cross_size, tiers.cross_rank, device),
-            cls(tiers.node_set, name, stats, 1.0, tiers.node_size, tiers.node_rank, device))
+        return cls(process_set, name, stats, scale, size, rank, device, step), None
+    return (cls(tiers.cross_set, name, stats, scale, tiers.cross_size, tiers.cross_rank, device, step),
+            cls(tiers.node_set, name, stats, 1.0, tiers.node_size, tiers.node_rank, device, step))
 
 
 def start_exchange(method: Sparsifier, x: torch.Tensor, comm: TorchCommunicator, node: Optional[TorchCommunicator],

@@ -291,7 +291,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                        prescale, postscale)
             return
         comm, node = group_communicators(Communicator, self.process_set, size, self._rank, tiers, group.name, stats,
-                                         scale, group.params[0].device)
+                                         scale, group.params[0].device, self.steps)
         state = self._model.method_state(group, comm.size, numel)
         if self._scale_factors is None and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()

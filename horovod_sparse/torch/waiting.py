@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from typing import Any
+from typing import Any, Optional
 
 import horovod.torch as hvd
 
@@ -54,17 +54,25 @@ def _strategy_here(setting: str, local_ranks: int) -> str:
     return strategy(setting, len(os.sched_getaffinity(0)), local_ranks)
 
 
-def sleep_until_done(handle: Any) -> None:
-    """Return once the Horovod collective ``handle`` has finished, polling and sleeping."""
+def poll_until_done(handle: Any, sleep: bool, timeout: Optional[float] = None) -> None:
+    """Return once the Horovod collective ``handle`` has finished, polling: with ``sleep`` between
+    polls (doubling from :data:`FIRST_SLEEP` to :data:`LONGEST_SLEEP`), else at once again.
+    ``TimeoutError`` when ``timeout`` seconds (None: no limit) pass first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     delay = FIRST_SLEEP
     while not hvd.poll(handle):
-        time.sleep(delay)
-        delay = min(2.0 * delay, LONGEST_SLEEP)
+        if deadline is not None and time.monotonic() > deadline:
+            raise TimeoutError(f"the Horovod collective did not complete within {timeout:g} s")
+        if sleep:
+            time.sleep(delay)
+            delay = min(2.0 * delay, LONGEST_SLEEP)
 
 
-def wait(handle: Any) -> Any:
+def wait(handle: Any, timeout: Optional[float] = None) -> Any:
     """The result of the Horovod collective ``handle`` (an ``*_async`` call's), once finished,
-    waited for the :func:`strategy`'s way; raises as ``hvd.synchronize`` does when it failed."""
-    if _strategy_here(os.environ.get(SETTING, "auto"), hvd.local_size()) == "sleep":
-        sleep_until_done(handle)
+    waited for the :func:`strategy`'s way; raises as ``hvd.synchronize`` does when it failed, and
+    ``TimeoutError`` when it has not finished within ``timeout`` seconds (None: no limit)."""
+    sleep = _strategy_here(os.environ.get(SETTING, "auto"), hvd.local_size()) == "sleep"
+    if sleep or timeout is not None:
+        poll_until_done(handle, sleep, timeout)
     return hvd.synchronize(handle)

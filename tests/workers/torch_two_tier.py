@@ -16,10 +16,14 @@ Each config: {"name", "method", "options", "shapes", "groups", "steps", "seed", 
 ([step, rank]: that rank's gradient is NaN at that step, nonfinite="skip"), "resume_at" (a
 checkpoint saved after that step is loaded into a new optimizer, which must continue bitwise as
 the first), "flat_steps" (then the state is loaded into a flat optimizer, hierarchical=False,
-which trains that many steps more: nothing may be lost)}. Per rank it writes
+which trains that many steps more: nothing may be lost), "diverge" ([step, rank]: that rank's
+exchange takes one round more at that step, tests/workers/stalled.py; the job then ends in the
+error every rank records, so such a config runs alone in its launch)}. Per rank it writes
 {index}.rank{r}.json: every step's update and residual compared (``mismatches``: the first few,
-empty when bitwise), the node and cross bytes of every group, the replicas' comparison and the
-totals for the conservation check.
+empty when bitwise), the node and cross bytes of every group, its selection (union, target, the
+histogram controller's rounds and per-rank counts), the replicas' comparison and the totals for
+the conservation check. ``burst`` ([step, parameter, factor]): that parameter's gradient is
+scaled on every rank at that step.
 """
 import gc
 import io
@@ -35,6 +39,7 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.torch.collectives import Communicator
 from tests.workers.cli import configs_and_out
 from tests.workers import torch_exchange
+from tests.workers.stalled import record_stall, take_extra_round
 from tests.workers.given_gradients import make_params, step_gradients
 
 
@@ -88,12 +93,16 @@ class _Named:
 
 
 def gradients(config, params, step, nan_at):
-    """Every rank's gradient of every parameter at ``step`` (rank -> list), NaN where asked."""
+    """Every rank's gradient of every parameter at ``step`` (rank -> list), NaN where asked, one
+    parameter's scaled at one step on every rank with ``burst = [step, parameter, factor]``."""
     out = {}
+    burst_step, burst_index, factor = config.get("burst", (-1, -1, 1.0))
     for r in range(hvd.size()):
         grads = step_gradients(params, config["seed"], step, r)
         if nan_at == [step, r]:
             grads[0] = torch.full_like(grads[0], float("nan"))
+        if step == burst_step:
+            grads[burst_index] = grads[burst_index] * factor
         out[r] = grads
     return out
 
@@ -109,14 +118,14 @@ def train_step(opt, params, grads):
     return update
 
 
-def build(config, params, hierarchical=True):
+def build(config, params, hierarchical=True, compression=None):
     named = [(f"p{i}", p) for i, p in enumerate(params)]
+    compression = compression or hs.Compression.create(config["method"], **config.get("options", {}))
     groups = config.get("groups", "tensor")
     if isinstance(groups, list):
         groups = [[params[i] for i in members] for members in groups]
     return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01), named_parameters=named,
-                                   compression=hs.Compression.create(config["method"], **config.get("options", {})),
-                                   groups=groups, hierarchical=hierarchical,
+                                   compression=compression, groups=groups, hierarchical=hierarchical,
                                    nonfinite="skip" if "nan_at" in config else "raise")
 
 
@@ -128,7 +137,8 @@ def run(index, config, out: Path):
     groups = {name: [int(n[1:]) for n in names] for name, names in zip(opt.residuals(), opt.groups)}
     ref = Reference(config, opt, groups, world)
     nan_at = config.get("nan_at")
-    mismatches, node_bytes, cross_bytes, abandoned, after_resume, checkpoint = [], [], [], [], [], None
+    mismatches, node_bytes, cross_bytes, selections, abandoned, after_resume = [], [], [], [], [], []
+    checkpoint = None
     # Conservation: every finite gradient given = what the updates delivered + what the residuals hold.
     given = [torch.zeros(p.numel(), dtype=torch.float64) for p in params]
     delivered = [torch.zeros(p.numel(), dtype=torch.float64) for p in params]
@@ -148,6 +158,8 @@ def run(index, config, out: Path):
         stats = opt.last_stats
         abandoned.append(stats.abandoned)
         node_bytes.append({g.name: g.sent["node"] for g in stats.groups if not g.dense})
+        selections.append({g.name: {"union": g.union, "target": g.target, "rounds": g.extra.get("histogram_rounds"),
+                                    "counts": g.extra.get("counts")} for g in stats.groups if not g.dense})
         cross_bytes.append({g.name: g.sent["values"] + g.sent["indices"] for g in stats.groups if not g.dense})
         account(step, grads, update, stats.abandoned)
         residuals = opt.residuals()
@@ -210,10 +222,22 @@ def run(index, config, out: Path):
         accounted = torch.cat([delivered[i] for i in members]) + held
         lost = max(lost, (accounted - total).abs().max().item() / total.abs().max().item())
     (out / f"{index}.rank{rank}.json").write_text(json.dumps(
-        {"mismatches": mismatches[:10], "node_bytes": node_bytes, "cross_bytes": cross_bytes,
+        {"mismatches": mismatches[:10], "node_bytes": node_bytes, "cross_bytes": cross_bytes, "selections": selections,
          "numels": {name: int(r.numel()) for name, r in residuals.items()},
          "identical": all(bool((r == r[0]).all()) for r in replicas), "lost": lost, "abandoned": abandoned,
          "node_size": ref.node_set.size(), "cross_size": ref.cross_set.size()}))
+
+
+def run_diverging(index, config, out: Path):
+    """Train until the round one rank takes alone stalls the exchange (``diverge``)."""
+    params = make_params(config["shapes"], config["seed"], torch.float32)
+    compression = hs.Compression.create(config["method"], **config.get("options", {}))
+    at_step, on_rank = config["diverge"]
+    take_extra_round(compression, at_step, hvd.rank() == on_rank)
+    opt = build(config, params, compression=compression)
+    record_stall(out, str(index), hvd.rank(),
+                 lambda step: train_step(opt, params, step_gradients(params, config["seed"], step, hvd.rank())),
+                 config["steps"], groups=list(opt.residuals()))
 
 
 def main():
@@ -221,7 +245,9 @@ def main():
     hvd.init(process_sets="dynamic")
     torch.set_num_threads(1)
     for index, config in enumerate(configs):
-        if config.get("parity"):  # the DDP comparison's run, in tests/workers/torch_exchange.py's layout
+        if "diverge" in config:
+            run_diverging(index, config, out)
+        elif config.get("parity"):  # the DDP comparison's run, in tests/workers/torch_exchange.py's layout
             torch_exchange.run(config, out)
         else:
             run(index, config, out)
