@@ -366,6 +366,11 @@ MUTATIONS: List[Mutation] = [
        "test_scatter_chunks or test_same_statistics and topk_model_fp16"],
       "the union statistic counts an index sent by two ranks twice (below the marking threshold)"),
 
+    M("waiting-quota-ignored", P + "torch/waiting.py",
+      "    return affinity if quota is None else max(1, min(affinity, math.ceil(quota)))\n",
+      "    return affinity\n",
+      ["tests/test_benchmarks.py", "-k", "waiting_counts_no_more_cores"],
+      "a container's CPU quota is ignored: auto spins on cores it does not have, starving Horovod's threads"),
     # -- the two-tier exchange (common/tiers.py through the PyTorch optimizer) ---------------------
     M("two-tier-residual-kept-outside-the-slice", P + "common/tiers.py",
       "    x = B.embed(x, lo, node_sum)\n"

@@ -334,6 +334,30 @@ def test_waiting_compares_the_spin_with_the_sleeping_wait(tmp_path):
                          text, re.M)
 
 
+@pytest.mark.parametrize("files, quota", [({"cpu.max": "max 100000\n"}, None),
+                                          ({"cpu.max": "200000 100000\n"}, 2.0),
+                                          ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+                                          ({"cpu/cpu.cfs_quota_us": "150000\n", "cpu/cpu.cfs_period_us": "100000\n"},
+                                           1.5),
+                                          ({}, None)])
+def test_waiting_reads_the_cpu_quota_of_cgroup_v2_and_v1(tmp_path, files, quota):
+    from horovod_sparse.torch.waiting import cpu_quota
+
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert cpu_quota(tmp_path) == quota
+
+
+def test_waiting_counts_no_more_cores_than_the_quota_gives():
+    """A container limited to 2 CPUs on a 64-core host sleeps beside 2 local ranks, as a 2-core host does."""
+    from horovod_sparse.torch.waiting import strategy, usable_cores
+
+    assert [usable_cores(64, q) for q in (None, 2.0, 1.5, 0.2, 100.0)] == [64, 2, 2, 1, 64]
+    assert strategy("auto", cores=usable_cores(64, 2.0), local_ranks=2) == "sleep"
+    assert strategy("auto", cores=usable_cores(64, None), local_ranks=2) == "spin"
+
+
 def test_waiting_spins_only_where_the_host_has_cores_to_spare():
     from horovod_sparse.torch.waiting import strategy
 
@@ -545,6 +569,23 @@ def test_readme_commands_name_existing_benchmarks_and_options():
         source = (ROOT / "benchmarks" / f"{name}.py").read_text()
         for option in re.findall(r"(--[\w-]+)", rest):
             assert f'"{option}"' in source, f"{page} passes {option} to benchmarks.{name}, which does not declare it"
+
+
+def test_two_tier_steps_times_each_method_flat_and_two_tier(tmp_path):
+    """The job of issue 46 in small (a 2 x 2 job, a small MLP, a few steps): per method a flat and a
+    two-tier row, identical replicas, the ratio printed and written."""
+    result = run([*SUITE_HOROVODRUN, "-np", "4", "-H", "localhost:2,127.0.0.1:2", "--gloo", sys.executable, "-m",
+                  "benchmarks", "two_tier_steps", "--methods", "micro", "--steps", "3", "--rounds", "2",
+                  "--hidden", "64", "48", "--results", str(tmp_path / "tiers.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    payload = json.loads((tmp_path / "tiers.json").read_text())["results"]
+    parameters = 256 * 64 + 64 + 64 * 48 + 48 + 48 * 64 + 64
+    assert (payload["workers"], payload["hosts"], payload["parameters"]) == (4, 2, parameters)
+    flat, tiers = payload["rows"]
+    assert (flat["two_tier"], tiers["two_tier"]) == (False, True) and flat["identical"] and tiers["identical"]
+    assert sum(tiers["rounds"].values()) >= 2 * 3 and tiers["rounds"]["histogram"] == 2 * 3
+    assert tiers["over_flat"] == pytest.approx(tiers["seconds_per_step"] / flat["seconds_per_step"])
+    assert re.search(rf"^micro +two-tier +{tiers['seconds_per_step']:.4f} +{tiers['over_flat']:.2f}  True", text, re.M)
 
 
 def test_node_collectives_times_the_inside_tier_beside_the_allreduce(tmp_path):

@@ -13,14 +13,20 @@ the collective's error if it failed.
 
 Which way (:func:`strategy`): ``HOROVOD_SPARSE_WAIT=spin`` or ``sleep``, or by default
 (``auto``) spin when the cores this process may run on are at least :data:`CORES_PER_RANK` per
-rank of the host (``hvd.local_size()``), else sleep. ``python -m benchmarks.waiting`` measures
-both ways side by side.
+rank of the host (``hvd.local_size()``), else sleep. The cores are those of the process's CPU
+affinity, fewer where a CPU quota of its control group allows less (a container limited to 2
+CPUs on a large host: :func:`usable_cores`); spinning on cores a quota does not give starves
+Horovod's background threads, most of all in a two-tier exchange, whose process sets each take
+a negotiation per cycle (``python -m benchmarks.two_tier_steps`` under ``HOROVOD_SPARSE_WAIT=spin``
+on 2 cores: two-tier 5x flat). ``python -m benchmarks.waiting`` measures both ways side by side.
 """
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
+from pathlib import Path
 from typing import Any, Optional
 
 import horovod.torch as hvd
@@ -49,9 +55,32 @@ def strategy(setting: str, cores: int, local_ranks: int) -> str:
     return "spin" if cores >= CORES_PER_RANK * local_ranks else "sleep"
 
 
+def cpu_quota(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Optional[float]:
+    """The CPUs this process's control group may use, from its quota: cgroup v2's ``cpu.max``
+    (``"max 100000"``: none) or v1's ``cpu/cpu.cfs_quota_us`` over ``cpu.cfs_period_us`` (-1: none);
+    None without a quota (or where neither file can be read)."""
+    try:
+        quota, period = (cgroup_root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota_us = int((cgroup_root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period_us = int((cgroup_root / "cpu" / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
+
+
+def usable_cores(affinity: int, quota: Optional[float]) -> int:
+    """The cores a process may keep busy: its CPU ``affinity``'s, no more than a ``quota``
+    allows (rounded up, at least 1)."""
+    return affinity if quota is None else max(1, min(affinity, math.ceil(quota)))
+
+
 @functools.lru_cache(maxsize=None)
 def _strategy_here(setting: str, local_ranks: int) -> str:
-    return strategy(setting, len(os.sched_getaffinity(0)), local_ranks)
+    return strategy(setting, usable_cores(len(os.sched_getaffinity(0)), cpu_quota()), local_ranks)
 
 
 def poll_until_done(handle: Any, sleep: bool, timeout: Optional[float] = None) -> None:
