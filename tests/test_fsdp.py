@@ -22,8 +22,10 @@ OPTIONS = {"density": 0.1, "min_numel": 0, "warmup_steps": 0}
 STEPS = 4
 #: The loss scale's exponent at each step: up, down, below 1.
 EXPONENTS = [10, 14, 3, -2, 6]
+#: Their states are built before the process group, as trainers build theirs, and attached later.
+STATE_FIRST = ("topk", "micro")
 CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})},
-             "steps": STEPS, "seed": 1, "resume_at": 1} for m in METHODS]
+             "steps": STEPS, "seed": 1, "resume_at": 1, "state_first": m in STATE_FIRST} for m in METHODS]
            + [{"name": f"{m}_{variant}", "method": m, "options": OPTIONS, "steps": STEPS, "seed": 2, variant: value}
               for m in ("topk", "micro") for variant, value in (("accumulate", True), ("reshard", False),
                                                                 ("mixed", True))]

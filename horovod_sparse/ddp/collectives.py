@@ -28,20 +28,33 @@ from horovod_sparse.torch.tensor_backend import synchronize, to_device
 
 
 class ProcessGroup:
-    """A ``torch.distributed`` process group (None: the default, every process).
+    """A ``torch.distributed`` process group (None: the default, every process), which may be
+    named before ``init_process_group`` runs: nothing here asks ``torch.distributed`` anything
+    until the first collective.
 
     Collectives on NCCL groups take CUDA tensors: :attr:`device` is where host payloads go."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None) -> None:
         self.group = group
-        self.device = (torch.device("cuda", torch.cuda.current_device())
-                       if dist.get_backend(group) == dist.Backend.NCCL else torch.device("cpu"))
+        self._device: Optional[torch.device] = None
+
+    @property
+    def device(self) -> torch.device:
+        """Where host payloads go: the current CUDA device on an NCCL group (until
+        :meth:`follow` says otherwise), else the CPU. Known once the group exists."""
+        if self._device is None:
+            if not dist.is_initialized():
+                raise RuntimeError("horovod_sparse needs torch.distributed's process group at its first exchange: "
+                                   "call torch.distributed.init_process_group before training")
+            self._device = (torch.device("cuda", torch.cuda.current_device())
+                            if dist.get_backend(self.group) == dist.Backend.NCCL else torch.device("cpu"))
+        return self._device
 
     def follow(self, bucket: torch.Tensor) -> None:
         """On an NCCL group, send host payloads to ``bucket``'s device from now on: the device
         DDP's model lives on, which need not be the current one when the group was built."""
         if self.device.type == "cuda":
-            self.device = bucket.device
+            self._device = bucket.device
 
     def size(self) -> int:
         return dist.get_world_size(self.group)

@@ -76,7 +76,10 @@ class State(StepBook):
             namespace: the same backend), or ``Compression.none`` / ``Compression.fp16`` (a
             dense average across replicas).
         replicate_group: the ``torch.distributed`` group of this rank's replicas (for a 2-D
-            mesh ``mesh["replicate"].get_group()``).
+            mesh ``mesh["replicate"].get_group()``); None: the default group, or the one
+            :func:`compress_replicas` is given with this state. Nothing asks
+            ``torch.distributed`` anything before :meth:`attach`: a trainer may build the state
+            before ``init_process_group``.
         nonfinite: what a NaN/Inf gradient on any rank does, as in the other front ends
             (``"raise"`` by default with a sparsifier: ``backward()`` raises
             ``FloatingPointError`` on every rank; ``"skip"``: a warning and zero gradients; None:
@@ -95,7 +98,7 @@ class State(StepBook):
         last_stats: the last step's statistics (one group per FSDP unit, its shard's figures).
     """
 
-    def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup],
+    def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
                  loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
         sparse = checked_sparse(compression, "fsdp")
@@ -117,8 +120,13 @@ class State(StepBook):
         self._saved: Optional[Record] = None
         self._params: List[torch.Tensor] = []
 
-    def attach(self, model: torch.nn.Module) -> None:
-        """Register the exchange as the all-reduce hook of every FSDP unit in ``model``."""
+    def attach(self, model: torch.nn.Module, replicate_group: Optional[dist.ProcessGroup] = None) -> None:
+        """Register the exchange as the all-reduce hook of every FSDP unit in ``model``, across
+        ``replicate_group`` when given (else the one the state was built with)."""
+        if replicate_group is not None:
+            if self._params:
+                raise ValueError("this state is attached to a model already: build one State per model")
+            self.process_group.group = replicate_group
         units = [(name or "root", module) for name, module in model.named_modules() if isinstance(module, FSDPModule)]
         if not units:
             raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
@@ -314,13 +322,19 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
 
     The replicas are either ``replicate_group`` (a ``torch.distributed`` group) or the
     ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named ``("replicate", "shard")``
-    whose ``mesh["shard"]`` sharded every unit. Give exactly one of the two."""
+    whose ``mesh["shard"]`` sharded every unit. Give exactly one of the two. ``compression`` may
+    also be a :class:`State` built earlier (before the process group existed, as trainers build
+    their states): it is attached as it was built (``nonfinite``, ``stats_log`` and
+    ``loss_scaler`` are its own then)."""
     if (mesh is None) == (replicate_group is None):
         raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
                          "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
     if mesh is not None:
         replicate_group = replicate_group_of(mesh, model)
-    state = State(compression, replicate_group, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler)
-    state.attach(model)
+    if isinstance(compression, State):
+        state = compression
+    else:
+        state = State(compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler)
+    state.attach(model, replicate_group)
     return state
 

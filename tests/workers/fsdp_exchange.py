@@ -79,6 +79,11 @@ def given(seed, step, rank):
             for unit, shapes in SHAPES.items()}
 
 
+#: States built before ``init_process_group`` (configs with ``state_first``), by config name:
+#: the first ``build`` of such a config attaches its state, as a trainer would.
+EARLY_STATES = {}
+
+
 def build(config, mesh, loss_scaler=None):
     """The model sharded as the config says (``reshard``: ``reshard_after_forward``; ``mixed``:
     bfloat16 parameters, float32 reduction) and its replica exchange."""
@@ -91,9 +96,10 @@ def build(config, mesh, loss_scaler=None):
     # The 2-D mesh names the replicas, or (the variants) the replicate group does.
     replicas = ({"replicate_group": mesh["replicate"].get_group()} if {"accumulate", "reshard", "mixed"} & set(config)
                 else {"mesh": mesh})
-    state = hsf.compress_replicas(model, hsf.Compression.create(config["method"], **config.get("options", {})),
-                                  nonfinite="skip" if "nan_at" in config else "default", loss_scaler=loss_scaler,
-                                  **replicas)
+    compression = EARLY_STATES.pop(config["name"], None) or hsf.Compression.create(config["method"],
+                                                                                   **config.get("options", {}))
+    state = hsf.compress_replicas(model, compression, nonfinite="skip" if "nan_at" in config else "default",
+                                  loss_scaler=loss_scaler, **replicas)
     return model, state
 
 
@@ -352,6 +358,9 @@ def scaled(config, out):
 
 def main():
     configs, out = configs_and_out()
+    for config in configs:
+        if config.get("state_first"):
+            EARLY_STATES[config["name"]] = hsf.State(hsf.Compression.create(config["method"], **config["options"]))
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
