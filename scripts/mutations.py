@@ -222,6 +222,12 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_nonfinite.py", "-k", "test_torch"],
       "the NaN/Inf error names only the first bad rank"),
 
+    M("target-count-never-the-whole-group", P + "common/options.py",
+      "    return max(1, int(density * numel))\n",
+      "    return max(1, min(int(density * numel), numel - 1))\n",
+      ["tests/test_ddp.py", "-k", "own_collectives and topk"],
+      "a cap that never selects a whole group: density 1 no longer trains as the dense run beside a model's "
+      "own collectives"),
     # -- methods/ -------------------------------------------------------------------------------
     M("topk-ignores-density-schedule", P + "methods/topk.py",
       "        k = self.count(self.B.numel(x), step)\n",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
@@ -136,3 +136,16 @@ def assert_conserved(delivered: np.ndarray, residuals: Sequence[np.ndarray], raw
     worst = int(np.argmax(error / bound))
     assert error[worst] <= bound[worst], (f"{what}: element {worst} off by {error[worst]:.3g}, more than the "
                                           f"{dtype} rounding bound {bound[worst]:.3g} (expected {expected[worst]:.4g})")
+
+
+def assert_trains_beside_own_collectives(records: List[Dict[str, Any]], method: str,
+                                         deliver_all: Sequence[str]) -> None:
+    """The records of a model that makes collectives of its own (tests/workers/own_collectives.py),
+    trained dense, with ``method`` at density 1 and at 0.1: identical replicas in every run, the
+    dense run's parameters at density 1 (bitwise) where the method delivers everything there
+    (``deliver_all``), and another training at density 0.1."""
+    for record in records:
+        assert record["dense_identical"] and record["full_identical"] and record["sparse_identical"]
+        if method in deliver_all:
+            np.testing.assert_array_equal(np.asarray(record["full"]), np.asarray(record["dense"]))
+        assert record["sparse"] != record["dense"], "density 0.1 trained as the dense run"

@@ -14,8 +14,10 @@ import pytest
 
 from horovod_sparse.common.options import target_count
 from horovod_sparse.ddp import Compression
-from tests.checks import Observed, assert_conservation, assert_identical_replicas, raw_group_stream
-from tests.launch import run_configs, worker_env
+from tests.checks import (Observed, assert_conservation, assert_identical_replicas,
+                          assert_trains_beside_own_collectives, raw_group_stream)
+from tests.launch import rank_records, run_configs, worker_env
+from tests.workers.own_collectives import DELIVER_ALL
 
 SHAPES = [[30, 20], [20], [40, 30], [30], [7]]
 METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags"]
@@ -231,3 +233,22 @@ def test_refuses_a_loss_scaler_without_the_nonfinite_check_or_of_another_kind():
         hsd.State(compression=topk, nonfinite=None, loss_scaler=torch.amp.GradScaler("cpu"))
     with pytest.raises(TypeError, match="loss_scaler=.*torch.amp.GradScaler"):
         hsd.State(compression=topk, loss_scaler=object())
+
+
+@pytest.fixture(scope="module")
+def own_collectives(tmp_path_factory):
+    """Every method beside a model's own collectives on the hook's process group (2 processes)."""
+    out = tmp_path_factory.mktemp("ddp_own_collectives")
+    run_configs("ddp_own_collectives.py", 2, out, [{"method": m} for m in METHODS], backend="torchrun")
+    return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_beside_the_models_own_collectives(own_collectives, method):
+    """A model that makes torch.distributed collectives of its own in both passes, on the
+    hook's group (a synchronised batch norm, an allreduce in its forward), interleaved with the
+    hook's: every method trains without a hang or a mismatch, replicas identical, and at density
+    1 the methods that deliver everything give the dense run (Compression.none), bitwise (two
+    ranks: every sum has one order, and halving is exact)."""
+    records = rank_records(own_collectives, METHODS.index(method), 2)
+    assert_trains_beside_own_collectives(records, method, DELIVER_ALL)

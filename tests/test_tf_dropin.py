@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.checks import assert_trains_beside_own_collectives
 from tests.launch import job_fixture, rank_records
+from tests.workers.own_collectives import DELIVER_ALL
 
 METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags"]
 TRACEABLE = ["topk", "threshold", "gtopk", "lags"]
@@ -44,7 +46,7 @@ TWO = TAPES_TWO + KERAS_TWO + [
     {"scenario": "keras_behaviours", "method": "topk", "options": {"density": 1.0, "min_numel": 0},
      "nonfinite": "skip"},
     GRAPH,
-] + SWAPPED
+] + SWAPPED + [{"scenario": "own_collectives", "method": m} for m in METHODS]
 TAPES_THREE = [tape("topk", warmup_steps=2), tape("exdyna"), tape("gtopk", traced=True), tape("dgc", momentum=0.9)]
 KERAS_THREE = [keras("topk", warmup_steps=2), keras("micro")]
 THREE = TAPES_THREE + KERAS_THREE
@@ -203,3 +205,13 @@ def test_keras_behaviours_as_stock(job2, method):
             np.testing.assert_array_equal(np.asarray(ours["weights"]), np.asarray(stock["weights"]))
         else:
             np.testing.assert_allclose(np.asarray(ours["weights"]), np.asarray(stock["weights"]), rtol=2e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_beside_the_models_own_collectives(job2, method):
+    """A Keras model making Horovod collectives of its own in both passes (Horovod's
+    SyncBatchNormalization, an allreduce in a layer): every method trains through the tape
+    beside them without a hang or a mismatch, replicas identical, and at density 1 the methods
+    that deliver everything give the dense run, bitwise."""
+    config = next(c for c in TWO if c["scenario"] == "own_collectives" and c["method"] == method)
+    assert_trains_beside_own_collectives(rank_records(job2, TWO.index(config), 2), method, DELIVER_ALL)

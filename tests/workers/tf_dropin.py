@@ -14,6 +14,9 @@ Scenarios (one JSON record per rank each, the test asserts on them):
   alone restores every global variable, ``hvd.broadcast_global_variables(0)``.
 * ``indexed_slices``: an embedding's ``tf.IndexedSlices`` gradient, ours against the stock tape.
 * ``graph_mode``: ``PartialDistributedGradientTape`` in a TF1-style graph and session.
+* ``own_collectives``: a Keras model making Horovod collectives of its own in both passes
+  (Horovod's ``SyncBatchNormalization`` and an allreduce in a layer's ``call``), trained through
+  the tape with ``Compression.none``, and with the method at density 1 and 0.1.
 
 ``"swap": true`` runs a scenario as a codebase migrated by a global swap at start-up
 (:func:`swapped`): Horovod's names are rebound to ours and the scenario calls them by Horovod's
@@ -366,6 +369,43 @@ def scenario_graph_mode(config):
                 continue
             session.run(tf.compat.v1.global_variables_initializer())
             record[kind] = {"grads": [g.tolist() for g in session.run(grads)]}
+    return record
+
+
+class GlobalMix(tf.keras.layers.Layer):
+    """``x`` plus its batch mean averaged over every rank (Horovod's allreduce, which has a gradient)."""
+
+    def call(self, x):
+        return x + hvd.allreduce(tf.reduce_mean(x, axis=0, keepdims=True), op=hvd.Average)
+
+
+def scenario_own_collectives(config):
+    """Three eager tape steps beside the model's own collectives: the weights after each step, per
+    run (``dense``, ``full``: density 1, ``sparse``), and whether every rank ended with the same."""
+    from horovod.tensorflow.sync_batch_norm import SyncBatchNormalization
+
+    record = {}
+    for run, method, density in (("dense", "none", None), ("full", config["method"], 1.0),
+                                 ("sparse", config["method"], 0.1)):
+        tf.keras.utils.set_random_seed(0)
+        # Named: Keras numbers unnamed layers per process, and earlier scenarios made more on rank 0.
+        model = tf.keras.Sequential([tf.keras.Input((12,)), tf.keras.layers.Dense(32, name=f"own_{run}_in"),
+                                     SyncBatchNormalization(name=f"own_{run}_norm"), tf.keras.layers.Activation("tanh"),
+                                     GlobalMix(), tf.keras.layers.Dense(6, name=f"own_{run}_out")])
+        optimizer = tf.keras.optimizers.SGD(0.05)
+        history = []
+        for step in range(3):
+            rng = np.random.default_rng([step, hvd.rank()])
+            x, y = (tf.constant(rng.standard_normal(shape), tf.float32) for shape in ((16, 12), (16, 6)))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean((model(x, training=True) - y) ** 2)
+            tape = wrap_tape({"method": method, "options": {"density": density, "min_numel": 0}}, tape)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            history.append(flat(model.trainable_variables))
+        mine = tf.constant([history[-1]])
+        record[run] = history
+        record[f"{run}_identical"] = bool(tf.reduce_all(hvd.allgather(mine, name=f"own.{run}") == mine))
     return record
 
 

@@ -15,6 +15,9 @@ Scenarios (one JSON record per rank each, the test asserts on them):
   options given per rank (as numbers and as tensors).
 * ``hooks``: ``backward_passes_per_step``, ``synchronize()`` + clipping + ``skip_synchronize()``,
   no names, ``_parameter_names``, process sets, against the stock optimizer.
+* ``own_collectives``: a model making Horovod collectives of its own in both passes (a
+  synchronised batch norm and an allreduce in its forward, tests/workers/own_collectives.py)
+  trained with ``Compression.none``, and with the method at density 1 and 0.1.
 """
 import inspect
 import io
@@ -25,6 +28,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.mergecomp import MergeCompOptions
+from tests.workers import own_collectives
 from tests.workers.cli import configs_and_out
 
 
@@ -308,6 +312,29 @@ def scenario_hooks(config):
         record["noname"] = train(model, opt, 2, 0)
         record["noname_names"] = sorted(opt._parameter_names.values())
         runs[kind] = record
+    return runs
+
+
+def scenario_own_collectives(config):
+    """Three steps beside the model's own collectives: parameters after each step, per run
+    (``dense``, ``full``: density 1, ``sparse``), and whether every rank ended with the same."""
+    collectives = (lambda t: hvd.allgather(t.unsqueeze(0)), lambda t: hvd.allreduce(t, op=hvd.Sum),
+                   lambda t: hvd.allreduce(t, op=hvd.Average))
+    runs = {}
+    for run, method, density in (("dense", "none", None), ("full", config["method"], 1.0),
+                                 ("sparse", config["method"], 0.1)):
+        model = own_collectives.make_model(0, collectives)
+        opt = wrap(model, {"method": method, "options": {"density": density, "min_numel": 0}}, lr=0.05)
+        history = []
+        for step in range(3):
+            x, y = own_collectives.batch(step, hvd.rank())
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            history.append(flat_values(*model.parameters()))
+        mine = torch.tensor(history[-1])
+        runs[run] = history
+        runs[f"{run}_identical"] = bool((hvd.allgather(mine.unsqueeze(0), name=f"own.{run}") == mine).all())
     return runs
 
 
