@@ -15,10 +15,11 @@ Which way (:func:`strategy`): ``HOROVOD_SPARSE_WAIT=spin`` or ``sleep``, or by d
 (``auto``) spin when the cores this process may run on are at least :data:`CORES_PER_RANK` per
 rank of the host (``hvd.local_size()``), else sleep. The cores are those of the process's CPU
 affinity, fewer where a CPU quota of its control group allows less (a container limited to 2
-CPUs on a large host: :func:`usable_cores`); spinning on cores a quota does not give starves
+CPUs on a large host: :func:`usable_cores`). Spinning on cores the host does not have starves
 Horovod's background threads, most of all in a two-tier exchange, whose process sets each take
-a negotiation per cycle (``python -m benchmarks.two_tier_steps`` under ``HOROVOD_SPARSE_WAIT=spin``
-on 2 cores: two-tier 5x flat). ``python -m benchmarks.waiting`` measures both ways side by side.
+a negotiation per cycle: ``python -m benchmarks.two_tier_steps`` on 2 cores with 4 ranks under
+``HOROVOD_SPARSE_WAIT=spin`` was aborted by Gloo's 30 s timeout (SIGABRT) in each of its runs.
+``python -m benchmarks.waiting`` measures both ways side by side.
 """
 from __future__ import annotations
 
@@ -85,7 +86,8 @@ def _strategy_here(setting: str, local_ranks: int) -> str:
 
 def poll_until_done(handle: Any, sleep: bool, timeout: Optional[float] = None) -> None:
     """Return once the Horovod collective ``handle`` has finished, polling: with ``sleep`` between
-    polls (doubling from :data:`FIRST_SLEEP` to :data:`LONGEST_SLEEP`), else at once again.
+    polls (doubling from :data:`FIRST_SLEEP` to :data:`LONGEST_SLEEP`), else yielding the core
+    between polls with the interpreter's lock released, as ``hvd.synchronize``'s spin does.
     ``TimeoutError`` when ``timeout`` seconds (None: no limit) pass first."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = FIRST_SLEEP
@@ -95,6 +97,8 @@ def poll_until_done(handle: Any, sleep: bool, timeout: Optional[float] = None) -
         if sleep:
             time.sleep(delay)
             delay = min(2.0 * delay, LONGEST_SLEEP)
+        else:
+            os.sched_yield()
 
 
 def wait(handle: Any, timeout: Optional[float] = None) -> Any:
