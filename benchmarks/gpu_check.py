@@ -18,7 +18,7 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   mesh of ``--device`` and of the CPU, on the same given gradients: the same coordinates every
   step, values within rounding.
 * ``layout``: ``channels_last`` and transposed parameters on the device, their gradients
-  published from a group's flat buffer (:class:`horovod_sparse.torch.buffers.FlatGroup`) and
+  published from a group's flat buffer (:class:`horovod_sparse.torch_core.buffers.FlatGroup`) and
   stepped by fused AdamW: the gradients keep the parameters' strides, and the parameters equal a
   contiguous run's.
 * ``syncs``: on CUDA, the host synchronisations of one sparse step of each method, counted by
@@ -33,7 +33,7 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
 * ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)`` and the exact
-  top-k of the methods (:func:`horovod_sparse.torch.selection.top_k`) over a float32 buffer of
+  top-k of the methods (:func:`horovod_sparse.torch_core.selection.top_k`) over a float32 buffer of
   ``--numel`` elements at ``k = --density * numel`` (medians of ``--repeats``, each timed with
   the device synchronised; ratios to the read pass).
 
@@ -60,8 +60,8 @@ import torch.distributed as dist
 import horovod_sparse.ddp as hsd
 from benchmarks.models import model_spec
 from benchmarks.results import command_line, write_results
-from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.selection import top_k
+from horovod_sparse.torch_core.buffers import FlatGroup
+from horovod_sparse.torch_core.selection import top_k
 
 SHAPES = [[64, 48], [48], [96, 64], [64], [9]]
 #: Two buckets of about 3,000 float32 elements each for :data:`SHAPES`.

@@ -44,7 +44,7 @@ from benchmarks.grouping_overhead import Trainer, build_trainer
 from benchmarks.models import MODELS
 from benchmarks.results import command_line, write_results
 from horovod_sparse.common.cost_model import AlphaBeta, exposed_time
-from horovod_sparse.common.lags import LagsGroup, lags_counts
+from horovod_sparse.methods.lags.rule import LagsGroup, lags_counts
 
 #: name -> (compressor spec with {density}, groups)
 COPIES = {

@@ -1,4 +1,4 @@
-"""An independent slow reference of the LAGS rule of ``horovod_sparse.common.lags`` (written from
+"""An independent slow reference of the LAGS rule of ``horovod_sparse.methods.lags.rule`` (written from
 its docstrings; imports nothing from ``horovod_sparse``): the predicted step by a plain event
 walk, and each group's count by scanning every count from the cap down."""
 import math

@@ -4,7 +4,7 @@ They run the whole exchange with explicit loops over ranks in float32: partition
 ownership, selection by a plain comparison over the owned partition, the union, the sum over
 ranks at the union, the residuals zeroed at the union on every rank. Everything that decides the
 selection is written out here from its description (ALGORITHMS.md and the docstrings of
-``horovod_sparse.common.controllers``), nothing is imported from the package: the published
+``horovod_sparse.methods.micro.controllers``), nothing is imported from the package: the published
 controller, both balancers, and the histogram controller, whose global counts are taken by brute
 force over every rank's candidates (no histogram is binned or summed).
 """

@@ -12,11 +12,11 @@ import pytest
 import tensorflow as tf
 import torch
 
-from horovod_sparse.common.butterfly import SparseSet
-from horovod_sparse.common.controllers import as_float32
+from horovod_sparse.methods.gtopk.butterfly import SparseSet
+from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
 from horovod_sparse.methods.gaussiank import gaussiank_select
-from horovod_sparse.methods.candidates import Candidates
+from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.methods.gtopk import merge
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
@@ -76,7 +76,7 @@ def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(f
     the k largest, ties to the lower index, as the reference merge, bitwise; and which of the
     first set's indices the merge kept (``isin``). PyTorch's accelerators' paths (a coalesce
     padded to a fixed size, a binary-search ``isin``) too."""
-    from horovod_sparse.torch.selection import accelerator_paths
+    from horovod_sparse.torch_core.selection import accelerator_paths
 
     B, tensor = BACKENDS[framework]
     rng = np.random.default_rng(seed)
@@ -136,8 +136,8 @@ def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
     give bitwise the host's NumPy results: the candidates' bar, the local histogram in the first
     step's window and in a fine one around a threshold (every rank's mark), DGC's threshold and
     its lowered retry. Run on CPU tensors through ``accelerator_paths``."""
-    from horovod_sparse.common.controllers import HistogramWindow
-    from horovod_sparse.torch.selection import accelerator_paths
+    from horovod_sparse.methods.micro.controllers import HistogramWindow
+    from horovod_sparse.torch_core.selection import accelerator_paths
 
     B = torch_backend
     x = tied(20_011, 3) * np.random.default_rng(8).standard_normal(20_011).astype(np.float32)

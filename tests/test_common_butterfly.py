@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
-from horovod_sparse.common.butterfly import butterfly_schedule, largest_power_of_two, round_count
+from horovod_sparse.methods.gtopk.butterfly import butterfly_schedule, largest_power_of_two, round_count
 
 SIZES = st.integers(min_value=1, max_value=64)
 

@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_sparse.common.controllers import (CANDIDATE_MARGIN, SMALLEST_THRESHOLD, HistogramController,
-                                               HistogramWindow, PaperController, ThresholdState, as_float32,
-                                               candidate_bar, candidate_budget, histogram_threshold, local_histogram,
-                                               make_controller, paper_factor, reaches_bar, scan_block_size,
-                                               threshold_from_histogram)
+from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32, scan_block_size
+from horovod_sparse.methods.micro.controllers import (CANDIDATE_MARGIN, HistogramController, HistogramWindow,
+                                                      PaperController, ThresholdState, candidate_bar, candidate_budget,
+                                                      histogram_threshold, local_histogram, make_controller,
+                                                      paper_factor, reaches_bar, threshold_from_histogram)
 
 ratios = st.floats(min_value=0.0, max_value=10.0, allow_nan=False)
 

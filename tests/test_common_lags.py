@@ -9,7 +9,8 @@ import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.cost_model import AlphaBeta, calibrate, calibration_sizes, exposed_time, fit_allgather
 from horovod_sparse.common.grouping import MergeBySize, ParamInfo, ReadyTimeline, form_groups, merge_by_size
-from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LocalCost, lags_counts
+from horovod_sparse.common.cost_model import LocalCost
+from horovod_sparse.methods.lags.rule import BackwardTimeMeter, LagsGroup, lags_counts
 from tests import reference_lags
 
 

@@ -6,7 +6,7 @@ import torch
 
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.stats import GroupStats, StepStats, finish_step
-from horovod_sparse.torch.communicator import TorchCommunicator
+from horovod_sparse.torch_core.communicator import TorchCommunicator
 
 
 class _ProcessSet:

@@ -20,7 +20,7 @@ import pytest
 from benchmarks import digits_report, scaling
 from benchmarks.digits_report import CLUSTERS, Report
 from benchmarks.synthetic import available_methods
-from horovod_sparse.common.lags import LagsOptions
+from horovod_sparse.methods.lags.rule import LagsOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))

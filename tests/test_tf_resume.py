@@ -17,7 +17,7 @@ import pytest
 
 import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
-from horovod_sparse.common.partitions import BlockLayout
+from horovod_sparse.methods.micro.partitions import BlockLayout
 from tests.checks import assert_conserved
 from tests.launch import rank_records, run_configs
 

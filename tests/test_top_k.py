@@ -1,4 +1,4 @@
-"""The exact top-k primitive of both frameworks (``horovod_sparse.torch.selection.top_k`` and
+"""The exact top-k primitive of both frameworks (``horovod_sparse.torch_core.selection.top_k`` and
 ``horovod_sparse.tensorflow.selection.top_k``) against a slow independent reference, a stable
 NumPy argsort of ``-|x|`` (ties to the lower index), on adversarial inputs: ties, all-equal,
 zeros, k at or above the number of non-zeros, heavy tails, infinities, every float dtype, tiny
@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_sparse.common.controllers import SCAN_CHUNK
-from horovod_sparse.torch.selection import device_top_k, top_k
+from horovod_sparse.common.thresholds import SCAN_CHUNK
+from horovod_sparse.torch_core.selection import device_top_k, top_k
 from tests.host_reads import HostReads
 from tests.reference import topk_indices
 
@@ -188,7 +188,7 @@ def tf_block_length(numel: int, k: int) -> int:
 
 
 def test_tensorflow_blocks_are_as_long_as_torchs():
-    from horovod_sparse.common.controllers import scan_block_size
+    from horovod_sparse.common.thresholds import scan_block_size
     for numel, k in [(2, 1), (1000, 1), (1000, 500), (300_001, 37), (300_001, 5_000), (25_600_000, 25_600),
                      (25_600_000, 1), (1 << 20, 1 << 14), (1 << 20, 1 << 13), (999_999, 7_777)]:
         assert tf_block_length(numel, k) == min(scan_block_size(k / numel), numel // k), (numel, k)

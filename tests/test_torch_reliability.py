@@ -116,7 +116,7 @@ def test_broadcast_optimizer_state_works_with_the_wrapper(run):
 def test_the_cheap_finiteness_check_is_exact(dtype):
     """One sum decides the usual case; finite values whose sum overflows, and NaN/Inf anywhere
     (including +Inf and -Inf together), still get the exact answer."""
-    from horovod_sparse.torch.tensor_backend import all_finite
+    from horovod_sparse.torch_core.tensor_backend import all_finite
 
     values = torch.randn(3000, generator=torch.Generator().manual_seed(0)).to(dtype)
     huge = torch.full((3000,), torch.finfo(dtype).max, dtype=dtype)

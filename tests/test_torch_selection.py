@@ -1,4 +1,4 @@
-"""The block-scan selection (``horovod_sparse.torch.selection``) against ``torch.where`` over
+"""The block-scan selection (``horovod_sparse.torch_core.selection``) against ``torch.where`` over
 ``|x|``: same indices, ascending, for any slice, block length (power of two or not, partial last
 block), threshold (reached or, ``strict``, exceeded; ties included) and candidates that filter to
 exactly the same set; the scan's moments against NumPy's mean and deviation. The exact top-k
@@ -10,9 +10,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horovod_sparse.methods.candidates import Candidates
+from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch import backend
-from horovod_sparse.torch.selection import pick_with_magnitudes, scan, select
+from horovod_sparse.torch_core.selection import pick_with_magnitudes, scan, select
 
 
 def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:

@@ -16,8 +16,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from horovod_sparse.common.cost_model import AlphaBeta, calibrate
-from horovod_sparse.common.lags import LocalCost
+from horovod_sparse.common.cost_model import AlphaBeta, LocalCost, calibrate
 
 
 def agree_seconds(B: Any, values: Sequence[float], process_set: Any, name: str) -> List[float]:
@@ -61,7 +60,7 @@ def measure_local_cost(B: Any, process_set: Any, numel: int, low: int, high: int
     top-k of a normal float32 buffer of ``numel`` elements at ``low`` and ``high`` coordinates
     and the scatter-add of ``n * high`` received pairs (what an allgather exchange runs), each
     run timed from an idle device to its end, agree the medians over ``process_set`` and fit
-    :class:`~horovod_sparse.common.lags.LocalCost` to them: the same costs on every rank."""
+    :class:`~horovod_sparse.methods.lags.rule.LocalCost` to them: the same costs on every rank."""
     host = np.random.default_rng(0).standard_normal(numel).astype(np.float32)
     x = B.from_numpy(host, like)
     workers = process_set.size()

@@ -92,15 +92,6 @@ def dgc_adjustment(count: int, k: int) -> str:
     return ACCEPT
 
 
-def mean_std(total: float, squares: float, numel: int) -> Tuple[float, float]:
-    """Mean and unbiased standard deviation (0 for one element) of ``numel`` values from their
-    sum and sum of squares: ``sqrt((sum x^2 - n mean^2) / (n - 1))``. With single-precision
-    partial sums that is within about 1e-5 of the exact deviation while ``|mean|`` is at most a
-    few deviations (so for gradients), and worse as ``|mean|`` grows beyond."""
-    mean = total / numel
-    return mean, math.sqrt(max(0.0, squares - total * mean) / (numel - 1)) if numel > 1 else 0.0
-
-
 def gaussian_threshold(mean: float, std: float, density: float) -> float:
     """Gaussian-k's estimate ``mean + |Phi^-1(density / 2)| std``."""
     return mean + abs(NormalDist().inv_cdf(density / 2.0)) * std

@@ -9,7 +9,7 @@ See :mod:`horovod_sparse.ddp.hook` for what the hook does and how it differs fro
 front ends. End each rank with ``hsd.exit_job()`` (:mod:`horovod_sparse.ddp.job_exit`: a Gloo
 job may otherwise abort at exit, after its work is done).
 """
-from horovod_sparse.ddp.compression import Compression
+from horovod_sparse.distributed.compression import Compression
 from horovod_sparse.ddp.hook import State, hook
 from horovod_sparse.ddp.job_exit import exit_job
 

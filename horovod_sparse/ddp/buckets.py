@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
-from horovod_sparse.common.model_state import ModelState, Record
-from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
+from horovod_sparse.engine.model_state import ModelState, Record
+from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 
 #: A group's identity: the numbers of its parameters, in bucket order.
 Members = Tuple[int, ...]

@@ -25,42 +25,22 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from horovod_sparse.common.inflight import Inflight
-from horovod_sparse.common.model_state import ModelState
+from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stall import ExchangeStalled
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.ddp import backend
+from horovod_sparse.distributed import backend
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
 from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ddp_tiers, ranks_reporting
-from horovod_sparse.ddp.compression import Compression, DenseCompression, checked_sparse
-from horovod_sparse.methods.base import Exchange
-from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.communicator import group_communicators, start_exchange
-from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.finiteness import StepFiniteness, Usable
-from horovod_sparse.ddp.steps import StepBook
-
-
-def dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, usable: Usable) -> Exchange:
-    """DDP's own averaging of a bucket (``Compression.none``: PyTorch's ``allreduce_hook``;
-    ``fp16``: its ``fp16_compress_hook``): divided by the world size, then summed, in float16
-    on the wire with ``fp16`` and bfloat16 as float32 (Gloo sums no bfloat16). Zeros instead
-    of this rank's bucket when it is not ``usable`` (non-finite; a device flag is applied on
-    the device)."""
-    wire_dtype = compression.wire_dtype if isinstance(compression, DenseCompression) else None
-    wire_dtype = wire_dtype or (torch.float32 if buffer.dtype == torch.bfloat16 else buffer.dtype)
-    wire = buffer.to(wire_dtype) if buffer.dtype != wire_dtype else buffer
-    if usable is True:
-        wire.div_(comm.size)
-    elif usable is False:
-        wire.zero_()
-    else:
-        wire.div_(comm.size).masked_fill_(usable.logical_not(), 0.0)
-    comm.stats.selected = comm.stats.union = buffer.numel()
-    (summed,) = yield [comm.allreduce(wire, "values", "values")]
-    return summed.to(buffer.dtype), None
+from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ddp_tiers, ranks_reporting
+from horovod_sparse.distributed.compression import Compression, checked_sparse
+from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.torch_core.buffers import FlatGroup
+from horovod_sparse.engine.topology import group_communicators, start_exchange
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.distributed.steps import StepBook
 
 
 class State(StepBook):

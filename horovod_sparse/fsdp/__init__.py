@@ -12,7 +12,7 @@ FSDP2 shards the parameters inside the ``shard`` group (a node) as usual; each F
 reduce-scattered gradient shard is then exchanged across the replicas by the method, with an
 error-feedback residual sharded like the parameter. See :mod:`horovod_sparse.fsdp.replicas`.
 """
-from horovod_sparse.ddp.compression import Compression
+from horovod_sparse.distributed.compression import Compression
 from horovod_sparse.fsdp.replicas import State, compress_replicas
 
 __all__ = ["Compression", "State", "compress_replicas"]

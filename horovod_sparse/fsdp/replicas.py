@@ -1,27 +1,17 @@
 """Every horovod_sparse method on the replica axis of FSDP2: the front end for sharded training.
 
-FSDP2 (``torch.distributed.fsdp.fully_shard``) shards each unit's parameters inside its mesh's
-``shard`` group and, after the backward pass, reduce-scatters the unit's gradients there. The
-replicas of a shard (the ranks holding it in the other shard groups: the ``replicate`` axis of a
-2-D mesh, one rank per node in HSDP) must still be averaged, and that is the exchange across
-the slow network. :func:`compress_replicas` registers one all-reduce hook per FSDP unit
-(``FSDPModule.set_all_reduce_hook``): the hook receives the unit's reduce-scattered gradient
-shard (the shard group's mean, padded as FSDP pads its shards), adds the unit's error-feedback
-residual (sharded like the parameters: one per unit and rank), runs the method's exchange over
-the replicate group with the shared driver (the DDP front end's ``torch.distributed``
-collectives and backend) and writes the average over every rank back in place, which FSDP then
-hands to the sharded ``.grad``.
-
-Semantics: per unit, a step is the flat method over the ``R`` ranks of the replicate group fed
-their shards, scaled by ``1 / R``: the same contract as the method over DDP buckets, with the
-unit's shard as the group. The hook returns only when the exchange is done (FSDP's hook point
-gives no future), so a unit's exchange does not overlap the rest of the backward pass.
-
-A step ends when the backward pass does (a callback queued by the first hook): the non-finite
-policy is agreed over the whole job there (one tiny allgather), the statistics settle and
-LAGS's measurements are taken. Only FSDP-only meshes per unit (the ``shard`` dimension) are
-supported: FSDP's own HSDP (a 2-D mesh given to ``fully_shard``) all-reduces across replicas
-itself and hands the hook the all-reduced result, which is refused.
+FSDP2 (``fully_shard``) reduce-scatters each unit's gradients inside its ``shard`` group; the
+replicas of a shard (the ``replicate`` axis of a 2-D mesh, one rank per node in HSDP) must still
+be averaged across the slow network. :func:`compress_replicas` registers one all-reduce hook per
+FSDP unit (``set_all_reduce_hook``): the hook gets the unit's reduce-scattered shard (the shard
+group's mean, padded as FSDP pads), adds the unit's error-feedback residual (one per unit and
+rank), runs the method over the replicate group through the step engine
+(:mod:`horovod_sparse.engine.step`) and writes the average over every rank back in place, which
+FSDP hands to the sharded ``.grad``. Per unit a step is the flat method over the ``R`` replicas
+fed their shards, scaled by ``1 / R``. FSDP's hook point gives no future, so a unit's exchange
+finishes inside its hook. A step ends when the backward pass does (a callback queued by the
+first hook): the non-finite policy is agreed over the whole job, the step closes. FSDP's own HSDP
+(a 2-D mesh given to ``fully_shard``) all-reduces across replicas itself and is refused.
 """
 from __future__ import annotations
 
@@ -32,66 +22,41 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule
 
-from horovod_sparse.common.inflight import Inflight
-from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.ddp import backend
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup, ranks_reporting
-from horovod_sparse.ddp.compression import checked_sparse
-from horovod_sparse.ddp.hook import dense_exchange
-from horovod_sparse.torch.buffers import FlatGroup
-from horovod_sparse.torch.finiteness import StepFiniteness
-from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.ddp.steps import StepBook
+from horovod_sparse.distributed import backend
+from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
+from horovod_sparse.distributed.compression import checked_sparse
+from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.engine.model_state import ModelState, Record
+from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.fsdp.units import ShardGroup, fsdp_units, replicate_group_of, require_replicas_of_one_shard
+from horovod_sparse.torch_core.device_timing import ready_timeline
+from horovod_sparse.torch_core.finiteness import StepFiniteness
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
-class ShardGroup(FlatGroup):
-    """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
-    buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
-
-    def __init__(self, index: int, name: str, like: torch.Tensor) -> None:
-        super().__init__(index, [name], [], name=name)
-        self.numels = [like.numel()]
-        self.numel = like.numel()
-        self._like = (like.dtype, like.device)
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._like[0]
-
-    def _allocate(self) -> None:
-        dtype, device = self._like
-        self.residual = torch.zeros(self.numel, dtype=dtype, device=device)
-        self.output = torch.zeros(self.numel, dtype=dtype, device=device)
-
-
-class State(StepBook):
+class State:
     """The replica exchange of one FSDP2 model (build it with :func:`compress_replicas`).
 
     Args:
         compression: ``horovod_sparse.fsdp.Compression.<method>(...)`` (the DDP front end's
-            namespace: the same backend), or ``Compression.none`` / ``Compression.fp16`` (a
-            dense average across replicas).
-        replicate_group: the ``torch.distributed`` group of this rank's replicas (for a 2-D
-            mesh ``mesh["replicate"].get_group()``); None: the default group, or the one
-            :func:`compress_replicas` is given with this state. Nothing asks
-            ``torch.distributed`` anything before :meth:`attach`: a trainer may build the state
-            before ``init_process_group``.
+            namespace), or ``Compression.none`` / ``Compression.fp16`` (a dense average).
+        replicate_group: the ``torch.distributed`` group of this rank's replicas (a 2-D mesh's
+            ``mesh["replicate"].get_group()``); None: the default group, or the one
+            :func:`compress_replicas` is given with this state. Nothing asks ``torch.distributed``
+            anything before :meth:`attach`: a trainer may build the state before
+            ``init_process_group``.
         nonfinite: what a NaN/Inf gradient on any rank does, as in the other front ends
-            (``"raise"`` by default with a sparsifier: ``backward()`` raises
-            ``FloatingPointError`` on every rank; ``"skip"``: a warning and zero gradients; None:
-            no check). The residuals are restored first. With a ``loss_scaler`` the gradients of
-            an abandoned step are NaN on every rank instead and nothing is raised or warned: the
-            scaler sees the overflow on every rank alike (``scaler.step`` skips, ``update``
-            backs the scale off).
+            (``"raise"`` by default with a sparsifier: ``backward()`` raises ``FloatingPointError``
+            on every rank; ``"skip"``: a warning and zero gradients; None: no check), after the
+            residuals are restored. With a ``loss_scaler`` the gradients of an abandoned step are
+            NaN on every rank instead, and the scaler skips the step and backs off.
         stats_log: a text stream receiving one JSON line of statistics per step.
-        loss_scaler: the ``torch.amp.GradScaler`` whose ``scale(loss)`` the gradients come from
-            (float16 training): each shard is divided by the scale as it enters the residual
-            and the average multiplied by it again, so the method and error feedback work in
-            the loss's own units and a scale change loses nothing (as in the DDP front end).
+        loss_scaler: the ``torch.amp.GradScaler`` the gradients were scaled by: each shard enters
+            the residual divided by the scale and the average is multiplied by it again, so the
+            method works in the loss's own units and a scale change loses nothing.
 
     Attributes:
         steps: steps taken (backward passes that reached the hooks).
@@ -101,24 +66,30 @@ class State(StepBook):
     def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
                  loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
-        sparse = checked_sparse(compression, "fsdp")
         self.compression = compression
-        self.sparse = sparse
-        self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
+        self.sparse = checked_sparse(compression, "fsdp")
+        self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)
         self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first hook.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self.process_group = ProcessGroup(replicate_group)
         self._world = ProcessGroup(None)
         self._model = ModelState(compression, backend, self.process_group, None)
-        super().__init__(stats_log)
+        self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
         self._groups: Dict[str, ShardGroup] = {}
         self._finiteness = StepFiniteness()
-        self._done: List[Inflight] = []
         self._in_step = False
         self._check_due = True
         self._saved: Optional[Record] = None
         self._params: List[torch.Tensor] = []
+
+    @property
+    def steps(self) -> int:
+        return self._engine.steps
+
+    @property
+    def last_stats(self) -> Any:
+        return self._engine.last_stats
 
     def attach(self, model: torch.nn.Module, replicate_group: Optional[dist.ProcessGroup] = None) -> None:
         """Register the exchange as the all-reduce hook of every FSDP unit in ``model``, across
@@ -127,86 +98,40 @@ class State(StepBook):
             if self._params:
                 raise ValueError("this state is attached to a model already: build one State per model")
             self.process_group.group = replicate_group
-        units = [(name or "root", module) for name, module in model.named_modules() if isinstance(module, FSDPModule)]
-        if not units:
-            raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
-                             "(no FSDPModule found in it)")
-        meshes = set()
-        for name, p in model.named_parameters():
-            mesh = getattr(p, "device_mesh", None)
-            if mesh is not None and mesh.ndim != 1:
-                raise ValueError(f"parameter {name!r} was sharded with a {mesh.ndim}-D mesh (FSDP's own HSDP, which "
-                                 "all-reduces across replicas itself); shard with the 1-D mesh['shard'] and pass "
-                                 "mesh['replicate'].get_group() as replicate_group")
-            if mesh is not None:
-                meshes.add((tuple(mesh.mesh.tolist()), mesh.get_local_rank()))
-        self._require_replicas_of_one_shard(sorted(meshes))
+        units = fsdp_units(model)
+        require_replicas_of_one_shard(model, self.process_group.group)
         for name, module in units:
-            module.set_all_reduce_hook(self._hook(name))
+            module.set_all_reduce_hook(lambda shard, name=name: self.exchange(name, shard))
         self._params = list(model.parameters())
 
-    def _require_replicas_of_one_shard(self, meshes: List[Any]) -> None:
-        """Refuse a replicate group whose ranks hold different shards: every rank of it must
-        shard over a mesh of the same size at the same position (``meshes``: this rank's
-        ``(ranks, position)`` per mesh its parameters use), else the exchange would average
-        different slices of the parameters together."""
-        layout = [(len(ranks), position) for ranks, position in meshes]
-        group = self.process_group.group
-        everyone: List[Any] = [None] * dist.get_world_size(group)
-        dist.all_gather_object(everyone, layout, group=group)
-        if any(other != layout for other in everyone):
-            replicas = dist.get_process_group_ranks(group) if group is not None else list(range(len(everyone)))
-            raise ValueError(f"the replicate group (ranks {replicas}) does not hold replicas of one shard: its ranks "
-                             f"shard as (shard group size, position) {everyone}; give the group of ranks at the "
-                             "same position of every shard group (mesh['replicate'] of a ('replicate', 'shard') mesh)")
-
-    def _hook(self, name: str) -> Any:
-        def hook(reduce_output: torch.Tensor) -> None:
-            self.exchange(name, reduce_output)
-        return hook
-
-    # -- the exchange -----------------------------------------------------------------------------
     def exchange(self, name: str, shard: torch.Tensor) -> None:
         """Exchange FSDP unit ``name``'s reduce-scattered gradient ``shard`` across the replicas
         and write the average over every rank into it (what the unit's hook runs)."""
+        engine = self._engine
         if not self._in_step:
             self._begin_step(shard)
         group = self._group(name, shard)
-        self.timeline.group_ready(name)
+        engine.timeline.group_ready(name)
         usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
-        options = getattr(self.compression, "options", None)
-        sparse = (self.sparse and self.steps >= options.warmup_steps and group.numel >= options.min_numel)
+        plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps)
         size, rank = self.process_group.size(), self.process_group.rank()
-        target = options.count(group.numel, self.steps) if sparse else group.numel
-        stats = GroupStats(name, group.numel, target, dense=not sparse)
-        self._step_stats.groups.append(stats)
-        comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device, self.steps)
-        if sparse:
-            state = self._model.method_state(group, size)
-            with comm.timer("flatten"):
-                x = group.load_flat(shard, None if self._scale_factors is None else self._scale_factors[1], usable)
-                comm.output_buffer = group.zeroed_output()
-            exchange = self.compression.exchange(x, comm, state, self.steps)
+        inverse = None if self._scale_factors is None else self._scale_factors[1]
+        if plan.sparse:
+            flight = engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, shard.device,
+                                         lambda: group.load_flat(shard, inverse, usable))
         else:
-            exchange = dense_exchange(shard, comm, self.compression, usable)
-        inflight = Inflight(exchange, comm, group, sparse)
-        inflight.advance()
-        update, residual = inflight.finish()
-        if sparse:
-            group.take_result(update, residual)
-            update = group.output
-            if self._scale_factors is not None:
-                update.mul_(self._scale_factors[0])
+            comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device, self.steps)
+            flight = engine.start_dense(group, dense_exchange(shard, comm, self.compression, usable), comm)
+        update = engine.finish_one(flight, None if self._scale_factors is None else self._scale_factors[0])
         if update is not shard:
             shard.copy_(update)
-        self._done.append(inflight)
 
     def _begin_step(self, shard: torch.Tensor) -> None:
         """The first hook of a step: queue its end after the backward pass, check the
         configuration where due."""
         self._in_step = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
-        self._place_timeline(shard)
+        self._engine.place_timeline(lambda: ready_timeline(shard.device))
         if self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         if self._check_due:
@@ -234,44 +159,39 @@ class State(StepBook):
         return group
 
     def _finish_step(self) -> None:
-        """After the backward pass: agree on non-finite gradients over the whole job (undo the
-        step everywhere if any rank saw one), close the step."""
-        self.timeline.backward_ended()
-        done, self._done, self._in_step = self._done, [], False
+        """After the backward pass: agree on non-finite gradients over the whole job (the step
+        abandoned everywhere if a rank saw one), close the step."""
+        engine, self._in_step = self._engine, False
+        engine.timeline.backward_ended()
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else ranks_reporting(len(nonfinite_groups), self._world)
+        bad_ranks = [] if self.nonfinite is None else engine.ranks_with_nonfinite(
+            nonfinite_groups, lambda count: ranks_reporting(count, self._world))
         if bad_ranks:
-            for inflight in done:
-                if inflight.sparse:
-                    inflight.comm.undo_deliveries()
+            engine.abandon()
             for p in self._params:
                 if p.grad is not None:
                     p.grad.to_local().fill_(math.nan if self._loss_scale is not None else 0.0)
-            self._step_stats.abandoned = True
-        self._close_step(self._model)
+        engine.close(self._model.end_step)
         if bad_ranks and self._loss_scale is None:  # with a scaler, the NaN gradients tell it
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
 
-    # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, bytes]:
         """This rank's state under a key of its own, ``{"rank<r>": bytes}``: the serialised step
         counter, the method's own state and, per FSDP unit, its shard's residual and method
-        state. Residuals are per rank and shard, and ``torch.distributed.checkpoint`` keeps one
-        copy of the entries that share a key, so the key is the rank's: ``dcp.save({"model":
-        model, "replicas": state}, ...)`` keeps every rank's state, and ``torch.save`` of each
-        rank's ``state_dict()`` does too (``torch.load(weights_only=True)`` reads it)."""
+        state. ``torch.distributed.checkpoint`` keeps one copy of entries sharing a key, so the
+        key is the rank's: ``dcp.save({"model": model, "replicas": state}, ...)`` keeps every
+        rank's state, as ``torch.save`` of each rank's ``state_dict()`` does."""
         record = self._model.record(list(self._groups.values()), self.steps, per_rank=True)
         buffer = io.BytesIO()
         torch.save({"world_size": dist.get_world_size(), "record": record}, buffer)
-        return {self._key(): buffer.getvalue()}
+        return {f"rank{dist.get_rank()}": buffer.getvalue()}
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue from a :meth:`state_dict` this rank saved in a job of the same size, model
-        and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). The residuals and method
-        states are taken as the units' hooks come; a shard of another size raises ``ValueError``
-        then, another job size at once; tensors go to the shards' device (a checkpoint saved on
-        GPUs loads on the CPU and back)."""
-        key, world = self._key(), dist.get_world_size()
+        and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). Residuals and method states
+        are taken as the units' hooks come (a shard of another size raises ``ValueError`` then,
+        another job size at once); tensors go to the shards' device."""
+        key, world = f"rank{dist.get_rank()}", dist.get_world_size()
         if key not in state_dict:
             raise ValueError(f"this state_dict holds no state of rank {dist.get_rank()} (its keys: "
                              f"{sorted(state_dict)[:8]}); load the state_dict this rank saved")
@@ -280,37 +200,13 @@ class State(StepBook):
             raise ValueError(f"the replicas' state was saved by a job of {saved['world_size']} ranks, this job has "
                              f"{world}: residuals are per rank and shard, so resume with the same ranks and mesh "
                              "(or start the replicas' state afresh)")
-        record = saved["record"]
-        self._saved = record
+        self._saved = record = saved["record"]
         self._groups.clear()
         self._model.states.clear()
         if self.sparse and record.get("method") is not None:
             self.compression.load_method_state(record["method"])
-        self._restart_at(int(record["steps"]))
+        self._engine.restart_at(int(record["steps"]))
         self._check_due = True
-
-    @staticmethod
-    def _key() -> str:
-        return f"rank{dist.get_rank()}"
-
-
-def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:
-    """The replicate group of a 2-D ``mesh`` named ``("replicate", "shard")``, after checking that
-    every parameter of ``model`` was sharded with ``mesh["shard"]`` (the mesh the hooks assume)."""
-    names = tuple(mesh.mesh_dim_names or ())
-    if mesh.ndim != 2 or set(names) != {"replicate", "shard"}:
-        raise ValueError(f"compress_replicas(mesh=...) takes a 2-D DeviceMesh with dimensions named "
-                         f"('replicate', 'shard'); this one has {mesh.ndim} dimension(s) named {names}. Build it with "
-                         "init_device_mesh(device, (nodes, gpus_per_node), mesh_dim_names=('replicate', 'shard')) "
-                         "or pass replicate_group= instead")
-    shard = mesh["shard"]
-    for name, p in model.named_parameters():
-        used = getattr(p, "device_mesh", None)
-        if used is not None and used.ndim == 1 and not torch.equal(used.mesh, shard.mesh):
-            raise ValueError(f"parameter {name!r} was sharded over ranks {used.mesh.tolist()}, not over this rank's "
-                             f"mesh['shard'] ({shard.mesh.tolist()}); shard every unit with "
-                             "fully_shard(module, mesh=mesh['shard'])")
-    return mesh["replicate"].get_group()
 
 
 def compress_replicas(model: torch.nn.Module, compression: Any,
@@ -318,23 +214,18 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
                       nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
                       loss_scaler: Optional[torch.amp.GradScaler] = None) -> State:
     """Exchange every FSDP unit of ``model`` across the replicas with ``compression`` (see
-    :class:`State` for the arguments); returns the state (checkpoints, statistics).
-
-    The replicas are either ``replicate_group`` (a ``torch.distributed`` group) or the
-    ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named ``("replicate", "shard")``
-    whose ``mesh["shard"]`` sharded every unit. Give exactly one of the two. ``compression`` may
-    also be a :class:`State` built earlier (before the process group existed, as trainers build
-    their states): it is attached as it was built (``nonfinite``, ``stats_log`` and
-    ``loss_scaler`` are its own then)."""
+    :class:`State` for the arguments); returns the state (checkpoints, statistics). The replicas
+    are ``replicate_group`` or the ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named
+    ``("replicate", "shard")`` whose ``mesh["shard"]`` sharded every unit: exactly one of the two.
+    ``compression`` may also be a :class:`State` built earlier (before the process group existed,
+    as trainers build theirs): it is attached as built (its own ``nonfinite``, ``stats_log`` and
+    ``loss_scaler``)."""
     if (mesh is None) == (replicate_group is None):
         raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
                          "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
     if mesh is not None:
         replicate_group = replicate_group_of(mesh, model)
-    if isinstance(compression, State):
-        state = compression
-    else:
-        state = State(compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler)
+    state = compression if isinstance(compression, State) else State(compression, nonfinite=nonfinite,
+                                                                      stats_log=stats_log, loss_scaler=loss_scaler)
     state.attach(model, replicate_group)
     return state
-

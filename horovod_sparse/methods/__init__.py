@@ -12,15 +12,15 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
   (a host decision, deferred to step time when traced);
 * selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
   ``scan`` (block maxima, optional moments), ``pick``, ``pick_with_magnitudes``, ``at_least``
-  (the histogram controller's candidates, :mod:`horovod_sparse.methods.candidates`);
+  (the histogram controller's candidates, :mod:`horovod_sparse.methods.micro.candidates`);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
   ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
 * host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
   metadata: ``allgather_array``, ``allgather_bytes``.
 
-The communicator (``horovod_sparse.<front end>.collectives.Communicator``: ``torch``, ``tensorflow``,
-``ddp``) gives ``allgather``,
+The communicator (``horovod_sparse.<transport>.collectives.Communicator``: ``torch`` for Horovod's
+PyTorch collectives, ``tensorflow``, ``distributed`` for ``torch.distributed``) gives ``allgather``,
 ``allreduce`` (may write into its input), ``alltoall`` (each named ``hs.<group>.<tag>``, counted
 and timed in the group's statistics), ``output(x)`` (the zeroed update buffer), ``remove_delivered``
 (the one way to change the residual) and ``timer(phase)``.

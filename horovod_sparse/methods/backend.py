@@ -2,7 +2,7 @@
 
 A method (:mod:`horovod_sparse.methods`) never imports a framework. It receives a backend, one
 module per front end (:mod:`horovod_sparse.torch.backend`, :mod:`horovod_sparse.tensorflow.backend`,
-:mod:`horovod_sparse.ddp.backend`) that provides the functions below, and a communicator for the collectives
+:mod:`horovod_sparse.distributed.backend`) that provides the functions below, and a communicator for the collectives
 (:class:`horovod_sparse.common.communicator.CommunicatorBase`'s subclasses).
 
 Contracts shared by every primitive:
@@ -84,12 +84,12 @@ class Backend(Protocol):
         """The mask ``t >= threshold`` (``threshold`` compared in ``t``'s dtype)."""
 
     def candidate_bar(self, scanned: Any, budget: int) -> Any:
-        """:func:`~horovod_sparse.common.controllers.candidate_bar` of a scan's block maxima: a
+        """:func:`~horovod_sparse.methods.micro.controllers.candidate_bar` of a scan's block maxima: a
         float, or on an accelerator a 0-dim float32 tensor left there (what :meth:`pick` and
         :meth:`local_histogram` take)."""
 
     def local_histogram(self, window: Any, magnitudes: Tensor, bar: Any, rank: int, parts: int) -> Tensor:
-        """:func:`~horovod_sparse.common.controllers.local_histogram` as an int32 tensor on
+        """:func:`~horovod_sparse.methods.micro.controllers.local_histogram` as an int32 tensor on
         ``magnitudes``' device (computed there, without a host read, on an accelerator)."""
 
     # -- gathers, scatters and casts ---------------------------------------------------------
@@ -155,8 +155,8 @@ class Backend(Protocol):
 
     def kth_magnitude(self, values: Tensor, k: int) -> Any:
         """The ``k``-th largest ``|values|`` as a threshold, rounded to float32 and at least
-        :data:`~horovod_sparse.common.controllers.SMALLEST_THRESHOLD`
-        (:func:`~horovod_sparse.common.controllers.as_float32`): a float, or on an accelerator a
+        :data:`~horovod_sparse.methods.micro.controllers.SMALLEST_THRESHOLD`
+        (:func:`~horovod_sparse.methods.micro.controllers.as_float32`): a float, or on an accelerator a
         0-dim float32 tensor left there (what :meth:`pick` and :meth:`scaled_threshold` take)."""
 
     def scaled_threshold(self, threshold: Any, factor: float) -> Any:

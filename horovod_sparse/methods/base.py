@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
-from horovod_sparse.common.controllers import scan_block_size
+from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.schedule import ConstantDensity
 from horovod_sparse.methods.backend import Backend, Tensor

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from horovod_sparse.common.controllers import scan_block_size
+from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment, dgc_sample
 from horovod_sparse.methods.backend import Tensor

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from horovod_sparse.common.controllers import as_float32, scan_block_size
+from horovod_sparse.common.thresholds import as_float32, scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from horovod_sparse.common.controllers import as_float32
+from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import hard_threshold

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import (allgather_array, allgather_bytes, allgather_payload,  # noqa: F401
                                                    index_dtype)  # (backend API)
-from horovod_sparse.common import controllers
-from horovod_sparse.common.controllers import as_float32
+from horovod_sparse.methods.micro import controllers
+from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
 

@@ -1,6 +1,6 @@
 """A group of variables exchanged as one flat buffer, and its error-feedback residual (TensorFlow).
 
-The counterpart of :mod:`horovod_sparse.torch.buffers`. TensorFlow tensors are immutable, so
+The counterpart of :mod:`horovod_sparse.torch_core.buffers`. TensorFlow tensors are immutable, so
 instead of updating buffers in place the group builds ``x = g + e`` as a new tensor, the
 sparsifier returns the new residual and the aggregated update, and the residual is written back
 into a non-trainable ``tf.Variable``. That variable is created once per group, outside any

@@ -86,14 +86,15 @@ import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
-from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.common.model_state import ModelState, Record
+from horovod_sparse.engine.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.horovod_tiers import horovod_tiers
+from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
-from horovod_sparse.common.tiers import Tiers, exchanged_numel, two_tier_exchange, wants_hierarchical
+from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
+from horovod_sparse.engine.two_tier import two_tier_exchange
 from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, gather_places, nbytes, phase_timer

@@ -1,12 +1,12 @@
 """Threshold selection over a slice of a flat buffer (TensorFlow), with the block maxima the
 histogram controller reads.
 
-The counterpart of :mod:`horovod_sparse.torch.selection`, with the same results:
+The counterpart of :mod:`horovod_sparse.torch_core.selection`, with the same results:
 :func:`scan` gives the largest ``|x|`` of each block of ``block`` elements of ``x[start:end]``
 (the last block partial), :func:`pick` exactly ``{i in [start, end) : |x[i]| >= threshold}`` in
 ascending order (int64). Here :func:`pick` compares the slice directly: the PyTorch side's
 block-skipping is a CPU memory-traffic optimisation that does not change the result.
-:func:`top_k` finds the same set as :func:`horovod_sparse.torch.selection.top_k`, under the same
+:func:`top_k` finds the same set as :func:`horovod_sparse.torch_core.selection.top_k`, under the same
 tie rule and by the same method (block maxima, a candidate level, the top-k of the blocks that
 reach it), at a few read passes of the buffer instead of ``tf.math.top_k``'s dozens.
 """
@@ -19,14 +19,14 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
-from horovod_sparse.common.threshold_baselines import mean_std
-from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK
+from horovod_sparse.common.thresholds import mean_std
+from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK
 
 
 @dataclass(frozen=True)
 class BlockScan:
     """Block maxima of ``x[start:end]``: ``maxima[b]`` is the largest ``|x|`` of block ``b``;
-    ``moments`` as :class:`horovod_sparse.torch.selection.BlockScan`'s."""
+    ``moments`` as :class:`horovod_sparse.torch_core.selection.BlockScan`'s."""
 
     x: tf.Tensor
     start: int
@@ -84,7 +84,7 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float) -> Tuple[tf.Tenso
 def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
     """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``tf.reshape(x, [-1])``.
 
-    Tie rule, as :func:`horovod_sparse.torch.selection.top_k`: among equal magnitudes the lower
+    Tie rule, as :func:`horovod_sparse.torch_core.selection.top_k`: among equal magnitudes the lower
     index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.
     ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. Traceable
     (``tf.cond``, no Python branch on values), with ``k`` a Python int or a scalar tensor.
@@ -194,7 +194,7 @@ def _kth_largest(values: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
 
 def _candidate_level(maxima: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
     """A value that at least ``k`` of the block ``maxima`` reach and at most ``2k`` exceed
-    (``k <= size``), as :func:`horovod_sparse.torch.selection.candidate_level`: the estimate
+    (``k <= size``), as :func:`horovod_sparse.torch_core.selection.candidate_level`: the estimate
     from every ``max(1, k // LEVEL_SAMPLE)``-th maximum, aiming :data:`LEVEL_MARGIN` above
     ``k``, when ``k`` to ``2k`` maxima reach it; the ``k``-th largest maximum otherwise (of
     those that reach the estimate when more than ``2k`` do, of all when fewer than ``k``)."""

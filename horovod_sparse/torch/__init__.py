@@ -6,9 +6,9 @@
     opt = hs.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                   compression=hs.Compression.topk(density=0.01))
 
-Horovod is imported when one of the names below is first used, not with the package: its
-Horovod-free modules (``tensor_backend``, ``selection``, ``buffers``, ``communicator``) also
-serve :mod:`horovod_sparse.ddp`, which runs without Horovod.
+Horovod is imported when one of the names below is first used, not with the package. The
+PyTorch layer it shares with the DDP hook and FSDP2, which run without Horovod, is
+:mod:`horovod_sparse.torch_core`.
 """
 from __future__ import annotations
 

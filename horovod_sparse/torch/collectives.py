@@ -1,5 +1,5 @@
 """Horovod collectives as a sparsifier sees them: named, counted and timed (the contract:
-:mod:`horovod_sparse.torch.communicator`), issued on the optimizer's process set; and the
+:mod:`horovod_sparse.torch_core.communicator`), issued on the optimizer's process set; and the
 blocking host collectives for rare metadata.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from horovod_sparse.common.communicator import Rows
-from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
-from horovod_sparse.torch.tensor_backend import synchronize
+from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
+from horovod_sparse.torch_core.tensor_backend import synchronize
 from horovod_sparse.torch.waiting import wait
 
 

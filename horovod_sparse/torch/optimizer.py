@@ -27,22 +27,22 @@ from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
 from horovod_sparse.common.grouping import ParamInfo, form_groups
-from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.common.model_state import ModelState
+from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
-from horovod_sparse.common.horovod_tiers import horovod_tiers
+from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
 from horovod_sparse.torch import backend
-from horovod_sparse.torch.buffers import FlatGroup, carry_residuals
+from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch.collectives import Communicator, gather_places
-from horovod_sparse.torch.communicator import group_communicators, start_exchange
-from horovod_sparse.torch.device_timing import ready_timeline
-from horovod_sparse.torch.loss_scale import LossScale
-from horovod_sparse.torch.finiteness import StepFiniteness, Usable
-from horovod_sparse.torch.tensor_backend import all_finite, read_scalars
+from horovod_sparse.engine.topology import group_communicators, start_exchange
+from horovod_sparse.torch_core.device_timing import ready_timeline
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch_core.tensor_backend import all_finite, read_scalars
 from horovod_sparse.torch.waiting import wait
 from horovod_sparse.methods.base import Sparsifier
 

@@ -36,9 +36,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
-from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.ddp.collectives import Communicator, ProcessGroup
+from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients
 

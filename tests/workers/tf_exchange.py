@@ -35,7 +35,7 @@ import tensorflow as tf
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
 from horovod_sparse.common.cost_model import AlphaBeta
-from horovod_sparse.common.lags import LocalCost
+from horovod_sparse.common.cost_model import LocalCost
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.reference_partitioned import stream_gradient
 from tests.streams import raw_gradient

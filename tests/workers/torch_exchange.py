@@ -32,7 +32,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.cost_model import AlphaBeta
-from horovod_sparse.common.lags import LocalCost
+from horovod_sparse.common.cost_model import LocalCost
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from tests.workers.cli import configs_and_out

@@ -29,7 +29,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.cost_model import AlphaBeta
-from horovod_sparse.common.lags import LocalCost
+from horovod_sparse.common.cost_model import LocalCost
 from horovod_sparse.common.grouping import ReadyTimeline
 from tests.workers.torch_exchange import VirtualClock, backward, grouping, main, make_params, step_seconds
 

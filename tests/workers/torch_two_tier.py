@@ -34,7 +34,7 @@ import horovod.torch as hvd
 import torch
 
 import horovod_sparse.torch as hs
-from horovod_sparse.common.inflight import Inflight
+from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.torch.collectives import Communicator
 from tests.workers.cli import configs_and_out

@@ -61,6 +61,7 @@ from typing import Any, Callable, Dict, Generator, List, NamedTuple, Optional, P
 
 import numpy as np
 
+from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32, float32_bits
 from horovod_sparse.common.timing import PhaseTimer
 
 #: Names accepted by the ``controller=`` option, default first.
@@ -75,8 +76,6 @@ REFINE_FRACTION = 0.1
 #: Float32 bit patterns hold 2**23 per octave; +inf is the first non-finite one.
 _OCTAVE_BITS = 1 << 23
 _INF_BITS = 0x7F800000
-#: The smallest positive float32: thresholds never go below it, so zeros are never selected.
-SMALLEST_THRESHOLD = float(np.nextafter(np.float32(0), np.float32(1)))
 
 
 def _fine_offsets() -> np.ndarray:
@@ -89,36 +88,6 @@ def _fine_offsets() -> np.ndarray:
 
 
 _FINE_OFFSETS = _fine_offsets()
-
-
-def as_float32(value: float) -> float:
-    """``value`` rounded to the nearest float32 (returned as a Python float), at least
-    :data:`SMALLEST_THRESHOLD`."""
-    return max(float(np.float32(value)), SMALLEST_THRESHOLD)
-
-
-def float32_bits(value: float) -> int:
-    """The bit pattern of ``value`` rounded to float32 (monotone in ``value`` for ``value >= 0``)."""
-    return int(np.array([value], dtype=np.float32).view(np.int32)[0])
-
-
-#: Elements per chunk of the CPU scan in both frameworks: the chunk's ``|x|`` stays in cache,
-#: and the per-chunk calls are few (1 MiB of float32: 10% faster over 25.6M elements than 512 KiB).
-SCAN_CHUNK = 1 << 18
-#: The exact top-k's candidate level samples about this many of the block maxima it looks for...
-LEVEL_SAMPLE = 2048
-#: ... and aims this much above ``k`` of them, so that at least ``k`` usually reach the level.
-LEVEL_MARGIN = 1.125
-
-
-def scan_block_size(density: float) -> int:
-    """Block length of the selection scan: a power of two near ``1 / (16 density)`` in [32, 512].
-
-    The scan reads each block's largest ``|x|`` (one fast reduction) and only re-reads the blocks
-    whose maximum passes the threshold; at about one selected coordinate per 16 blocks few
-    blocks are re-read.
-    """
-    return int(min(512, max(32, 2 ** round(math.log2(1.0 / (16.0 * density))))))
 
 
 def candidate_budget(k: int, parts: int, last_counts: Sequence[int], partition: int, wide: bool = False) -> int:

@@ -1,12 +1,12 @@
 """MiCRO (Yoon & Oh, HiPC 2023): exclusive rotating partitions, one threshold, union allreduce.
 
 Rank ``r`` scans only the partition ``(step + r) mod n`` of the group's flat buffer
-(:mod:`horovod_sparse.common.partitions`) and selects ``|x| >= threshold`` there, with the
-threshold every rank derives identically (:mod:`horovod_sparse.common.controllers`). The
+(:mod:`horovod_sparse.methods.micro.partitions`) and selects ``|x| >= threshold`` there, with the
+threshold every rank derives identically (:mod:`horovod_sparse.methods.micro.controllers`). The
 exchange, per group and step:
 
 1. (``controller="histogram"`` only) allreduce of a histogram of ``|x|``, about 1 KB (in
-   some steps a second one, see :mod:`horovod_sparse.common.controllers`);
+   some steps a second one, see :mod:`horovod_sparse.methods.micro.controllers`);
 2. allgather of the selected indices and of each rank's count;
 3. allreduce (sum) of every rank's ``x`` at the union of the indices, so each selected
    coordinate carries the exact sum over ranks; ``update[union] = sum * scale``.
@@ -29,15 +29,15 @@ from __future__ import annotations
 
 from typing import Any, Generator, List, Sequence, Tuple
 
-from horovod_sparse.common.controllers import (histogram_exchange, histogram_threshold, make_controller,
-                                               scan_block_size)
-from horovod_sparse.common.partitioned import ExDynaOptions, MicroOptions, PartitionedState, make_partitions
-from horovod_sparse.common.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
+from horovod_sparse.common.thresholds import scan_block_size
+from horovod_sparse.methods.micro.controllers import histogram_exchange, histogram_threshold, make_controller
+from horovod_sparse.methods.micro.partitioned import ExDynaOptions, MicroOptions, PartitionedState, make_partitions
+from horovod_sparse.methods.micro.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.timing import PhaseTimer
 from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier
-from horovod_sparse.methods.candidates import Candidates
+from horovod_sparse.methods.micro.candidates import Candidates
 
 
 @implements("micro", MicroOptions,
@@ -96,7 +96,7 @@ class Micro(Sparsifier):
                 timer: PhaseTimer) -> Generator[Sequence[Any], List[Any], Tuple[Tensor, float]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` and the
         threshold; with a histogram controller, after the allreduces of the histogram rounds
-        (:func:`~horovod_sparse.common.controllers.histogram_threshold`)."""
+        (:func:`~horovod_sparse.methods.micro.controllers.histogram_threshold`)."""
         B = self.B
         k = self.options.count(B.numel(x), step)
         with timer("scan"):
@@ -123,7 +123,7 @@ class ExDyna(Micro):
     to the last partition); each partition is a run of blocks whose boundaries move between steps
     so that every rank selects about ``k / n`` coordinates, computed identically on every rank
     from the gathered per-rank counts (``balancer="prefix"``, the default, or ``"paper"``, the
-    published pairwise rule; see :mod:`horovod_sparse.common.partitions`). Selection, threshold
+    published pairwise rule; see :mod:`horovod_sparse.methods.micro.partitions`). Selection, threshold
     control and the exchange are MiCRO's. Its ``load_inc`` statistic is the imbalance the
     balancer works against.
     """

@@ -7,10 +7,10 @@ from typing import IO, Optional
 import torch
 
 from horovod_sparse.common.grouping import ReadyTimeline
-from horovod_sparse.common.model_state import ModelState
+from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.stats import StatsLog, StepStats, finish_step
-from horovod_sparse.torch.device_timing import ready_timeline
-from horovod_sparse.torch.tensor_backend import read_scalars
+from horovod_sparse.torch_core.device_timing import ready_timeline
+from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
 class StepBook:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from horovod_sparse.common.controllers import HistogramWindow
+from horovod_sparse.methods.micro.controllers import HistogramWindow
 from horovod_sparse.methods.backend import Backend, Tensor
 
 
@@ -30,7 +30,7 @@ class Candidates:
         return cls(B, scanned, bar, *B.pick_with_magnitudes(scanned, bar))
 
     def local_histogram(self, window: HistogramWindow, rank: int, parts: int) -> Tensor:
-        """:func:`~horovod_sparse.common.controllers.local_histogram` of the magnitudes and bar,
+        """:func:`~horovod_sparse.methods.micro.controllers.local_histogram` of the magnitudes and bar,
         as the backend computes it (on the candidates' device)."""
         return self.B.local_histogram(window, self.magnitudes, self.bar, rank, parts)
 

@@ -1,10 +1,11 @@
-"""``horovod_sparse.ddp.Compression``: DDP's dense bucket allreduce plus the sparsifiers.
+"""``horovod_sparse.ddp.Compression`` and ``horovod_sparse.fsdp.Compression``: DDP's dense bucket
+allreduce plus the sparsifiers, on the ``torch.distributed`` backend.
 
 ``Compression.none`` is DDP's default hook (the bucket summed, then averaged), ``Compression.fp16``
 PyTorch's ``fp16_compress_hook`` (the same in float16 on the wire). Every registered method is a
 factory, as in the Horovod front ends: ``Compression.micro(density=0.01)`` validates its options
 and returns a :class:`~horovod_sparse.methods.base.Sparsifier` on the ``torch.distributed``
-backend (:mod:`horovod_sparse.ddp.backend`).
+backend (:mod:`horovod_sparse.distributed.backend`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import torch
 
 import horovod_sparse.methods  # noqa: F401  (registers the methods)
 from horovod_sparse.common.compression_namespace import compression_namespace
-from horovod_sparse.ddp import backend
+from horovod_sparse.distributed import backend
 from horovod_sparse.methods.base import Sparsifier
 
 

@@ -19,11 +19,10 @@ switched off; here it is on by default (``adaptive=False`` gives the reference's
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-from horovod_sparse.common.cost_model import AlphaBeta, exposed_time
+from horovod_sparse.common.cost_model import AlphaBeta, LocalCost, exposed_time
 from horovod_sparse.common.grouping import StepTimeline
 from horovod_sparse.common.options import SparsifierOptions, target_count
 from horovod_sparse.common.validation import check_bool, check_fraction, check_int
@@ -68,43 +67,6 @@ class LagsOptions(SparsifierOptions):
         object.__setattr__(self, "slack", check_fraction("slack", self.slack, allow_zero=True))
         object.__setattr__(self, "max_density", check_fraction("max_density", self.max_density))
         object.__setattr__(self, "measure_steps", check_int("measure_steps", self.measure_steps, minimum=1))
-
-
-@dataclass(frozen=True)
-class LocalCost:
-    """Seconds of local work a LAGS group's exchange costs on the training thread.
-
-    Attributes:
-        select_element: selection time per element of the group's buffer (the scan).
-        select_pair: selection time per selected coordinate, beyond the scan.
-        apply_pair: time to add one received (value, index) pair into the update.
-    """
-
-    select_element: float
-    select_pair: float
-    apply_pair: float
-
-    def __post_init__(self) -> None:
-        for name in ("select_element", "select_pair", "apply_pair"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0.0):
-                raise ValueError(f"{name} must be a finite number >= 0 seconds, got {value}")
-
-    def select(self, numel: int, count: int) -> float:
-        """Seconds to select ``count`` of a group's ``numel`` elements."""
-        return self.select_element * numel + self.select_pair * count
-
-    @classmethod
-    def fit(cls, numel: int, low: Tuple[int, float], high: Tuple[int, float],
-            apply: Tuple[int, float]) -> "LocalCost":
-        """The costs from a selection over ``numel`` elements timed at two counts, ``low`` and
-        ``high`` = ``(count, seconds)`` with ``low[0] < high[0]``, and ``apply`` = ``(pairs,
-        seconds)`` of one scatter-add. Negative fitted terms (noise) are clamped to 0."""
-        (k_low, t_low), (k_high, t_high), (pairs, t_apply) = low, high, apply
-        if not 0 <= k_low < k_high:
-            raise ValueError(f"the selection must be timed at two counts low < high, got {k_low} and {k_high}")
-        per_pair = max(0.0, (t_high - t_low) / (k_high - k_low))
-        return cls(max(0.0, (t_low - per_pair * k_low) / numel), per_pair, max(0.0, t_apply) / max(1, pairs))
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """gTop-k (Shi et al., ICDCS 2019): the global top-k of the summed gradient, O(k log n) traffic.
 
 Each rank selects its local top-k of ``x = g + e``; the sets are then reduced pairwise along the
-schedule of :mod:`horovod_sparse.common.butterfly` (fold-in, recursive-doubling rounds, fold-out).
+schedule of :mod:`horovod_sparse.methods.gtopk.butterfly` (fold-in, recursive-doubling rounds, fold-out).
 In a round the two partners exchange their sets, each with one ``alltoall`` whose splits are
 non-zero only for the partner (a point-to-point exchange over whatever Horovod's alltoall runs
 on), and both compute the same merge (:func:`merge`). After the rounds every rank holds the
@@ -19,7 +19,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from horovod_sparse.common.butterfly import FOLD_IN, GTopKOptions, Phase, SparseSet, butterfly_schedule, round_count
+from horovod_sparse.methods.gtopk.butterfly import (FOLD_IN, GTopKOptions, Phase, SparseSet, butterfly_schedule,
+                                                   round_count)
 from horovod_sparse.common.registry import implements
 from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step

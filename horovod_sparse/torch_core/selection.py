@@ -5,12 +5,12 @@ and then scans the mask: about 25 times the cost of a read-only pass, most of it
 and page faults. Here :func:`scan` reduces each block of the slice to its largest ``|x|`` in one
 read of the slice (writing one value per block), and :func:`pick` re-reads only the blocks
 whose maximum reaches the threshold. The block maxima also feed the histogram controller
-(:mod:`horovod_sparse.common.controllers`), and one scan serves any number of thresholds (DGC
+(:mod:`horovod_sparse.methods.micro.controllers`), and one scan serves any number of thresholds (DGC
 and Gaussian-k retry theirs).
 
 The result is exactly ``{i in [start, end) : |x[i]| >= threshold}``, in ascending order.
 :func:`pick_with_magnitudes` also returns the magnitudes, for the histogram controller's
-candidates (:mod:`horovod_sparse.methods.candidates`).
+candidates (:mod:`horovod_sparse.methods.micro.candidates`).
 
 :func:`top_k` is the exact top-k of every method that needs the ``k`` largest ``|x|`` (Top-k,
 gTop-k, LAGS, DGC's final pick), with one tie rule that
@@ -30,8 +30,8 @@ from typing import Callable, Iterator, Optional, Tuple
 import numpy as np
 import torch
 
-from horovod_sparse.common.threshold_baselines import mean_std
-from horovod_sparse.common.controllers import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
+from horovod_sparse.common.thresholds import mean_std
+from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
 
 
 @dataclass(frozen=True)
@@ -170,7 +170,7 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     coordinate above it. If ``k`` or more are above the level, the answer is their top-k under
     the tie rule; otherwise it is all of them and the lowest-index coordinates equal to the
     level (:func:`first_at`: in the order of the buffer, up to the last one needed). Blocks are
-    of :func:`horovod_sparse.common.controllers.scan_block_size` elements, fewer when the buffer
+    of :func:`horovod_sparse.methods.micro.controllers.scan_block_size` elements, fewer when the buffer
     holds less than ``k`` such blocks. On CPU nothing of the buffer's size is allocated for a
     contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks. On a GPU
     the selection runs as :func:`device_top_k` instead, without a host synchronisation.

@@ -2,9 +2,9 @@
 
 Each group's gradients are checked when the group is launched; the step's decisions are
 learnt together when the step ends (:meth:`StepFiniteness.nonfinite`). On the host the check
-is a bool read at once (:func:`~horovod_sparse.torch.tensor_backend.all_finite`); on an
+is a bool read at once (:func:`~horovod_sparse.torch_core.tensor_backend.all_finite`); on an
 accelerator it stays a 0-dim bool tensor on the device
-(:func:`~horovod_sparse.torch.tensor_backend.finite_flag`), which the launch uses without
+(:func:`~horovod_sparse.torch_core.tensor_backend.finite_flag`), which the launch uses without
 reading it, so a step reads finiteness on the host once per device, however many groups.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 
-from horovod_sparse.torch.selection import on_accelerator
-from horovod_sparse.torch.tensor_backend import all_finite, finite_flag, read_scalars
+from horovod_sparse.torch_core.selection import on_accelerator
+from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag, read_scalars
 
 #: Whether a group's gradients are all finite: a host bool, or a 0-dim bool tensor on a device.
 Usable = Union[bool, torch.Tensor]

@@ -1,6 +1,6 @@
 """LAGS-SGD: layer-wise Top-k per group of merged layers, each group with the density the LAGS
 rule gives it from the backward time left after it, the network and the local costs measured on
-the running job (:func:`horovod_sparse.common.lags.lags_counts`).
+the running job (:func:`horovod_sparse.methods.lags.rule.lags_counts`).
 
 The measurements run at the end of every step (:meth:`Lags.on_step_end`), which every front end
 calls. PyTorch's optimizer launches each group from the backward hooks, so a group's
@@ -15,9 +15,9 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Dict, List, Optional, Tuple
 
-from horovod_sparse.common.cost_model import AlphaBeta
+from horovod_sparse.common.cost_model import AlphaBeta, LocalCost
 from horovod_sparse.common.grouping import MergeBySize, StepTimeline
-from horovod_sparse.common.lags import BackwardTimeMeter, LagsGroup, LagsOptions, LocalCost, lags_counts
+from horovod_sparse.methods.lags.rule import BackwardTimeMeter, LagsGroup, LagsOptions, lags_counts
 from horovod_sparse.common.measurements import agree_seconds, measure_cost_model, measure_local_cost
 from horovod_sparse.common.options import target_count
 from horovod_sparse.common.registry import implements
@@ -45,7 +45,7 @@ class Lags(Sparsifier):
     * over the next ``measure_steps`` steps each group's remaining backward time ``t_comp`` is
       measured from the hooks and averaged over ranks (:attr:`t_comp`), with every group at the
       global density;
-    * from then on each group sends the count :func:`horovod_sparse.common.lags.lags_counts`
+    * from then on each group sends the count :func:`horovod_sparse.methods.lags.rule.lags_counts`
       gives it, at least the global ``density``'s: the groups queue on one link in launch
       order, and extra density is paid for in selection and scatter-add time, within
       ``slack`` of the step.

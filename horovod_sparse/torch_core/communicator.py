@@ -6,22 +6,20 @@ which waits for them (:meth:`TorchCommunicator.wait`) and sends the outputs back
 collective is named ``hs.<group>.<tag>`` (identical on every rank, unique per step) and its
 payload bytes and wait time land in the group's :class:`~horovod_sparse.common.stats.GroupStats`.
 Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collectives`) or
-``torch.distributed``'s (:mod:`horovod_sparse.ddp.collectives`). Nothing here imports Horovod.
+``torch.distributed``'s (:mod:`horovod_sparse.distributed.collectives`). Nothing here imports Horovod.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ContextManager, List, Optional, Sequence, Tuple, Type
+from typing import Any, ContextManager, List, Optional, Sequence, Tuple
 
 import torch
 
 from horovod_sparse.common.communicator import CommunicatorBase
 from horovod_sparse.common.stall import ExchangeStalled, stall_seconds
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.common.tiers import Tiers, two_tier_exchange
 from horovod_sparse.common.timing import timed
-from horovod_sparse.methods.base import Exchange, Sparsifier
-from horovod_sparse.torch.device_timing import cuda_timed
+from horovod_sparse.torch_core.device_timing import cuda_timed
 
 
 @dataclass
@@ -156,30 +154,3 @@ class TorchCommunicator(CommunicatorBase):
         if self.device is not None and self.device.type == "cuda":
             return cuda_timed(self.stats, phase, self.device)
         return timed(self.stats.add_time, phase)
-
-
-def group_communicators(cls: Type[TorchCommunicator], process_set: Any, size: int, rank: int, tiers: Optional[Tiers],
-                        name: str, stats: GroupStats, scale: float, device: torch.device, step: int
-                        ) -> Tuple[TorchCommunicator, Optional[TorchCommunicator]]:
-    """A sparse group's communicators of class ``cls`` at ``step``: the one its method exchanges
-    over (the front end's ``process_set`` of ``size`` ranks, or in two tiers this rank's cross
-    set) and, in two tiers, the node's (None when flat). Both account into ``stats``; ``scale``
-    is the method's (``1 / size`` of the whole job for Average, in either case)."""
-    if tiers is None:
-        return cls(process_set, name, stats, scale, size, rank, device, step), None
-    return (cls(tiers.cross_set, name, stats, scale, tiers.cross_size, tiers.cross_rank, device, step),
-            cls(tiers.node_set, name, stats, 1.0, tiers.node_size, tiers.node_rank, device, step))
-
-
-def start_exchange(method: Sparsifier, x: torch.Tensor, comm: TorchCommunicator, node: Optional[TorchCommunicator],
-                   tiers: Optional[Tiers], state: Any, step: int) -> Exchange:
-    """The exchange of a group's ``x = g + e`` over the communicators of
-    :func:`group_communicators`: the method's own, or with ``node`` the two-tier exchange of
-    this rank's slice (``comm.output_buffer``, the group's, narrowed to the slice)."""
-    if node is None:
-        return method.exchange(x, comm, state, step)
-    assert tiers is not None
-    lo, hi = tiers.bounds(x.numel())
-    if comm.output_buffer is not None:
-        comm.output_buffer = comm.output_buffer[lo:hi]
-    return two_tier_exchange(method, x, node, comm, state, step, (lo, hi))

@@ -1,6 +1,6 @@
 """PyTorch's tensor primitives of :class:`horovod_sparse.methods.backend.Backend`, for every
 PyTorch front end: :mod:`horovod_sparse.torch.backend` (Horovod) and
-:mod:`horovod_sparse.ddp.backend` (``torch.distributed``) add their host collectives to these.
+:mod:`horovod_sparse.distributed.backend` (``torch.distributed``) add their host collectives to these.
 Nothing here imports Horovod.
 
 Primitives named for an ``out`` or ``x`` argument write into it and return it, so a step
@@ -13,9 +13,10 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 import torch
 
-from horovod_sparse.common import controllers
-from horovod_sparse.common.controllers import SMALLEST_THRESHOLD, as_float32
-from horovod_sparse.torch.selection import BlockScan, on_accelerator, pick, pick_with_magnitudes, scan, select, top_k
+from horovod_sparse.methods.micro import controllers
+from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
+from horovod_sparse.torch_core.selection import (BlockScan, on_accelerator, pick, pick_with_magnitudes, scan, select,
+                                                 top_k)
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "candidate_bar", "chunk_counts", "clone",
            "coalesce", "concat", "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype",
@@ -119,7 +120,7 @@ def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scal
 def distinct(indices: torch.Tensor, numel: int) -> Union[int, torch.Tensor]:
     """By sorting when the indices are few, else by marking a buffer's coordinates (one read
     of ``numel`` bytes instead of sorting ``n k`` indices). On an accelerator
-    (:func:`~horovod_sparse.torch.selection.on_accelerator`) always by marking, and the count
+    (:func:`~horovod_sparse.torch_core.selection.on_accelerator`) always by marking, and the count
     stays there as a 0-dim tensor, read when the step's statistics settle: the statistic
     costs no host synchronisation."""
     if not on_accelerator(indices) and indices.numel() * UNION_BY_MARKS < numel:

@@ -4,7 +4,7 @@ process group.
 :class:`ProcessGroup` gives a ``torch.distributed`` group the two questions the shared code
 asks of a Horovod process set (``size()``, ``rank()``). :class:`Communicator`
 launches a group's collectives asynchronously, under the contract of
-:class:`~horovod_sparse.torch.communicator.TorchCommunicator`. ``torch.distributed`` has no
+:class:`~horovod_sparse.torch_core.communicator.TorchCommunicator`. ``torch.distributed`` has no
 variable-length allgather and its alltoall needs the received splits up front, so each of those
 first exchanges the lengths (one small blocking collective), then moves the payload padded to
 the longest (allgather) or with explicit splits (alltoall). Collectives carry no names here:
@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from horovod_sparse.common.tiers import NodeLayout, Tiers, make_tiers, slice_bounds
 from horovod_sparse.common.communicator import Rows
-from horovod_sparse.torch.communicator import Pending, TorchCommunicator, nbytes
-from horovod_sparse.torch.tensor_backend import synchronize, to_device
+from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
+from horovod_sparse.torch_core.tensor_backend import synchronize, to_device
 
 
 class ProcessGroup:

@@ -1,11 +1,11 @@
 """MiCRO and ExDyna, framework-free: options, per-group state and partition tables.
 
 Both methods scan exclusive, rotating partitions of one flat buffer with one threshold
-(:mod:`horovod_sparse.common.controllers`), exchange the selected indices by allgather and the
+(:mod:`horovod_sparse.methods.micro.controllers`), exchange the selected indices by allgather and the
 values at their union by one allreduce (sum), and zero every rank's residual at the union. So the
 union holds exactly the sum of the per-rank counts: there is no gradient build-up. MiCRO's
 partitions are equal and fixed; ExDyna's are runs of blocks whose boundaries move to balance the
-per-rank counts (:mod:`horovod_sparse.common.partitions`).
+per-rank counts (:mod:`horovod_sparse.methods.micro.partitions`).
 
 The framework front ends run the exchange; everything decided from globally known numbers
 (thresholds, partition tables) is decided here, so every rank and both frameworks decide the same.
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import List, Sequence
 
-from horovod_sparse.common.controllers import CONTROLLERS, ThresholdState
+from horovod_sparse.methods.micro.controllers import CONTROLLERS, ThresholdState
 from horovod_sparse.common.options import SparsifierOptions
-from horovod_sparse.common.partitions import (BALANCERS, BlockLayout, counts_by_partition, equal_bounds,
+from horovod_sparse.methods.micro.partitions import (BALANCERS, BlockLayout, counts_by_partition, equal_bounds,
                                               pairwise_rebalance, prefix_rebalance)
 from horovod_sparse.common.validation import check_choice, check_int
 
@@ -30,7 +30,7 @@ class MicroOptions(SparsifierOptions):
         controller: how the threshold is chosen each step: ``"histogram"`` (default: follows
             the current step's gradient through one allreduce of about 1 KB), ``"paper"``
             (the published multiplicative rule) or ``"paper_intent"`` (the same with the
-            presumed intent of its band rule). See :mod:`horovod_sparse.common.controllers`.
+            presumed intent of its band rule). See :mod:`horovod_sparse.methods.micro.controllers`.
     """
 
     controller: str = "histogram"
@@ -46,7 +46,7 @@ class ExDynaOptions(MicroOptions):
     Attributes:
         balancer: how partition boundaries move: ``"prefix"`` (default: each boundary by the
             cumulative excess of the partitions left of it) or ``"paper"`` (the published
-            pairwise rule). See :mod:`horovod_sparse.common.partitions`.
+            pairwise rule). See :mod:`horovod_sparse.methods.micro.partitions`.
         num_blocks: blocks the buffer is cut into (the paper uses 1024).
     """
 

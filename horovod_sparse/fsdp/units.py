@@ -1,0 +1,84 @@
+"""What the FSDP2 front end reads of a sharded model: its units, the meshes they were sharded
+with, each unit's gradient shard as a flat group, and the replicate group of a 2-D mesh."""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule
+
+from horovod_sparse.torch_core.buffers import FlatGroup
+
+
+class ShardGroup(FlatGroup):
+    """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
+    buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
+
+    def __init__(self, index: int, name: str, like: torch.Tensor) -> None:
+        super().__init__(index, [name], [], name=name)
+        self.numels = [like.numel()]
+        self.numel = like.numel()
+        self._like = (like.dtype, like.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._like[0]
+
+    def _allocate(self) -> None:
+        dtype, device = self._like
+        self.residual = torch.zeros(self.numel, dtype=dtype, device=device)
+        self.output = torch.zeros(self.numel, dtype=dtype, device=device)
+
+
+def fsdp_units(model: torch.nn.Module) -> List[Tuple[str, Any]]:
+    """``model``'s FSDP units as ``(name, module)`` (the root named ``root``), after checking
+    that it was sharded with ``fully_shard`` and never with a 2-D mesh (FSDP's own HSDP, which
+    all-reduces across replicas itself and would hand the hooks the all-reduced result)."""
+    units = [(name or "root", module) for name, module in model.named_modules() if isinstance(module, FSDPModule)]
+    if not units:
+        raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
+                         "(no FSDPModule found in it)")
+    for name, p in model.named_parameters():
+        mesh = getattr(p, "device_mesh", None)
+        if mesh is not None and mesh.ndim != 1:
+            raise ValueError(f"parameter {name!r} was sharded with a {mesh.ndim}-D mesh (FSDP's own HSDP, which "
+                             "all-reduces across replicas itself); shard with the 1-D mesh['shard'] and pass "
+                             "mesh['replicate'].get_group() as replicate_group")
+    return units
+
+
+def require_replicas_of_one_shard(model: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> None:
+    """Refuse, on every rank of ``group``, a replicate group whose ranks hold different shards:
+    every rank of it must shard over a mesh of the same size at the same position, else the
+    exchange would average different slices of the parameters together. Collective."""
+    meshes = sorted({(tuple(p.device_mesh.mesh.tolist()), p.device_mesh.get_local_rank())
+                     for p in model.parameters() if getattr(p, "device_mesh", None) is not None})
+    layout = [(len(ranks), position) for ranks, position in meshes]
+    everyone: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, layout, group=group)
+    if any(other != layout for other in everyone):
+        replicas = dist.get_process_group_ranks(group) if group is not None else list(range(len(everyone)))
+        raise ValueError(f"the replicate group (ranks {replicas}) does not hold replicas of one shard: its ranks "
+                         f"shard as (shard group size, position) {everyone}; give the group of ranks at the "
+                         "same position of every shard group (mesh['replicate'] of a ('replicate', 'shard') mesh)")
+
+
+def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:
+    """The replicate group of a 2-D ``mesh`` named ``("replicate", "shard")``, after checking that
+    every parameter of ``model`` was sharded with ``mesh["shard"]`` (the mesh the hooks assume)."""
+    names = tuple(mesh.mesh_dim_names or ())
+    if mesh.ndim != 2 or set(names) != {"replicate", "shard"}:
+        raise ValueError(f"compress_replicas(mesh=...) takes a 2-D DeviceMesh with dimensions named "
+                         f"('replicate', 'shard'); this one has {mesh.ndim} dimension(s) named {names}. Build it with "
+                         "init_device_mesh(device, (nodes, gpus_per_node), mesh_dim_names=('replicate', 'shard')) "
+                         "or pass replicate_group= instead")
+    shard = mesh["shard"]
+    for name, p in model.named_parameters():
+        used = getattr(p, "device_mesh", None)
+        if used is not None and used.ndim == 1 and not torch.equal(used.mesh, shard.mesh):
+            raise ValueError(f"parameter {name!r} was sharded over ranks {used.mesh.tolist()}, not over this rank's "
+                             f"mesh['shard'] ({shard.mesh.tolist()}); shard every unit with "
+                             "fully_shard(module, mesh=mesh['shard'])")
+    return mesh["replicate"].get_group()

@@ -1,0 +1,11 @@
+"""MiCRO and ExDyna: exclusive rotating partitions, one threshold, allreduce at the union.
+
+The method (:mod:`~horovod_sparse.methods.micro.exchange`), its options, per-group state and
+partition tables (:mod:`~horovod_sparse.methods.micro.partitioned`,
+:mod:`~horovod_sparse.methods.micro.partitions`), its threshold controllers
+(:mod:`~horovod_sparse.methods.micro.controllers`) and the histogram controller's candidates
+(:mod:`~horovod_sparse.methods.micro.candidates`).
+"""
+from horovod_sparse.methods.micro.exchange import ExDyna, Micro
+
+__all__ = ["ExDyna", "Micro"]
