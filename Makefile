@@ -1,5 +1,6 @@
 # The two commands of the README. Each one installs what is missing first (scripts/install.sh is
-# idempotent: seconds when everything is there, about 15 minutes on a fresh machine).
+# idempotent: seconds when everything is there). `make demo` installs only what the main job needs
+# (PyTorch and Horovod's PyTorch front end: install.sh core); the other targets install everything.
 VENV ?= .venv
 NP ?= 2
 # HOSTS=localhost:2,127.0.0.1:2 puts the main job on two hosts of this machine (two-tier rows).
@@ -14,15 +15,19 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # its workers without it, under Keras 3).
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: install demo lint docs test mutations
+.PHONY: install install-core demo lint docs test mutations
 
 install:
-	bash scripts/install.sh
+	bash scripts/install.sh full
+
+install-core:
+	bash scripts/install.sh core
 
 # The main job: dense Horovod and every sparse method trained on scikit-learn's digits in one
 # NP-worker horovodrun job (CPU, Gloo), measured, projected to 1 and 10 Gbit/s clusters by the
-# scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS).
-demo: install
+# scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS;
+# `ARGS="--framework tensorflow"` installs everything first).
+demo: $(if $(findstring tensorflow,$(ARGS)),install,install-core)
 	$(PY) -m benchmarks.digits $(if $(HOSTS),--hosts $(HOSTS),--np $(NP)) $(ARGS)
 
 # The linter (ruff.toml) over the package, the tests and the benchmarks; `make test` runs it first.
