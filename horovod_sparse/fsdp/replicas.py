@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.inflight import Inflight
 from horovod_sparse.common.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
@@ -52,8 +53,8 @@ class ShardGroup(FlatGroup):
     """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
     buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
 
-    def __init__(self, index: int, name: str, like: torch.Tensor) -> None:
-        super().__init__(index, [name], [], name=name)
+    def __init__(self, index: int, name: str, like: torch.Tensor, kept_dense: bool = False) -> None:
+        super().__init__(index, [name], [], name=name, kept_dense=kept_dense)
         self.numels = [like.numel()]
         self.numel = like.numel()
         self._like = (like.dtype, like.device)
@@ -92,6 +93,14 @@ class State(StepBook):
             (float16 training): each shard is divided by the scale as it enters the residual
             and the average multiplied by it again, so the method and error feedback work in
             the loss's own units and a scale change loses nothing (as in the DDP front end).
+        dense: parameters exchanged dense at every step whatever ``compression`` is (names of
+            ``model.named_parameters()``, ``fnmatch`` patterns such as ``"*.bias"``, a list of
+            them, or a predicate on the name: :mod:`horovod_sparse.common.dense_choice`),
+            resolved by :meth:`attach`. An FSDP unit's shard is one flat buffer whose layout is
+            FSDP's, so the choice is per unit: a unit whose parameters are all chosen is averaged
+            densely (``kept_dense`` in the statistics); a unit mixing chosen and other
+            parameters is refused (``ValueError`` naming both): ``fully_shard`` the layers to
+            keep dense as units of their own, before their parent.
 
     Attributes:
         steps: steps taken (backward passes that reached the hooks).
@@ -100,7 +109,7 @@ class State(StepBook):
 
     def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
-                 loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
+                 loss_scaler: Optional[torch.amp.GradScaler] = None, dense: DenseSpec = None) -> None:
         sparse = checked_sparse(compression, "fsdp")
         self.compression = compression
         self.sparse = sparse
@@ -119,6 +128,9 @@ class State(StepBook):
         self._check_due = True
         self._saved: Optional[Record] = None
         self._params: List[torch.Tensor] = []
+        self._dense_spec = dense
+        #: The FSDP units kept dense (``dense``), found by :meth:`attach`.
+        self._kept_units: List[str] = []
 
     def attach(self, model: torch.nn.Module, replicate_group: Optional[dist.ProcessGroup] = None) -> None:
         """Register the exchange as the all-reduce hook of every FSDP unit in ``model``, across
@@ -141,6 +153,8 @@ class State(StepBook):
             if mesh is not None:
                 meshes.add((tuple(mesh.mesh.tolist()), mesh.get_local_rank()))
         self._require_replicas_of_one_shard(sorted(meshes))
+        self._kept_units = kept_dense_units(model, [module for _, module in units], [name for name, _ in units],
+                                            self._dense_spec)
         for name, module in units:
             module.set_all_reduce_hook(self._hook(name))
         self._params = list(model.parameters())
@@ -175,10 +189,11 @@ class State(StepBook):
         self.timeline.group_ready(name)
         usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
         options = getattr(self.compression, "options", None)
-        sparse = (self.sparse and self.steps >= options.warmup_steps and group.numel >= options.min_numel)
+        sparse = (self.sparse and not group.kept_dense and self.steps >= options.warmup_steps
+                  and group.numel >= options.min_numel)
         size, rank = self.process_group.size(), self.process_group.rank()
         target = options.count(group.numel, self.steps) if sparse else group.numel
-        stats = GroupStats(name, group.numel, target, dense=not sparse)
+        stats = GroupStats(name, group.numel, target, dense=not sparse, kept_dense=group.kept_dense)
         self._step_stats.groups.append(stats)
         comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device, self.steps)
         if sparse:
@@ -211,7 +226,8 @@ class State(StepBook):
             self._scale_factors = self._loss_scale.factors()
         if self._check_due:
             self._check_due = False
-            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
+            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
+                                                    "dense": self._kept_units}, [])
 
     def _group(self, name: str, shard: torch.Tensor) -> ShardGroup:
         """Unit ``name``'s group, made at its first exchange (taking a loaded checkpoint's
@@ -219,7 +235,7 @@ class State(StepBook):
         group = self._groups.get(name)
         if group is not None:
             return group
-        group = ShardGroup(len(self._groups), name, shard)
+        group = ShardGroup(len(self._groups), name, shard, kept_dense=name in self._kept_units)
         saved = None if self._saved is None else self._saved["groups"].get(name)
         if saved is not None:
             if int(saved["numel"]) != group.numel:
@@ -294,6 +310,37 @@ class State(StepBook):
         return f"rank{dist.get_rank()}"
 
 
+def kept_dense_units(model: torch.nn.Module, units: List[torch.nn.Module], names: List[str],
+                     dense: DenseSpec) -> List[str]:
+    """The names (of ``names``) of the FSDP ``units`` of ``model`` whose own parameters (those of
+    no unit inside them) are all chosen by ``dense``; a unit mixing chosen and other parameters
+    raises ``ValueError`` naming both."""
+    if dense is None:
+        return []
+    chosen = chosen_dense(dense, [name for name, _ in model.named_parameters()])
+    owner = {id(p): unit_name for unit, unit_name in sorted(zip(units, names), key=lambda pair: _depth(model, pair[0]))
+             for p in unit.parameters()}
+    own: Dict[str, List[str]] = {}
+    for name, p in model.named_parameters():
+        own.setdefault(owner[id(p)], []).append(name)
+    kept = []
+    for unit_name, params in own.items():
+        inside = [name for name in params if name in chosen]
+        if inside and len(inside) < len(params):
+            outside = [name for name in params if name not in chosen]
+            raise ValueError(f"dense= chooses {inside} of FSDP unit {unit_name!r}, not its other parameters {outside}: "
+                             "a unit's shard is exchanged whole; fully_shard the layers to keep dense as units of "
+                             "their own (before their parent), or choose the whole unit")
+        if inside:
+            kept.append(unit_name)
+    return sorted(kept)
+
+
+def _depth(model: torch.nn.Module, unit: torch.nn.Module) -> int:
+    """How deep ``unit`` is in ``model`` (0: the model itself)."""
+    return next(name.count(".") + 1 if name else 0 for name, module in model.named_modules() if module is unit)
+
+
 def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:
     """The replicate group of a 2-D ``mesh`` named ``("replicate", "shard")``, after checking that
     every parameter of ``model`` was sharded with ``mesh["shard"]`` (the mesh the hooks assume)."""
@@ -316,7 +363,7 @@ def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.Process
 def compress_replicas(model: torch.nn.Module, compression: Any,
                       replicate_group: Optional[dist.ProcessGroup] = None, *, mesh: Optional[DeviceMesh] = None,
                       nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
-                      loss_scaler: Optional[torch.amp.GradScaler] = None) -> State:
+                      loss_scaler: Optional[torch.amp.GradScaler] = None, dense: DenseSpec = None) -> State:
     """Exchange every FSDP unit of ``model`` across the replicas with ``compression`` (see
     :class:`State` for the arguments); returns the state (checkpoints, statistics).
 
@@ -324,8 +371,8 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
     ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named ``("replicate", "shard")``
     whose ``mesh["shard"]`` sharded every unit. Give exactly one of the two. ``compression`` may
     also be a :class:`State` built earlier (before the process group existed, as trainers build
-    their states): it is attached as it was built (``nonfinite``, ``stats_log`` and
-    ``loss_scaler`` are its own then)."""
+    their states): it is attached as it was built (``nonfinite``, ``stats_log``,
+    ``loss_scaler`` and ``dense`` are its own then)."""
     if (mesh is None) == (replicate_group is None):
         raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
                          "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
@@ -334,7 +381,7 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
     if isinstance(compression, State):
         state = compression
     else:
-        state = State(compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler)
+        state = State(compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler, dense=dense)
     state.attach(model, replicate_group)
     return state
 
