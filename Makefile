@@ -15,7 +15,7 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # its workers without it, under Keras 3).
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: install install-core demo lint docs test mutations
+.PHONY: install install-core demo lint docs test mutations gpu-build
 
 install:
 	bash scripts/install.sh full
@@ -40,6 +40,19 @@ docs: install
 
 test: lint docs
 	$(PY) -m pytest -q tests $(ARGS)
+
+# Horovod's NCCL build (not part of `make test`; no GPU needed to build it): its own venv
+# ($(GPU_VENV)) with PyTorch's CUDA wheel (`===` refuses the +cpu build), the CUDA toolkit and NCCL
+# from the package index at the versions that wheel pins (scripts/install.sh,
+# cuda_from_the_package_index), kernels for compute capabilities 8.0 and 9.0, PyTorch only
+# (docs/versions.md says why not TensorFlow); then the Horovod PyTorch front end's tests on the CPU
+# (those importing TensorFlow left out: this build has none).
+GPU_VENV ?= .venv-gpu
+gpu-build:
+	HS_VENV=$(GPU_VENV) HS_TORCH_SPEC="torch===2.13.0" HOROVOD_GPU_OPERATIONS=NCCL \
+		HOROVOD_BUILD_CUDA_CC_LIST=80,90 bash scripts/install.sh core
+	$(GPU_VENV)/bin/python -m pip install -q pytest hypothesis
+	$(GPU_VENV)/bin/python -m pytest -q tests/test_torch_api.py tests/test_torch_topk.py -k "not tensorflow" $(ARGS)
 
 # The mutation check (not part of `make test`): every break of scripts/mutations.py applied to a
 # copy of HEAD in turn, its tests run there; prints caught or survived (and by which test) per

@@ -28,12 +28,15 @@
 #   HS_TORCH_SPEC           pip requirement for PyTorch              (torch==2.13.0)
 #   HS_TF_SPEC              pip requirements for TensorFlow and its Keras 2, space-separated
 #                                                                    (tensorflow==2.21.0 tf-keras==2.21.0)
-#   HOROVOD_GPU_OPERATIONS  passed to Horovod's build (NCCL for GPU images; unset on CPU)
+#   HOROVOD_GPU_OPERATIONS  passed to Horovod's build (NCCL for GPU builds; unset on CPU). With
+#                           NCCL and no HOROVOD_CUDA_HOME, the CUDA toolkit (nvcc, runtime headers)
+#                           and NCCL come from the package index, at the versions the venv's
+#                           PyTorch CUDA wheel requires (cuda_from_the_package_index)
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-venv=${HS_VENV:-$repo/.venv}
+venv=$(realpath -m "${HS_VENV:-$repo/.venv}")  # absolute: the build runs in another folder
 cache=${HS_CACHE:-$HOME/.cache/horovod_sparse}
 python_bin=${HS_PYTHON:-python3.11}
 torch_spec=${HS_TORCH_SPEC:-torch==2.13.0}
@@ -169,6 +172,51 @@ horovod_wheel_dir() {
     echo "$cache/horovod-$HOROVOD_VERSION-torch$torch$tf-$python_tag-gpu${gpu_ops:-none}"
 }
 
+# With HOROVOD_GPU_OPERATIONS=NCCL and no HOROVOD_CUDA_HOME: the CUDA toolkit Horovod's kernels
+# are compiled with (nvcc, runtime headers, CCCL) installed into the venv from the package index
+# at the version PyTorch's CUDA wheel pins (its cuda-toolkit requirement), laid out as a CUDA home
+# (lib64 and targets/<arch> links, as NVIDIA's installer lays it out), and NCCL's headers and
+# library from PyTorch's own nvidia-nccl dependency. Sets CUDA_HOME, HOROVOD_CUDA_HOME and
+# HOROVOD_NCCL_*.
+cuda_from_the_package_index() {
+    [ -n "$gpu_ops" ] && [ -z "${HOROVOD_CUDA_HOME:-}" ] || return 0
+    local toolkit site home nccl
+    toolkit=$("$venv/bin/python" - <<'EOF'
+import importlib.metadata as md, re, sys
+pins = [r for r in md.requires("torch") or [] if r.startswith("cuda-toolkit")]
+if not pins:
+    sys.exit("[install] ERROR: the venv's torch is not a CUDA build (no cuda-toolkit requirement): "
+             "give HS_TORCH_SPEC a CUDA wheel, e.g. torch===2.13.0 (=== excludes the +cpu build)")
+print("cuda-toolkit[nvcc,cccl,cudart]" + re.search(r"==[^;\s]+", pins[0]).group(0))
+EOF
+    )
+    log "installing the CUDA toolkit from the package index ($toolkit)"
+    "$venv/bin/python" -m pip install -q "$toolkit"
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    home=$(ls -d "$site"/nvidia/cu1[0-9] | tail -n1)
+    [ -x "$home/bin/nvcc" ] || die "no nvcc under $home after installing $toolkit"
+    ln -sfn lib "$home/lib64"
+    mkdir -p "$home/targets/$(uname -m)-linux"
+    ln -sfn ../../include "$home/targets/$(uname -m)-linux/include"
+    ln -sfn ../../lib "$home/targets/$(uname -m)-linux/lib"
+    link_unversioned "$home/lib" libcudart
+    nccl=$site/nvidia/nccl
+    [ -f "$nccl/include/nccl.h" ] || die "no NCCL headers under $nccl (PyTorch's nvidia-nccl dependency)"
+    link_unversioned "$nccl/lib" libnccl
+    # CUDA_HOME: PyTorch's cpp_extension, which Horovod asks for PyTorch's CUDA libraries, would
+    # otherwise guess it from the nvcc on PATH (or /usr/local/cuda).
+    export HOROVOD_CUDA_HOME=$home CUDA_HOME=$home HOROVOD_NCCL_INCLUDE=$nccl/include \
+           HOROVOD_NCCL_LIB=$nccl/lib HOROVOD_NCCL_LINK=SHARED
+}
+
+# The link $1/$2.so -> $2.so.<N> the linker looks for (the wheels ship the versioned file only).
+link_unversioned() {
+    local versioned
+    versioned=$(ls "$1/$2".so.* 2>/dev/null | head -n1 || true)
+    [ -n "$versioned" ] || die "no $2.so.* under $1"
+    ln -sfn "$(basename "$versioned")" "$1/$2.so"
+}
+
 # Builds Horovod's wheel into $1 with the frameworks $2: `torch`, `tf` or `torch tf`.
 build_horovod_wheel() {
     local out=$1 frameworks=$2 work
@@ -178,6 +226,7 @@ build_horovod_wheel() {
     tar -xzf "$work/horovod-$HOROVOD_VERSION.tar.gz" -C "$work"
     patch_horovod_sdist "$work/horovod-$HOROVOD_VERSION"
     mkdir -p "$out"
+    cuda_from_the_package_index
     local cmake_bin
     cmake_bin=$(cmake_for_build)
     log "CMake for the build: $cmake_bin"
