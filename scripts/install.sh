@@ -272,6 +272,28 @@ EOF
     rm -rf "$out.partial" "$work"
 }
 
+# Whether $1 is the cache folder of a full wheel (PyTorch and TensorFlow) for the venv's PyTorch,
+# Python and GPU operations, whichever TensorFlow: what a core stage takes as well.
+is_full_wheel_dir() {
+    local torch_dir
+    torch_dir=$(horovod_wheel_dir torch)
+    # shellcheck disable=SC2053  # the right side is a pattern
+    [[ "$1" == "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}" ]]
+}
+
+# The cache folder a core stage installs from: the PyTorch-only wheel's, or, when only a full
+# wheel is cached (`make test` ran first), that one's: its PyTorch library is the same build.
+core_wheel_dir() {
+    local torch_dir full
+    torch_dir=$(horovod_wheel_dir torch)
+    if ! ls "$torch_dir"/horovod-*.whl >/dev/null 2>&1; then
+        for full in "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}"; do
+            if ls "$full"/horovod-*.whl >/dev/null 2>&1; then echo "$full"; return; fi
+        done
+    fi
+    echo "$torch_dir"
+}
+
 # Makes sure the cache folder $1 (a horovod_wheel_dir) holds its wheel, building what is missing:
 # a full wheel beside a cached PyTorch-only one builds TensorFlow's part alone and merges the two.
 provide_horovod_wheel() {
@@ -299,8 +321,8 @@ provide_horovod_wheel() {
 install_horovod() {
     local dir installed
     installed=$(cat "$venv/.hs_horovod" 2>/dev/null || true)
-    if [ "$stage" = core ]; then dir=$(horovod_wheel_dir torch); else dir=$(horovod_wheel_dir "torch tf"); fi
-    if { [ "$installed" = "$dir" ] || { [ "$stage" = core ] && has_tf && [ "$installed" = "$(horovod_wheel_dir "torch tf")" ]; }; } \
+    if [ "$stage" = core ]; then dir=$(core_wheel_dir); else dir=$(horovod_wheel_dir "torch tf"); fi
+    if { [ "$installed" = "$dir" ] || { [ "$stage" = core ] && is_full_wheel_dir "$installed"; }; } \
         && "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ != '$HOROVOD_VERSION')" 2>/dev/null; then
         return
     fi
