@@ -1,5 +1,6 @@
 # The two commands of the README. Each one installs what is missing first (scripts/install.sh is
-# idempotent: seconds when everything is there, about 15 minutes on a fresh machine).
+# idempotent: seconds when everything is there). `make demo` installs only what the main job needs
+# (PyTorch and Horovod's PyTorch front end: install.sh core); the other targets install everything.
 VENV ?= .venv
 NP ?= 2
 # HOSTS=localhost:2,127.0.0.1:2 puts the main job on two hosts of this machine (two-tier rows).
@@ -14,15 +15,19 @@ export TF_CPP_MIN_LOG_LEVEL ?= 2
 # its workers without it, under Keras 3).
 export TF_USE_LEGACY_KERAS ?= 1
 
-.PHONY: install demo lint docs test mutations
+.PHONY: install install-core demo lint docs test mutations gpu-build
 
 install:
-	bash scripts/install.sh
+	bash scripts/install.sh full
+
+install-core:
+	bash scripts/install.sh core
 
 # The main job: dense Horovod and every sparse method trained on scikit-learn's digits in one
 # NP-worker horovodrun job (CPU, Gloo), measured, projected to 1 and 10 Gbit/s clusters by the
-# scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS).
-demo: install
+# scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS;
+# `ARGS="--framework tensorflow"` installs everything first).
+demo: $(if $(findstring tensorflow,$(ARGS)),install,install-core)
 	$(PY) -m benchmarks.digits $(if $(HOSTS),--hosts $(HOSTS),--np $(NP)) $(ARGS)
 
 # The linter (ruff.toml) over the package, the tests and the benchmarks; `make test` runs it first.
@@ -35,6 +40,19 @@ docs: install
 
 test: lint docs
 	$(PY) -m pytest -q tests $(ARGS)
+
+# Horovod's NCCL build (not part of `make test`; no GPU needed to build it): its own venv
+# ($(GPU_VENV)) with PyTorch's CUDA wheel (`===` refuses the +cpu build), the CUDA toolkit and NCCL
+# from the package index at the versions that wheel pins (scripts/install.sh,
+# cuda_from_the_package_index), kernels for compute capabilities 8.0 and 9.0, PyTorch only
+# (docs/versions.md says why not TensorFlow); then the Horovod PyTorch front end's tests on the CPU
+# (those importing TensorFlow left out: this build has none).
+GPU_VENV ?= .venv-gpu
+gpu-build:
+	HS_VENV=$(GPU_VENV) HS_TORCH_SPEC="torch===2.13.0" HOROVOD_GPU_OPERATIONS=NCCL \
+		HOROVOD_BUILD_CUDA_CC_LIST=80,90 bash scripts/install.sh core
+	$(GPU_VENV)/bin/python -m pip install -q pytest hypothesis
+	$(GPU_VENV)/bin/python -m pytest -q tests/test_torch_api.py tests/test_torch_topk.py -k "not tensorflow" $(ARGS)
 
 # The mutation check (not part of `make test`): every break of scripts/mutations.py applied to a
 # copy of HEAD in turn, its tests run there; prints caught or survived (and by which test) per

@@ -70,6 +70,18 @@ def test_grouping_never_mixes_dtypes():
     assert form_groups(params, "model") == [[0], [1], [2]]
 
 
+def test_kept_parameters_are_grouped_apart_after_the_others():
+    """``kept`` (a front end's ``dense=``) leaves the strategy and explicit lists: the others are
+    grouped as without them, the kept ones follow, one group per buffer kind."""
+    params = _params(5, 6, 7, 8, 9, kinds=["f32", "f32", "f32", "f16", "f32"])
+    assert form_groups(params, "model", kept=[1, 3, 4]) == [[0, 2], [1, 4], [3]]
+    assert form_groups(params, "tensor", kept=[0]) == [[1], [2], [3], [4], [0]]
+    assert form_groups(params, 2, kept=[0, 1]) == [[2], [3], [4], [0, 1]]
+    assert form_groups(params, [[3, 1, 0]], kept=[1]) == [[0], [3], [2], [4], [1]]
+    assert form_groups(params, "size:13", kept=[2]) == [[0, 1], [3], [4], [2]]  # runs [0, 1, 3], [4]
+    assert form_groups(params, "model", kept=range(5)) == [[0, 1, 2, 4], [3]]
+
+
 def test_grouping_refuses_bad_specs():
     with pytest.raises(ValueError, match="only appear once"):
         form_groups(_params(1, 2), [[0], [0]])

@@ -37,7 +37,10 @@ CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": Fals
            + [{"name": f"scaled_{m}", "method": m, "options": OPTIONS, "seed": 6, "exponents": EXPONENTS}
               for m in ("topk", "micro", "dgc")]
            + [{"name": "scaled_nan", "method": "topk", "options": OPTIONS, "seed": 7, "exponents": EXPONENTS,
-               "nan_at": [2, 1]}])
+               "nan_at": [2, 1]}]
+           + [{"name": "topk_kept", "method": "topk", "options": OPTIONS, "steps": 3, "seed": 3, "dense": "b.*",
+               "kept_units": ["b"]},
+              {"name": "ddp_kept", "method": "topk", "options": {**OPTIONS, "warmup_steps": 1}, "ddp_kept": True}])
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
@@ -271,3 +274,38 @@ def test_replicas_that_do_not_hold_one_shard_are_refused_on_every_rank(job):
         for case in ("shard_group", "world"):
             assert "does not hold replicas of one shard" in told[case] and "mesh['replicate']" in told[case], told
         assert "2-D DeviceMesh" in told["one_dimensional"] and "('replicate', 'shard')" in told["one_dimensional"], told
+
+
+def test_a_unit_kept_dense_is_the_replicas_average(job):
+    """``dense="b.*"`` (every parameter of unit ``b``) beside Top-k: each step, unit ``b``'s shard
+    is the dense average over the replicate group, bitwise, with no residual, and the other units
+    are the flat method, bitwise; the statistics mark ``b`` kept dense. A ``dense=`` choosing part
+    of a unit, or matching nothing, is refused on every rank, naming the unit's other parameters
+    or the near misses."""
+    obs = Observed(job, "topk_kept", NP)
+    for rank, record in enumerate(obs.meta):
+        assert record["mismatches"] == [], (rank, record["mismatches"][:3])
+        assert {s["name"]: (s["dense"], s["kept_dense"]) for s in record["stats"]} == {
+            "a": (False, False), "b": (True, True), "root": (False, False)}
+        told = json.loads((job / f"refusals.rank{rank}.json").read_text())
+        assert "['a.params.0'] of FSDP unit 'a', not its other parameters ['a.params.1']" in told["unit_split_by_dense"]
+        assert "dense='b.param.*' matches no parameter" in told["dense_misspelt"], told["dense_misspelt"]
+        assert "'b.params.0'" in told["dense_misspelt"], told["dense_misspelt"]
+
+
+def test_ddp_parameters_kept_dense_in_a_mixed_bucket(job):
+    """The DDP hook's ``dense="*.bias"`` on two ranks of the job, with one bucket holding weights
+    and biases, Top-k at density 0.1 after DDP's dense first step: the biases are a group of their
+    own, averaged as DDP does (bitwise the ranks' gradients halved and summed) at every step, the
+    weights sparse after the first; the statistics mark the biases' group; a misspelt name
+    (at ``attach``) and ranks choosing differently (at the first backward pass) raise on every
+    rank, naming the near miss and what differs."""
+    for rank in range(2):
+        record = json.loads((job / f"ddp_kept.rank{rank}.json").read_text())
+        assert all(record["exact"][0].values()), record["exact"][0]
+        for exact in record["exact"][1:]:
+            assert exact == {"0.weight": False, "0.bias": True, "2.weight": False, "2.bias": True}, exact
+        assert [len(group) for group in record["groups"]] == [2, 2], record["groups"]
+        assert [(s["dense"], s["kept_dense"]) for s in record["stats"]] == [(False, False), (True, True)]
+        assert "dense='0.bais' matches no parameter" in record["misspelt"] and "'0.bias'" in record["misspelt"]
+        assert "rank 1 differs from rank 0: dense=['2.bias'] (rank 0: ['0.bias'])" in record["mismatch"]

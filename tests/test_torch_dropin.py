@@ -46,7 +46,10 @@ TWO = checkpoint_configs() + SWAP + [
     {"scenario": "hooks", "method": "topk", "options": FULL},
     {"scenario": "optimizers", "method": "none"},
     {"scenario": "optimizers", "method": "topk", "options": FULL},
-] + [{"scenario": "own_collectives", "method": method} for method in METHODS]
+] + [{"scenario": "own_collectives", "method": method} for method in METHODS] + [
+    {"scenario": "kept_dense", "method": "topk", "options": SPARSE},
+    {"scenario": "kept_dense", "method": "micro", "options": SPARSE, "groups": "model"},
+]
 THREE = checkpoint_configs()
 
 job2 = job_fixture("torch_dropin.py", 2, TWO)
@@ -180,3 +183,25 @@ def test_beside_the_models_own_collectives(job2, method):
     dense run, bitwise (the Horovod collectives sum two ranks in one order)."""
     config = next(c for c in TWO if c["scenario"] == "own_collectives" and c["method"] == method)
     assert_trains_beside_own_collectives(rank_records(job2, TWO.index(config), 2), method, DELIVER_ALL)
+
+
+@pytest.mark.parametrize("groups", [None, "model"])
+def test_kept_dense_parameters(job2, groups):
+    """``dense="*.bias"`` beside a sparsifier at density 0.1 (per-tensor groups with Top-k, one
+    group with MiCRO): at every step each bias's aggregated gradient is the ranks' average,
+    bitwise (Horovod's allreduce of their own gradients), while the weights' are sparse; the
+    biases form one group of their own, after the weights' groups as the strategy forms them,
+    marked ``kept_dense`` and dense in the statistics; a misspelt name and ranks choosing
+    differently raise on every rank, naming the near miss and what differs."""
+    index = next(i for i, c in enumerate(TWO) if c["scenario"] == "kept_dense" and c.get("groups") == groups)
+    for record in rank_records(job2, index, 2):
+        for exact in record["exact"]:
+            assert exact["0.bias"] and exact["2.bias"], exact
+        assert not any(exact["0.weight"] or exact["2.weight"] for exact in record["exact"]), record["exact"]
+        weights = [["0.weight", "2.weight"]] if groups == "model" else [["0.weight"], ["2.weight"]]
+        assert record["groups"] == [*weights, ["0.bias", "2.bias"]]
+        stats = record["stats"]
+        assert [s["kept_dense"] for s in stats] == [False] * len(weights) + [True], stats
+        assert [s["dense"] for s in stats] == [False] * len(weights) + [True], stats
+        assert "dense='0.bais' matches no parameter" in record["typo"] and "'0.bias'" in record["typo"]
+        assert "dense=['2.bias'] (rank 0: ['0.bias'])" in record["mismatch"], record["mismatch"]

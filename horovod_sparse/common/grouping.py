@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Union
 
 from horovod_sparse.common.validation import check_int
 
@@ -100,7 +100,7 @@ def split_by_kind(indices: Sequence[int], params: Sequence[ParamInfo]) -> List[L
 
 
 def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec = "tensor",
-                order: Optional[Sequence[int]] = None) -> List[List[int]]:
+                order: Optional[Sequence[int]] = None, kept: Collection[int] = ()) -> List[List[int]]:
     """Partition parameter indices ``0..len(params)-1`` into groups.
 
     Args:
@@ -114,6 +114,9 @@ def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec
         default: the strategy used for ``None``; each method names its natural one.
         order: the order the strategies cut into contiguous runs (e.g. the order gradients
             become ready); the parameter order when None. Explicit lists ignore it.
+        kept: indices of the parameters a front end keeps dense (``dense=``): left out of the
+            strategy (and of explicit lists), they form one group per buffer kind of their own,
+            after the others.
 
     Returns:
         Groups as lists of indices, in ``order``; each group has one buffer kind.
@@ -121,6 +124,16 @@ def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec
     order = list(range(len(params))) if order is None else list(order)
     if sorted(order) != list(range(len(params))):
         raise ValueError("order must list every parameter index exactly once")
+    kept = set(kept)
+    runs = _strategy_runs(params, spec, default, [i for i in order if i not in kept], kept)
+    return [g for run in runs if run for g in split_by_kind(run, params)] + _by_kind(
+        [i for i in order if i in kept], params)
+
+
+def _strategy_runs(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec, order: List[int],
+                   kept: Collection[int]) -> List[List[int]]:
+    """The runs ``spec`` cuts ``order`` into (before the split by buffer kind), leaving out
+    ``kept``."""
     if spec is None:
         spec = default
     if isinstance(spec, str) and spec.startswith(SIZE_PREFIX):
@@ -135,11 +148,19 @@ def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec
     elif isinstance(spec, int) and not isinstance(spec, bool):
         runs = split_evenly(order, check_int("groups", spec, minimum=1))
     elif isinstance(spec, (list, tuple)):
-        runs = _explicit_groups(spec, len(params))
+        runs = [[i for i in g if i not in kept] for g in _explicit_groups(spec, len(params))]
     else:
         raise TypeError(f"groups must be None, an int, a strategy name or lists of parameters, "
                         f"got {type(spec).__name__}")
-    return [g for run in runs for g in split_by_kind(run, params)]
+    return runs
+
+
+def _by_kind(indices: Sequence[int], params: Sequence[ParamInfo]) -> List[List[int]]:
+    """``indices`` as one group per buffer kind, in order of first appearance."""
+    groups: Dict[str, List[int]] = {}
+    for i in indices:
+        groups.setdefault(params[i].kind, []).append(i)
+    return list(groups.values())
 
 
 def _explicit_groups(lists: Sequence[Sequence[int]], count: int) -> List[List[int]]:

@@ -30,7 +30,9 @@ class GroupStats:
         selected: coordinates this rank selected and sent.
         union: distinct coordinates that reached the model (the aggregated update's support).
         dense: True when the group went through a dense allreduce (warm-up, small group,
-            dense compressor).
+            dense compressor, kept dense).
+        kept_dense: True when the group holds parameters the front end's ``dense=`` keeps
+            dense (:mod:`horovod_sparse.common.dense_choice`): dense at every step.
         sent / received: payload bytes per kind (:data:`BYTE_KINDS`: ``values``, ``indices``, ``meta``,
             ``node``).
         seconds: wall time per phase (``select``, ``communicate``, ``apply``, ...).
@@ -44,6 +46,7 @@ class GroupStats:
     selected: int = 0
     union: int = 0
     dense: bool = False
+    kept_dense: bool = False
     sent: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
     received: Dict[str, int] = field(default_factory=lambda: dict.fromkeys(BYTE_KINDS, 0))
     seconds: Dict[str, float] = field(default_factory=dict)

@@ -7,7 +7,8 @@ members are a known group's is exchanged as that group; a bucket that is exactly
 groups (the first iteration after loading a checkpoint, before DDP rebuilds its buckets) is
 exchanged as those groups, so the method sees the grouping it was saved with; any other bucket
 becomes a new group that takes its parameters' residuals from the groups they were in (nothing
-is lost) and starts its method state afresh.
+is lost) and starts its method state afresh. The parameters kept dense (``dense=``) of a bucket
+are a group of their own, beside the group of its other parameters: DDP's buckets mix them.
 """
 from __future__ import annotations
 
@@ -44,6 +45,8 @@ class BucketGroups:
         self._saved_pieces: Dict[int, torch.Tensor] = {}
         self._saved_states: Dict[Members, Tuple[int, Any]] = {}
         self._saved_groups: Set[Members] = set()
+        #: The parameters kept dense (``dense=``, set by the hook's state when it knows the model).
+        self.kept_dense: Set[torch.Tensor] = set()
 
     @property
     def groups(self) -> List[FlatGroup]:
@@ -62,8 +65,8 @@ class BucketGroups:
         for p in params:
             self._numbers.setdefault(p, len(self._numbers))
         members = tuple(self._numbers[p] for p in params)
-        keys = self._cover(members) or [members]
         by_number = dict(zip(members, params))
+        keys = self._cover(members, by_number) or self._split_kept_dense(members, by_number)
         groups = [self._group(key, [by_number[n] for n in key]) for key in keys]
         self._buckets[index] = (list(params), groups, keys)
         self._used.update(keys)
@@ -80,14 +83,23 @@ class BucketGroups:
     def _members(group: FlatGroup) -> Members:
         return tuple(int(name) for name in group.names)
 
-    def _cover(self, members: Members) -> Optional[List[Members]]:
+    def _cover(self, members: Members, by_number: Dict[int, torch.Tensor]) -> Optional[List[Members]]:
         """The known groups (live or saved) whose members together are exactly ``members``, in
-        the order the bucket reaches them; None if there are no such groups."""
+        the order the bucket reaches them; None if there are no such groups, or if one of them
+        mixes parameters kept dense with others (a checkpoint saved with another ``dense=``)."""
         owner = {n: key for key in [*self._groups, *self._saved_groups] for n in key}
         keys = list(dict.fromkeys(owner.get(n) for n in members))
         if None in keys or sum(len(key) for key in keys) != len(members):
             return None
+        if any(len({by_number[n] in self.kept_dense for n in key}) > 1 for key in keys):
+            return None
         return keys
+
+    def _split_kept_dense(self, members: Members, by_number: Dict[int, torch.Tensor]) -> List[Members]:
+        """A new bucket's groups: its parameters, those kept dense apart (each in bucket order)."""
+        kept = tuple(n for n in members if by_number[n] in self.kept_dense)
+        others = tuple(n for n in members if by_number[n] not in self.kept_dense)
+        return [key for key in (others, kept) if key]
 
     def _group(self, key: Members, params: Sequence[torch.Tensor]) -> FlatGroup:
         """The group of ``key``: the live one, or a new one with its parameters' residuals (from
@@ -95,7 +107,8 @@ class BucketGroups:
         group = self._groups.get(key)
         if group is not None:
             return group
-        group = FlatGroup(self._next_index, [str(n) for n in key], list(params), name=f"params{key[0]}-{key[-1]}")
+        group = FlatGroup(self._next_index, [str(n) for n in key], list(params), name=f"params{key[0]}-{key[-1]}",
+                          kept_dense=params[0] in self.kept_dense)
         self._next_index += 1
         carry_residuals(list(self._groups.values()), [group])
         if any(n in self._saved_pieces for n in key):

@@ -25,6 +25,7 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
@@ -80,6 +81,13 @@ class State(StepBook):
         node_size: workers per node with ``hierarchical``, ranks ``[c * node_size, (c + 1) *
             node_size)`` on node ``c`` (as ``torchrun`` numbers them); default: ``torchrun``'s
             ``LOCAL_WORLD_SIZE`` (one node without it). Every rank must see the same.
+        dense: parameters exchanged dense at every step whatever ``compression`` is (embeddings,
+            normalisation layers, biases): names of the model's parameters (without DDP's
+            ``module.`` prefix), ``fnmatch`` patterns (``"*.bias"``), a list of them, or a
+            predicate on the name (:mod:`horovod_sparse.common.dense_choice`). DDP's buckets do
+            not know names: call :meth:`attach` with the model before the first backward pass.
+            In each bucket they form a group of their own (marked ``kept_dense`` in the
+            statistics) averaged as DDP does, the rest of the bucket being sparsified.
 
     Every rank compares the configuration (method and options, ``nonfinite``, step counter)
     at its first exchange and after :meth:`load_state_dict`, and raises the same
@@ -89,7 +97,7 @@ class State(StepBook):
     def __init__(self, compression: Any = Compression.none, process_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
                  loss_scaler: Optional[torch.amp.GradScaler] = None, hierarchical: Optional[bool] = None,
-                 node_size: Optional[int] = None) -> None:
+                 node_size: Optional[int] = None, dense: DenseSpec = None) -> None:
         sparse = checked_sparse(compression, "ddp")
         self.compression = compression
         self.sparse = sparse
@@ -110,6 +118,19 @@ class State(StepBook):
         self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
         self._finiteness = StepFiniteness()
         self._check_due = True
+        self._dense_spec = dense
+        #: The names of the parameters kept dense, once :meth:`attach` resolved ``dense``.
+        self._kept_dense: Optional[List[str]] = None if dense is not None else []
+
+    def attach(self, model: torch.nn.Module) -> None:
+        """Resolve ``dense`` against ``model``'s parameter names (``model``: the DDP model or the
+        module it wraps). Raises ``ValueError`` naming the closest names when a name or pattern
+        matches no parameter."""
+        module = model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+        named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+        chosen = chosen_dense(self._dense_spec, [name for name, _ in named])
+        self._kept_dense = sorted(chosen)
+        self.buckets.kept_dense = {p for name, p in named if name in chosen}
 
     # -- the hook -----------------------------------------------------------------------------
     def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -119,9 +140,13 @@ class State(StepBook):
         self.process_group.follow(buffer)
         self._place_timeline(buffer)
         if self._check_due:
+            if self._kept_dense is None:
+                raise ValueError("State(dense=...) names parameters, which DDP's buckets do not carry: call "
+                                 "state.attach(model) before the first backward pass")
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
-                                                    "hierarchical": self._hierarchical}, [])
+                                                    "hierarchical": self._hierarchical,
+                                                    "dense": self._kept_dense}, [])
             if self._hierarchical and self.tiers is None:  # every rank asks for it: checked just now
                 self.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
                 if self.tiers is not None:
@@ -141,13 +166,14 @@ class State(StepBook):
     def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: Usable) -> Inflight:
         """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
         self.timeline.group_ready(group.name)
-        sparse = (self.sparse and self._sparse_step() and group.numel >= self.compression.options.min_numel
+        sparse = (self.sparse and not group.kept_dense and self._sparse_step()
+                  and group.numel >= self.compression.options.min_numel
                   and (self.tiers is None or self.tiers.splits(group.numel)))
         size, rank = self.process_group.size(), self.process_group.rank()
         tiers = self.tiers if sparse else None
         numel = exchanged_numel(tiers, group.numel)
         target = self.compression.options.count(numel, self.steps) if sparse else numel
-        stats = GroupStats(group.name, numel, target, dense=not sparse)
+        stats = GroupStats(group.name, numel, target, dense=not sparse, kept_dense=group.kept_dense)
         self._step_stats.groups.append(stats)
         comm, node = group_communicators(Communicator, self.process_group, size, rank, tiers, group.name, stats,
                                          1.0 / size, gradient.device, self.steps)

@@ -91,16 +91,17 @@ class StepEngine:
             self.timeline = make()
 
     # -- one group ----------------------------------------------------------------------------------
-    def plan(self, name: str, numel: int, dense_step: bool) -> Tuple[GroupPlan, GroupStats]:
+    def plan(self, name: str, numel: int, dense_step: bool, kept_dense: bool = False) -> Tuple[GroupPlan, GroupStats]:
         """How group ``name`` of ``numel`` elements is exchanged this step (``dense_step``: the
-        front end takes the whole step dense) and its statistics, noted in the step's."""
+        front end takes the whole step dense; ``kept_dense``: the group holds parameters
+        ``dense=`` keeps dense) and its statistics, noted in the step's."""
         options = self.compression.options if self.sparse else None
-        sparse = (options is not None and not dense_step and numel >= options.min_numel
+        sparse = (options is not None and not dense_step and not kept_dense and numel >= options.min_numel
                   and (self.tiers is None or self.tiers.splits(numel)))
         tiers = self.tiers if sparse else None
         exchanged = exchanged_numel(tiers, numel)
         target = options.count(exchanged, self.steps) if sparse else exchanged
-        stats = GroupStats(name, exchanged, target, dense=not sparse)
+        stats = GroupStats(name, exchanged, target, dense=not sparse, kept_dense=kept_dense)
         self.stats.groups.append(stats)
         return GroupPlan(sparse, tiers, exchanged, target), stats
 

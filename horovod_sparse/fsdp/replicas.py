@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.distributed import backend
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
@@ -30,7 +31,8 @@ from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.model_state import ModelState, Record
 from horovod_sparse.engine.step import StepEngine
-from horovod_sparse.fsdp.units import ShardGroup, fsdp_units, replicate_group_of, require_replicas_of_one_shard
+from horovod_sparse.fsdp.units import (ShardGroup, fsdp_units, kept_dense_units, replicate_group_of,
+                                       require_replicas_of_one_shard)
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 from horovod_sparse.torch_core.loss_scale import LossScale
@@ -57,6 +59,14 @@ class State:
         loss_scaler: the ``torch.amp.GradScaler`` the gradients were scaled by: each shard enters
             the residual divided by the scale and the average is multiplied by it again, so the
             method works in the loss's own units and a scale change loses nothing.
+        dense: parameters exchanged dense at every step whatever ``compression`` is (names of
+            ``model.named_parameters()``, ``fnmatch`` patterns such as ``"*.bias"``, a list of
+            them, or a predicate on the name: :mod:`horovod_sparse.common.dense_choice`),
+            resolved by :meth:`attach`. An FSDP unit's shard is one flat buffer whose layout is
+            FSDP's, so the choice is per unit: a unit whose parameters are all chosen is averaged
+            densely (``kept_dense`` in the statistics); a unit mixing chosen and other
+            parameters is refused (``ValueError`` naming both): ``fully_shard`` the layers to
+            keep dense as units of their own, before their parent.
 
     Attributes:
         steps: steps taken (backward passes that reached the hooks).
@@ -65,7 +75,7 @@ class State:
 
     def __init__(self, compression: Any, replicate_group: Optional[dist.ProcessGroup] = None,
                  nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
-                 loss_scaler: Optional[torch.amp.GradScaler] = None) -> None:
+                 loss_scaler: Optional[torch.amp.GradScaler] = None, dense: DenseSpec = None) -> None:
         self.compression = compression
         self.sparse = checked_sparse(compression, "fsdp")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)
@@ -82,6 +92,9 @@ class State:
         self._check_due = True
         self._saved: Optional[Record] = None
         self._params: List[torch.Tensor] = []
+        self._dense_spec = dense
+        #: The FSDP units kept dense (``dense``), found by :meth:`attach`.
+        self._kept_units: List[str] = []
 
     @property
     def steps(self) -> int:
@@ -100,6 +113,8 @@ class State:
             self.process_group.group = replicate_group
         units = fsdp_units(model)
         require_replicas_of_one_shard(model, self.process_group.group)
+        self._kept_units = kept_dense_units(model, [module for _, module in units], [name for name, _ in units],
+                                            self._dense_spec)
         for name, module in units:
             module.set_all_reduce_hook(lambda shard, name=name: self.exchange(name, shard))
         self._params = list(model.parameters())
@@ -113,7 +128,8 @@ class State:
         group = self._group(name, shard)
         engine.timeline.group_ready(name)
         usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
-        plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps)
+        plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps,
+                                  group.kept_dense)
         size, rank = self.process_group.size(), self.process_group.rank()
         inverse = None if self._scale_factors is None else self._scale_factors[1]
         if plan.sparse:
@@ -136,7 +152,8 @@ class State:
             self._scale_factors = self._loss_scale.factors()
         if self._check_due:
             self._check_due = False
-            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps}, [])
+            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
+                                                    "dense": self._kept_units}, [])
 
     def _group(self, name: str, shard: torch.Tensor) -> ShardGroup:
         """Unit ``name``'s group, made at its first exchange (taking a loaded checkpoint's
@@ -144,7 +161,7 @@ class State:
         group = self._groups.get(name)
         if group is not None:
             return group
-        group = ShardGroup(len(self._groups), name, shard)
+        group = ShardGroup(len(self._groups), name, shard, kept_dense=name in self._kept_units)
         saved = None if self._saved is None else self._saved["groups"].get(name)
         if saved is not None:
             if int(saved["numel"]) != group.numel:
@@ -212,20 +229,20 @@ class State:
 def compress_replicas(model: torch.nn.Module, compression: Any,
                       replicate_group: Optional[dist.ProcessGroup] = None, *, mesh: Optional[DeviceMesh] = None,
                       nonfinite: Optional[str] = "default", stats_log: Optional[IO[str]] = None,
-                      loss_scaler: Optional[torch.amp.GradScaler] = None) -> State:
+                      loss_scaler: Optional[torch.amp.GradScaler] = None, dense: DenseSpec = None) -> State:
     """Exchange every FSDP unit of ``model`` across the replicas with ``compression`` (see
     :class:`State` for the arguments); returns the state (checkpoints, statistics). The replicas
     are ``replicate_group`` or the ``replicate`` dimension of ``mesh``, a 2-D ``DeviceMesh`` named
     ``("replicate", "shard")`` whose ``mesh["shard"]`` sharded every unit: exactly one of the two.
     ``compression`` may also be a :class:`State` built earlier (before the process group existed,
-    as trainers build theirs): it is attached as built (its own ``nonfinite``, ``stats_log`` and
-    ``loss_scaler``)."""
+    as trainers build theirs): it is attached as built (its own ``nonfinite``, ``stats_log``,
+    ``loss_scaler`` and ``dense``)."""
     if (mesh is None) == (replicate_group is None):
         raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
                          "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
     if mesh is not None:
         replicate_group = replicate_group_of(mesh, model)
-    state = compression if isinstance(compression, State) else State(compression, nonfinite=nonfinite,
-                                                                      stats_log=stats_log, loss_scaler=loss_scaler)
+    state = compression if isinstance(compression, State) else State(
+        compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler, dense=dense)
     state.attach(model, replicate_group)
     return state

@@ -2,13 +2,14 @@
 with, each unit's gradient shard as a flat group, and the replicate group of a 2-D mesh."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.torch_core.buffers import FlatGroup
 
 
@@ -16,8 +17,8 @@ class ShardGroup(FlatGroup):
     """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
     buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
 
-    def __init__(self, index: int, name: str, like: torch.Tensor) -> None:
-        super().__init__(index, [name], [], name=name)
+    def __init__(self, index: int, name: str, like: torch.Tensor, kept_dense: bool = False) -> None:
+        super().__init__(index, [name], [], name=name, kept_dense=kept_dense)
         self.numels = [like.numel()]
         self.numel = like.numel()
         self._like = (like.dtype, like.device)
@@ -63,6 +64,37 @@ def require_replicas_of_one_shard(model: torch.nn.Module, group: Optional[dist.P
         raise ValueError(f"the replicate group (ranks {replicas}) does not hold replicas of one shard: its ranks "
                          f"shard as (shard group size, position) {everyone}; give the group of ranks at the "
                          "same position of every shard group (mesh['replicate'] of a ('replicate', 'shard') mesh)")
+
+
+def kept_dense_units(model: torch.nn.Module, units: List[torch.nn.Module], names: List[str],
+                     dense: DenseSpec) -> List[str]:
+    """The names (of ``names``) of the FSDP ``units`` of ``model`` whose own parameters (those of
+    no unit inside them) are all chosen by ``dense``; a unit mixing chosen and other parameters
+    raises ``ValueError`` naming both."""
+    if dense is None:
+        return []
+    chosen = chosen_dense(dense, [name for name, _ in model.named_parameters()])
+    owner = {id(p): unit_name for unit, unit_name in sorted(zip(units, names), key=lambda pair: _depth(model, pair[0]))
+             for p in unit.parameters()}
+    own: Dict[str, List[str]] = {}
+    for name, p in model.named_parameters():
+        own.setdefault(owner[id(p)], []).append(name)
+    kept = []
+    for unit_name, params in own.items():
+        inside = [name for name in params if name in chosen]
+        if inside and len(inside) < len(params):
+            outside = [name for name in params if name not in chosen]
+            raise ValueError(f"dense= chooses {inside} of FSDP unit {unit_name!r}, not its other parameters {outside}: "
+                             "a unit's shard is exchanged whole; fully_shard the layers to keep dense as units of "
+                             "their own (before their parent), or choose the whole unit")
+        if inside:
+            kept.append(unit_name)
+    return sorted(kept)
+
+
+def _depth(model: torch.nn.Module, unit: torch.nn.Module) -> int:
+    """How deep ``unit`` is in ``model`` (0: the model itself)."""
+    return next(name.count(".") + 1 if name else 0 for name, module in model.named_modules() if module is unit)
 
 
 def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:

@@ -30,9 +30,11 @@ class FlatGroup:
     """
 
     def __init__(self, index: int, names: List[str], positions: List[int], shapes: List[tf.TensorShape],
-                 dtype: tf.DType) -> None:
+                 dtype: tf.DType, kept_dense: bool = False) -> None:
         self.index = index
         self.names = names
+        #: Whether the group holds variables kept dense (``dense=``): dense at every step.
+        self.kept_dense = kept_dense
         self.positions = positions
         self.shapes = shapes
         self.dtype = dtype

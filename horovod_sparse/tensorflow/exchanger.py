@@ -78,13 +78,14 @@ import functools
 import os
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
@@ -119,6 +120,8 @@ class Layout:
     step: Optional[tf.Variable] = None
     #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
     timeline: ReadyTimeline = field(default_factory=ReadyTimeline)
+    #: The names of the variables kept dense (``dense=``).
+    kept_dense: FrozenSet[str] = frozenset()
     #: Whether every step runs eagerly on the host, also inside a ``tf.function`` (a method that
     #: decides from the step's values, or groups that change between steps).
     host: bool = False
@@ -232,6 +235,8 @@ class GradientExchanger:
             residuals for good.
         hierarchical: the two-tier exchange of sparse groups (see the tape's argument); the
             process sets are found or added at the first exchange, after the configuration check.
+        dense: the variables kept dense (see the tape's argument), resolved against each
+            variable list's names at its first exchange.
 
     Attributes:
         loss_scale: reads the loss scale of the gradients exchanged (None: not scaled); the
@@ -247,7 +252,7 @@ class GradientExchanger:
                  process_set: hvd.ProcessSet = hvd.global_process_set, device_dense: str = "",
                  device_sparse: str = "", stats_log: Optional[IO[str]] = None,
                  nonfinite: Optional[str] = "default", backward_passes_per_step: int = 1,
-                 loss_scaler: Any = None, hierarchical: Optional[bool] = None) -> None:
+                 loss_scaler: Any = None, hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> None:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
         check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
@@ -263,6 +268,7 @@ class GradientExchanger:
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.groups_spec = groups
+        self.dense_spec = dense
         self.process_set = process_set
         self._hierarchical_arg = hierarchical
         self._hierarchical = self.sparse and wants_hierarchical(hierarchical)
@@ -480,7 +486,8 @@ class GradientExchanger:
             {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
              "nonfinite": self.nonfinite, "nonfinite_reported_in": self.reports_in,
              "sparse_as_dense": self.sparse_as_dense,
-             "backward_passes_per_step": self.backward_passes_per_step, "hierarchical": self._hierarchical},
+             "backward_passes_per_step": self.backward_passes_per_step, "hierarchical": self._hierarchical,
+             "dense": sorted(layout.kept_dense)},
             [(g.name if self.sparse else str(g.index), g.numel, g.dtype.name, [s.as_list() for s in g.shapes])
              for g in layout.groups])
 
@@ -496,12 +503,14 @@ class GradientExchanger:
             position = {s.ref(): i for i, s in enumerate(sources)}
             spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
         mergecomp = MergeCompOptions.from_spec(spec) if self.sparse else None
+        kept_dense = chosen_dense(self.dense_spec, names, "variable")
         infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
                  for name, shape, g in zip(names, shapes, grads)]
         scheduler = None if mergecomp is None else MergeCompScheduler(
             mergecomp, names, [info.numel for info in infos], self.process_set, backend)
         model = ModelState(self.compression, backend, self.process_set, scheduler)
-        layout = Layout(infos, shapes, [g.dtype for g in grads], model, timeline=ReadyTimeline(self.clock))
+        layout = Layout(infos, shapes, [g.dtype for g in grads], model, timeline=ReadyTimeline(self.clock),
+                        kept_dense=kept_dense)
         layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)
         layout.host = self.sparse and (self.compression.host_exchange or mergecomp is not None)
         return layout
@@ -509,8 +518,11 @@ class GradientExchanger:
     def _form_groups(self, layout: Layout, spec: Any) -> List[FlatGroup]:
         default = self.compression.default_grouping if self.sparse else "tensor"
         return [FlatGroup(i, [layout.infos[j].name for j in members], list(members),
-                          [layout.shapes[j] for j in members], layout.dtypes[members[0]])
-                for i, members in enumerate(form_groups(layout.infos, spec, default))]
+                          [layout.shapes[j] for j in members], layout.dtypes[members[0]],
+                          kept_dense=layout.infos[members[0]].name in layout.kept_dense)
+                for i, members in enumerate(form_groups(
+                    layout.infos, spec, default,
+                    kept=[j for j, info in enumerate(layout.infos) if info.name in layout.kept_dense]))]
 
     def _use_groups(self, layout: Layout, members: List[List[int]]) -> List[FlatGroup]:
         """Switch ``layout`` to new groups (lists of positions in the variable list) between
@@ -561,7 +573,7 @@ class GradientExchanger:
     def _dense_stats(self, group: FlatGroup, grads: Sequence[Any]) -> GroupStats:
         """Statistics of a group exchanged by Horovod's dense allreduce (one per gradient)."""
         stats = GroupStats(group.name, group.numel, group.numel, selected=group.numel,
-                           union=group.numel, dense=True, collectives=len(grads))
+                           union=group.numel, dense=True, kept_dense=group.kept_dense, collectives=len(grads))
         for grad in grads:
             if isinstance(grad, tf.IndexedSlices):
                 stats.sent["values"] += nbytes(grad.values)
@@ -812,14 +824,14 @@ class GradientExchanger:
         return results
 
     def _dense_group(self, group: FlatGroup) -> bool:
-        """Whether ``group`` takes Horovod's dense allreduce at every step: it is below
-        ``min_numel``, or in two tiers too small to give every rank of a node a slice."""
-        return (group.numel < self.compression.options.min_numel
+        """Whether ``group`` takes Horovod's dense allreduce at every step: it is kept dense,
+        below ``min_numel``, or in two tiers too small to give every rank of a node a slice."""
+        return (group.kept_dense or group.numel < self.compression.options.min_numel
                 or (self.tiers is not None and not self.tiers.splits(group.numel)))
 
     def _exchange_dense_groups(self, groups: List[FlatGroup], kept: List[Any], results: List[Any],
                                stats: StepStats) -> None:
-        """Horovod's dense allreduce for the groups below ``min_numel`` or in warm-up."""
+        """Horovod's dense allreduce for the groups kept dense, below ``min_numel`` or in warm-up."""
         if not groups:
             return
         positions = [p for group in groups for p in group.positions]
@@ -859,7 +871,7 @@ def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any
                      gradient_predivide_factor: float, groups: Any, process_set: hvd.ProcessSet,
                      device_dense: str, device_sparse: str, stats_log: Optional[IO[str]],
                      nonfinite: Optional[str], loss_scaler: Any = None,
-                     hierarchical: Optional[bool] = None) -> GradientExchanger:
+                     hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> GradientExchanger:
     """The exchanger for these arguments, created once per process and reused.
 
     A training loop wraps a new ``tf.GradientTape`` every step; the residuals must outlive it.
@@ -869,10 +881,11 @@ def shared_exchanger(name: str, compression: Any, sparse_as_dense: bool, op: Any
     """
     key = (name, _compression_key(compression), sparse_as_dense, op, gradient_predivide_factor,
            _groups_key(groups), process_set.process_set_id, device_dense, device_sparse, id(stats_log), nonfinite,
-           id(loss_scaler), hierarchical)
+           id(loss_scaler), hierarchical, tuple(dense) if isinstance(dense, list) else dense)
     exchanger = _EXCHANGERS.get(key)
     if exchanger is None:
         exchanger = _EXCHANGERS[key] = GradientExchanger(
             name, compression, sparse_as_dense, op, gradient_predivide_factor, groups, process_set,
-            device_dense, device_sparse, stats_log, nonfinite, loss_scaler=loss_scaler, hierarchical=hierarchical)
+            device_dense, device_sparse, stats_log, nonfinite, loss_scaler=loss_scaler, hierarchical=hierarchical,
+            dense=dense)
     return exchanger

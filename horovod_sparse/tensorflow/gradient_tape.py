@@ -33,6 +33,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import merge_num_groups
+from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.exchanger import GradientExchanger, shared_exchanger
 
@@ -80,7 +81,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
                             scale_local_gradients: bool = True,
                             stats_log: Optional[IO[str]] = None,
                             nonfinite: Optional[str] = "default", loss_scaler: Any = None,
-                            hierarchical: Optional[bool] = None) -> tf.GradientTape:
+                            hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> tf.GradientTape:
     """Wrap ``gradtape`` so ``gradient()`` returns gradients exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -132,6 +133,13 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
             workers on every node and Horovod's process sets for the nodes and slices (added at
             the first exchange when Horovod was started with ``hvd.init(process_sets="dynamic")``,
             else registered at ``hvd.init``). One node, or one worker per node, runs flat.
+        dense: variables exchanged dense at every step whatever ``compression`` is (embeddings,
+            normalisation layers, biases): variable names (``v.name``, as in the statistics),
+            ``fnmatch`` patterns (``"*bias*"``), a list of them, or a predicate on the name
+            (:mod:`horovod_sparse.common.dense_choice`). They form groups of their own, marked
+            ``kept_dense`` in the statistics. At the first exchange, a name or pattern matching
+            none of the variables raises ``ValueError`` naming the closest ones; every rank must
+            choose the same variables.
 
     Returns:
         A tape of the same class as ``gradtape`` (dynamically subclassed, as Horovod does), with
@@ -150,7 +158,7 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         raise ValueError("groups should be a non-negative integer or a list of list of tf.Variable.")
     exchanger = shared_exchanger("DistributedGradientTape", compression, sparse_as_dense, op,
                                  gradient_predivide_factor, groups, process_set, device_dense, device_sparse,
-                                 stats_log, nonfinite, loss_scaler, hierarchical)
+                                 stats_log, nonfinite, loss_scaler, hierarchical, dense)
     cls = type(gradtape.__class__.__name__, (gradtape.__class__,), dict(_DistributedGradientTape.__dict__))
     return cls(gradtape._tape, exchanger, gradtape._persistent, gradtape._watch_accessed_variables,
                process_set, scale_local_gradients)
@@ -165,7 +173,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
                                    scale_local_gradients: bool = True,
                                    stats_log: Optional[IO[str]] = None,
                                    nonfinite: Optional[str] = "default", loss_scaler: Any = None,
-                                   hierarchical: Optional[bool] = None) -> tf.GradientTape:
+                                   hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> tf.GradientTape:
     """:func:`DistributedGradientTape` whose ``local_layers`` keep their gradients local (not
     exchanged), as ``hvd.PartialDistributedGradientTape``."""
     if local_layers is None:
@@ -176,7 +184,7 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
         raise ValueError("All local layers must be of tf.keras.layers.Layer type.")
     tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
                                    gradient_predivide_factor, num_groups, groups, process_set,
-                                   scale_local_gradients, stats_log, nonfinite, loss_scaler, hierarchical)
+                                   scale_local_gradients, stats_log, nonfinite, loss_scaler, hierarchical, dense)
     for layer in local_layers:
         for variable in layer.trainable_weights:
             tape.register_local_source(variable)

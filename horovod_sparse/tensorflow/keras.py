@@ -51,6 +51,7 @@ import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_backward_passes, merge_num_groups
+from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.tensorflow.compression import Compression
 from horovod_sparse.tensorflow.exchanger import GradientExchanger
@@ -77,7 +78,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
                          scale_local_gradients: bool = True,
                          stats_log: Optional[IO[str]] = None,
                          nonfinite: Optional[str] = "default",
-                         hierarchical: Optional[bool] = None) -> Any:
+                         hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> Any:
     """Wrap a Keras optimizer so its gradients are exchanged over Horovod, sparsely when
     ``compression`` sparsifies.
 
@@ -92,11 +93,11 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     or traced, so the variables and the optimizer state stay as they were, then raises
     ``FloatingPointError`` (``"raise"``; traced, a ``tf.errors`` error carrying its message) or
     warns (``"skip"``). A LossScaleOptimizer around this optimizer skips such a step before
-    (see the module docstring). ``hierarchical`` is the two-tier sparse exchange, as on
-    :func:`horovod_sparse.tensorflow.DistributedGradientTape`. An optimizer of the ``keras`` 3
-    package is wrapped by :func:`horovod_sparse.tensorflow.keras3.wrap` (what differs there, and
-    what is refused, is in that module's docstring); while ``tf.keras`` is Keras 3 any other
-    optimizer raises ``TypeError``.
+    (see the module docstring). ``hierarchical`` is the two-tier sparse exchange and ``dense``
+    the variables kept dense, as on :func:`horovod_sparse.tensorflow.DistributedGradientTape`.
+    An optimizer of the ``keras`` 3 package is wrapped by :func:`horovod_sparse.tensorflow.keras3.wrap`
+    (what differs there, and what is refused, is in that module's docstring); while ``tf.keras``
+    is Keras 3 any other optimizer raises ``TypeError``.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -119,7 +120,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None,
     wrapper_name = name or f"Distributed{type(optimizer).__name__}"
     exchanger = GradientExchanger(wrapper_name, compression, sparse_as_dense, op, gradient_predivide_factor,
                                   groups, process_set, device_dense, device_sparse, stats_log, nonfinite,
-                                  backward_passes_per_step, hierarchical=hierarchical)
+                                  backward_passes_per_step, hierarchical=hierarchical, dense=dense)
     if keras_3:
         return keras3.wrap(optimizer, exchanger, nonfinite, backward_passes_per_step, average_aggregated_gradients,
                            sparse_as_dense, process_set)

@@ -18,6 +18,7 @@ from typing import IO, Any, Optional
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.tensorflow import keras
 from horovod_sparse.methods.base import Sparsifier
 
@@ -34,9 +35,10 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
                          num_groups: int = 0, groups: Any = None,
                          process_set: hvd.ProcessSet = hvd.global_process_set,
                          scale_local_gradients: bool = True, stats_log: Optional[IO[str]] = None,
-                         nonfinite: Optional[str] = "default") -> Any:
+                         nonfinite: Optional[str] = "default", dense: DenseSpec = None) -> Any:
     """Wrap ``optimizer`` as ``horovod.tensorflow.DistributedOptimizer`` does, with the same
-    arguments; a sparsifier as ``compression`` (and so ``nonfinite``) requires a Keras optimizer."""
+    arguments; a sparsifier as ``compression`` (and so ``nonfinite`` and ``dense``) requires a
+    Keras optimizer."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         if isinstance(compression, Sparsifier):
             raise TypeError(f"{type(optimizer).__name__} is a TF1 tf.compat.v1.train optimizer, which "
@@ -49,7 +51,7 @@ def DistributedOptimizer(optimizer: Any, name: Optional[str] = None, use_locking
     return keras.DistributedOptimizer(optimizer, name, device_dense, device_sparse, compression, sparse_as_dense,
                                       gradient_predivide_factor, op, backward_passes_per_step,
                                       average_aggregated_gradients, num_groups, groups, process_set,
-                                      scale_local_gradients, stats_log, nonfinite)
+                                      scale_local_gradients, stats_log, nonfinite, dense=dense)
 
 
 __all__ = ["DistributedOptimizer"]

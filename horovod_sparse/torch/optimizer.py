@@ -26,6 +26,7 @@ import torch
 from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.grouping import ParamInfo, form_groups
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
@@ -99,7 +100,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
                  stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scale: Optional[LossScale],
-                 hierarchical: Optional[bool]) -> None:
+                 hierarchical: Optional[bool], dense: DenseSpec) -> None:
         super(self.__class__, self).__init__(params)  # type: ignore[misc]
         self._compression = compression
         self._sparse = isinstance(compression, Sparsifier)
@@ -126,6 +127,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         ordered = [(names[p], p) for group in self.param_groups for p in group["params"]
                    if p.requires_grad and p.is_floating_point() and p.numel() > 0]
         self._ordered = ordered
+        #: The names of the parameters kept dense (``dense=``): groups of their own, always dense.
+        self._kept_dense = chosen_dense(dense, [name for name, _ in ordered])
         self._position = {p: i for i, (_, p) in enumerate(ordered)}
         mergecomp = MergeCompOptions.from_spec(groups)
         #: Method state per group, the MergeComp scheduler, checkpoints and agreement.
@@ -186,7 +189,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._model.require_same_configuration(
             {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
              "backward_passes_per_step": self.backward_passes_per_step, "nonfinite": self.nonfinite,
-             "sparse_as_dense": self.sparse_as_dense, "hierarchical": self._hierarchical},
+             "sparse_as_dense": self.sparse_as_dense, "hierarchical": self._hierarchical,
+             "dense": sorted(self._kept_dense)},
             [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self._groups])
 
     @property
@@ -198,6 +202,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # -- grouping ---------------------------------------------------------------------------------
     def _form_groups(self, ordered: List[Tuple[str, torch.Tensor]], spec: Any) -> List[FlatGroup]:
         infos = [ParamInfo(name, p.numel(), f"{p.dtype}/{p.device}") for name, p in ordered]
+        kept = [i for i, (name, _) in enumerate(ordered) if name in self._kept_dense]
         if isinstance(spec, (list, tuple)):
             position = {id(p): i for i, (_, p) in enumerate(ordered)}
             for members in spec:
@@ -206,8 +211,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         raise ValueError("groups must consist of torch.Tensor.")
             spec = [[position[id(p)] for p in members if id(p) in position] for members in spec]
         default = self._compression.default_grouping if self._sparse else "tensor"
-        return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members])
-                for i, members in enumerate(form_groups(infos, spec, default))]
+        return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members],
+                          kept_dense=ordered[members[0]][0] in self._kept_dense)
+                for i, members in enumerate(form_groups(infos, spec, default, kept=kept))]
 
     def _use_groups(self, members: List[List[int]]) -> List[FlatGroup]:
         """Switch to new groups (lists of positions in the parameter order) between steps:
@@ -255,7 +261,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._launch(group)
 
     def _is_dense(self, group: FlatGroup) -> bool:
-        return (not self._sparse or self.steps < self._compression.options.warmup_steps
+        return (not self._sparse or group.kept_dense
+                or self.steps < self._compression.options.warmup_steps
                 or group.numel < self._compression.options.min_numel
                 or (self._tiers is not None and not self._tiers.splits(group.numel))
                 or (self.mergecomp is not None and self.mergecomp.recording))
@@ -277,7 +284,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         tiers = self._tiers if sparse else None
         numel = exchanged_numel(tiers, group.numel)
         target = self._compression.options.count(numel, self.steps) if sparse else numel
-        stats = GroupStats(group.name, numel, target, dense=not sparse)
+        stats = GroupStats(group.name, numel, target, dense=not sparse, kept_dense=group.kept_dense)
         self._step_stats.groups.append(stats)
         size = self._world_size
         if self.op == hvd.Average:
@@ -613,7 +620,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          stats_log: Optional[IO[str]] = None,
                          nonfinite: Optional[str] = "default",
                          loss_scaler: Optional[torch.amp.GradScaler] = None,
-                         hierarchical: Optional[bool] = None) -> torch.optim.Optimizer:
+                         hierarchical: Optional[bool] = None,
+                         dense: DenseSpec = None) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so gradients are exchanged, sparsely when ``compression`` sparsifies.
 
     Takes every argument of ``horovod.torch.DistributedOptimizer`` with the same meaning:
@@ -666,6 +674,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             with ``hvd.init(process_sets="dynamic")`` they are added here (collectively), else
             they must have been registered at ``hvd.init``. A job of one node, or of one worker
             per node, runs flat. Each rank's residual then holds its slice's error feedback only.
+        dense: parameters exchanged dense at every step whatever ``compression`` is (embeddings,
+            normalisation layers, biases): names from ``named_parameters``, ``fnmatch`` patterns
+            (``"*.bias"``), a list of them, or a predicate on the name
+            (:mod:`horovod_sparse.common.dense_choice`). They form groups of their own, marked
+            ``kept_dense`` in the statistics. A name or pattern that matches nothing raises
+            ``ValueError`` naming the closest names; every rank must choose the same parameters.
 
     Returns:
         An optimizer of the same class as ``optimizer`` (dynamically subclassed, as Horovod
@@ -697,7 +711,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     SparseDistributedOptimizer.register(cls)
     return cls(optimizer.param_groups, named_parameters, compression, backward_passes_per_step, op,
                gradient_predivide_factor, groups, sparse_as_dense, process_set, stats_log, nonfinite, loss_scale,
-               hierarchical)
+               hierarchical, dense)
 
 
 __all__ = ["DistributedOptimizer", "SparseDistributedOptimizer"]

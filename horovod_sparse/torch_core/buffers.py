@@ -47,9 +47,12 @@ class FlatGroup:
     After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy).
     """
 
-    def __init__(self, index: int, names: List[str], params: List[torch.Tensor], name: Optional[str] = None) -> None:
+    def __init__(self, index: int, names: List[str], params: List[torch.Tensor], name: Optional[str] = None,
+                 kept_dense: bool = False) -> None:
         self.index = index
         self.names = names
+        #: Whether the group holds parameters kept dense (``dense=``): dense at every step.
+        self.kept_dense = kept_dense
         self.params = params
         self.name = name or (names[0] if len(names) == 1 else f"group{index}.{names[0]}")
         self.numels = [p.numel() for p in params]

@@ -19,7 +19,10 @@ each, which must continue bitwise as the first),
 "accumulate" (each step is two backward passes, the first without gradient sync), "reshard"
 (``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
 reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook), "exponents"
-(instead: :func:`scaled`, a loss scaler's units)}.
+(instead: :func:`scaled`, a loss scaler's units), "ddp_kept" (instead: :func:`ddp_kept`, the DDP
+hook's ``dense=``), "dense" (``compress_replicas``' argument) with
+"kept_units" (the units it keeps dense, whose reference is the dense average over the replicate
+group)}.
 """
 import importlib
 import io
@@ -99,17 +102,20 @@ def build(config, mesh, loss_scaler=None):
     compression = EARLY_STATES.pop(config["name"], None) or hsf.Compression.create(config["method"],
                                                                                    **config.get("options", {}))
     state = hsf.compress_replicas(model, compression, nonfinite="skip" if "nan_at" in config else "default",
-                                  loss_scaler=loss_scaler, **replicas)
+                                  loss_scaler=loss_scaler, dense=config.get("dense"), **replicas)
     return model, state
 
 
 def refusals(mesh, out):
     """What each rank is told for replicas that are not replicas of one shard (the shard group,
-    the whole job) and for a 1-D mesh: the messages, per rank."""
+    the whole job), for a 1-D mesh, for ``dense=`` choosing part of a unit and for a misspelt
+    ``dense=``: the messages, per rank."""
     told = {}
     cases = {"shard_group": {"replicate_group": mesh["shard"].get_group()},
              "world": {"replicate_group": dist.group.WORLD},
-             "one_dimensional": {"mesh": mesh["shard"]}}
+             "one_dimensional": {"mesh": mesh["shard"]},
+             "unit_split_by_dense": {"mesh": mesh, "dense": "a.params.0"},
+             "dense_misspelt": {"mesh": mesh, "dense": "b.param.*"}}
     for case, replicas in cases.items():
         model = Net(0)
         for unit in (model.a, model.b, model):
@@ -152,6 +158,12 @@ class Checked:
             # Abandoned everywhere: a finite shard stays in the residual (e + g), a non-finite
             # one never enters it (e); nothing is exchanged.
             self.residual[name] = x if torch.isfinite(given_shard).all() else before.clone()
+            return
+        if name in self.config.get("kept_units", ()):  # kept dense: the replicas' average, no residual
+            expected = given_shard / size
+            dist.all_reduce(expected, group=self.replicate.group)
+            if not torch.equal(expected, result) or self.state._groups[name].residual is not None:
+                self.mismatches.append(f"step {self.step} unit {name}: not the dense average of the replicas")
             return
         if name not in self.method_state:
             self.method_state[name] = self.reference.new_state(x.numel(), size)
@@ -209,7 +221,8 @@ def run(config, mesh, out, index):
     for name, inputs in checked.inputs.items():
         for step, x in enumerate(inputs):
             arrays[f"input_{step}_{name}"] = x.numpy()
-        arrays[f"residual_{name}"] = state._groups[name].residual.numpy()
+        if state._groups[name].residual is not None:  # a unit kept dense has none
+            arrays[f"residual_{name}"] = state._groups[name].residual.numpy()
     average = {}
     for step in range(steps):
         everyone = [given(config.get("seed", 0), step, r) for r in range(dist.get_world_size())]
@@ -223,8 +236,8 @@ def run(config, mesh, out, index):
             torch.load(io.BytesIO(saved), weights_only=True)), resume_at, arrays)
         dcp_mismatches = resume(config, mesh, lambda state: dcp.load(
             {"replicas": state}, checkpoint_id=str(out / f"dcp_{config['name']}")), resume_at, arrays)
-    stats = [{"name": g.name, "numel": g.numel, "target": g.target, "union": g.union, "dense": g.dense}
-             for g in state.last_stats.groups]
+    stats = [{"name": g.name, "numel": g.numel, "target": g.target, "union": g.union, "dense": g.dense,
+              "kept_dense": g.kept_dense} for g in state.last_stats.groups]
     record = {"mismatches": checked.mismatches, "abandoned": abandoned, "warnings": caught_warnings,
               "stats": stats, "resumed_mismatches": resumed_mismatches, "dcp_resumed_mismatches": dcp_mismatches,
               "steps": state.steps,
@@ -356,6 +369,59 @@ def scaled(config, out):
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
 
 
+def ddp_kept(config, out):
+    """The DDP hook with ``dense="*.bias"`` on a two-layer net over ranks 0 and 1 (two ranks: a
+    sum has one order whatever the buffer's layout; its one bucket mixes weights and biases),
+    3 steps: per step, which parameters' aggregated gradients are the ranks' average (each rank's
+    own gradient halved, summed by an allreduce); the groups (parameter numbers) and the last
+    step's statistics; what a misspelt name and ranks choosing differently raise."""
+    pair = dist.new_group([0, 1])
+    rank = dist.get_rank()
+    if rank > 1:
+        return
+    compression = hsd.Compression.create(config["method"], **config["options"])
+
+    def hooked(dense):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(12, 16), torch.nn.Tanh(), torch.nn.Linear(16, 6))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=pair)
+        state = hsd.State(compression=compression, process_group=pair, dense=dense)
+        state.attach(ddp)
+        ddp.register_comm_hook(state, hsd.hook)
+        return model, ddp, state
+
+    def batch(step):
+        generator = torch.Generator().manual_seed(100 * step + rank)
+        return torch.randn(8, 12, generator=generator), torch.randn(8, 6, generator=generator)
+
+    record = {"exact": []}
+    try:
+        hooked("0.bais")
+    except ValueError as error:
+        record["misspelt"] = str(error)
+    _, ddp, _ = hooked("0.bias" if rank == 0 else "2.bias")
+    try:
+        torch.nn.functional.mse_loss(ddp(batch(0)[0]), batch(0)[1]).backward()
+    except (RuntimeError, ValueError) as error:
+        record["mismatch"] = str(error)
+    model, ddp, state = hooked("*.bias")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(3):
+        x, y = batch(step)
+        average = [g / 2 for g in torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y),
+                                                      list(model.parameters()))]
+        for g in average:
+            dist.all_reduce(g, group=pair)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()
+        record["exact"].append({name: bool(torch.equal(p.grad, a))
+                                for (name, p), a in zip(model.named_parameters(), average)})
+        opt.step()
+    record["groups"] = [[int(n) for n in g.names] for g in state.buckets.groups]
+    record["stats"] = [{"dense": g.dense, "kept_dense": g.kept_dense} for g in state.last_stats.groups]
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
+
+
 def main():
     configs, out = configs_and_out()
     for config in configs:
@@ -369,6 +435,8 @@ def main():
             ddp_twin(config, out)
         elif config.get("exponents"):
             scaled(config, out)
+        elif config.get("ddp_kept"):
+            ddp_kept(config, out)
         else:
             run(config, mesh, out, index)
     refusals(mesh, out)

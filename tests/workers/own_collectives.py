@@ -14,7 +14,7 @@ statistics), in the backward pass an allreduce of the per-channel sums of ``dy``
 new first axis, ``reduce(t)`` sums ``t`` over the ranks, ``average(t)`` averages it with a
 gradient (the framework's differentiable allreduce).
 """
-from typing import Any, Callable, Tuple
+from typing import Any, Callable, List, Tuple
 
 import torch
 
@@ -88,3 +88,17 @@ def make_model(seed: int, collectives: Collectives) -> torch.nn.Module:
 def batch(step: int, rank: int) -> Tuple[torch.Tensor, torch.Tensor]:
     generator = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(16, 12, generator=generator), torch.randn(16, 6, generator=generator)
+
+
+def train(model: torch.nn.Module, forward: Callable[[torch.Tensor], torch.Tensor], opt: torch.optim.Optimizer,
+          steps: int, rank: int) -> List[List[float]]:
+    """``steps`` steps of ``opt`` on this rank's batches through ``forward`` (the model, or its
+    DDP wrapper): ``model``'s parameters after each step, flattened."""
+    history = []
+    for step in range(steps):
+        x, y = batch(step, rank)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(forward(x), y).backward()
+        opt.step()
+        history.append(torch.cat([p.detach().reshape(-1) for p in model.parameters()]).tolist())
+    return history

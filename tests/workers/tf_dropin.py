@@ -17,6 +17,10 @@ Scenarios (one JSON record per rank each, the test asserts on them):
 * ``own_collectives``: a Keras model making Horovod collectives of its own in both passes
   (Horovod's ``SyncBatchNormalization`` and an allreduce in a layer's ``call``), trained through
   the tape with ``Compression.none``, and with the method at density 1 and 0.1.
+* ``kept_dense``: the tape with ``dense`` keeping the biases dense beside a sparsifier: per
+  step, which gradients are the ranks' average (Horovod's allreduce of their own gradients), the
+  groups and their statistics, and the errors of a misspelt name and of ranks choosing
+  differently.
 
 ``"swap": true`` runs a scenario as a codebase migrated by a global swap at start-up
 (:func:`swapped`): Horovod's names are rebound to ours and the scenario calls them by Horovod's
@@ -406,6 +410,39 @@ def scenario_own_collectives(config):
         mine = tf.constant([history[-1]])
         record[run] = history
         record[f"{run}_identical"] = bool(tf.reduce_all(hvd.allgather(mine, name=f"own.{run}") == mine))
+    return record
+
+
+def scenario_kept_dense(config):
+    """Three eager tape steps keeping the biases dense (see the module docstring)."""
+    variables = make_variables(f"kd{config['index']}_", 0)
+    names = [v.name for v in variables]
+    optimizer = tf.keras.optimizers.SGD(0.05)
+
+    def gradients(step, dense=None):
+        with tf.GradientTape() as tape:
+            loss = tf.add_n([tf.reduce_sum(v * v * tf.constant(raw_gradient(5, step, hvd.rank(), v.shape, i),
+                                                                tf.float32)) for i, v in enumerate(variables)])
+        if dense is None:
+            return tape.gradient(loss, variables), None
+        tape = hs.DistributedGradientTape(tape, compression=compression(config), dense=dense)
+        return tape.gradient(loss, variables), tape
+
+    record = {"exact": []}
+    for name, dense in (("typo", names[1][:-1] + "O"), ("mismatch", names[1] if hvd.rank() == 0 else names[3])):
+        try:
+            gradients(0, dense)
+        except ValueError as error:
+            record[name] = str(error)
+    for step in range(3):
+        own, _ = gradients(step)
+        average = [hvd.allreduce(g, op=hvd.Average, name=f"kept.{step}.{i}") for i, g in enumerate(own)]
+        grads, tape = gradients(step, [names[1], names[3]])
+        record["exact"].append([bool(np.array_equal(g.numpy(), a.numpy())) for g, a in zip(grads, average)])
+        optimizer.apply_gradients(zip(grads, variables))
+    record["groups"] = tape.exchanger.groups()
+    record["stats"] = [{"name": g.name, "dense": g.dense, "kept_dense": g.kept_dense} for g in tape.last_stats.groups]
+    record["names"] = names
     return record
 
 

@@ -18,6 +18,9 @@ Scenarios (one JSON record per rank each, the test asserts on them):
 * ``own_collectives``: a model making Horovod collectives of its own in both passes (a
   synchronised batch norm and an allreduce in its forward, tests/workers/own_collectives.py)
   trained with ``Compression.none``, and with the method at density 1 and 0.1.
+* ``kept_dense``: ``dense="*.bias"`` beside a sparsifier: per step, which parameters' aggregated
+  gradients are the ranks' average (Horovod's allreduce of their own gradients), the statistics'
+  groups, and the errors of a misspelt name and of ranks choosing differently.
 """
 import inspect
 import io
@@ -325,17 +328,43 @@ def scenario_own_collectives(config):
                                  ("sparse", config["method"], 0.1)):
         model = own_collectives.make_model(0, collectives)
         opt = wrap(model, {"method": method, "options": {"density": density, "min_numel": 0}}, lr=0.05)
-        history = []
-        for step in range(3):
-            x, y = own_collectives.batch(step, hvd.rank())
-            opt.zero_grad()
-            torch.nn.functional.mse_loss(model(x), y).backward()
-            opt.step()
-            history.append(flat_values(*model.parameters()))
+        history = own_collectives.train(model, model, opt, 3, hvd.rank())
         mine = torch.tensor(history[-1])
         runs[run] = history
         runs[f"{run}_identical"] = bool((hvd.allgather(mine.unsqueeze(0), name=f"own.{run}") == mine).all())
     return runs
+
+
+def scenario_kept_dense(config):
+    """Three steps keeping the biases dense (see the module docstring)."""
+    model = make_model(0)
+
+    def optimizer(dense):
+        return hs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                       named_parameters=model.named_parameters(), compression=compression(config),
+                                       groups=config.get("groups"), dense=dense)
+
+    record = {"exact": []}
+    for name, dense in (("typo", "0.bais"), ("mismatch", "0.bias" if hvd.rank() == 0 else "2.bias")):
+        try:
+            optimizer(dense)
+        except ValueError as error:
+            record[name] = str(error)
+    opt = optimizer("*.bias")
+    for step in range(3):
+        x, y = batch(step, hvd.rank())
+        own = torch.autograd.grad(torch.nn.functional.mse_loss(model(x), y), list(model.parameters()))
+        average = [hvd.allreduce(g, op=hvd.Average, name=f"kept.{step}.{i}") for i, g in enumerate(own)]
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.synchronize()
+        record["exact"].append({name: bool(torch.equal(p.grad, a))
+                                for (name, p), a in zip(model.named_parameters(), average)})
+        with opt.skip_synchronize():
+            opt.step()
+    record["groups"] = opt.groups
+    record["stats"] = [{"dense": g.dense, "kept_dense": g.kept_dense} for g in opt.last_stats.groups]
+    return record
 
 
 def main():
