@@ -10,7 +10,8 @@
 # What it does (each step is skipped when already done):
 #   1. installs Open MPI from Debian's packages when `mpirun` is missing;
 #   2. creates the virtual environment ($HS_VENV, default .venv) with Python 3.11 and installs
-#      the pinned stack (torch, NumPy 2, mpi4py, pytest, ...; with full, tensorflow and tf-keras);
+#      the pinned stack (core: torch, NumPy 2, scikit-learn, matplotlib; full adds tensorflow,
+#      tf-keras, pytest, lightning, the docs and lint tools);
 #   3. builds Horovod from its source distribution (patched for C++17 and TensorFlow 2.21's
 #      headers, see patch_horovod_sdist; with a CMake < 4, see cmake_for_build)
 #      with Gloo, MPI and the stage's frameworks, caching the built wheel under $HS_CACHE keyed by
