@@ -273,13 +273,20 @@ EOF
     rm -rf "$out.partial" "$work"
 }
 
-# Whether $1 is the cache folder of a full wheel (PyTorch and TensorFlow) for the venv's PyTorch,
-# Python and GPU operations, whichever TensorFlow: what a core stage takes as well.
-is_full_wheel_dir() {
+# The pattern of the cache folders of full wheels (PyTorch and TensorFlow) for the venv's
+# PyTorch, Python and GPU operations, whichever TensorFlow: what a core stage takes as well.
+full_wheel_dir_pattern() {
     local torch_dir
     torch_dir=$(horovod_wheel_dir torch)
+    printf '%s-tf*-py%s' "${torch_dir%-py*}" "${torch_dir##*-py}"
+}
+
+# Whether $1 is such a folder.
+is_full_wheel_dir() {
+    local pattern
+    pattern=$(full_wheel_dir_pattern)
     # shellcheck disable=SC2053  # the right side is a pattern
-    [[ "$1" == "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}" ]]
+    [[ "$1" == $pattern ]]
 }
 
 # The cache folder a core stage installs from: the PyTorch-only wheel's, or, when only a full
@@ -288,9 +295,9 @@ core_wheel_dir() {
     local torch_dir full
     torch_dir=$(horovod_wheel_dir torch)
     if ! ls "$torch_dir"/horovod-*.whl >/dev/null 2>&1; then
-        for full in "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}"; do
+        while IFS= read -r full; do
             if ls "$full"/horovod-*.whl >/dev/null 2>&1; then echo "$full"; return; fi
-        done
+        done < <(compgen -G "$(full_wheel_dir_pattern)" || true)
     fi
     echo "$torch_dir"
 }
