@@ -10,7 +10,8 @@
 # What it does (each step is skipped when already done):
 #   1. installs Open MPI from Debian's packages when `mpirun` is missing;
 #   2. creates the virtual environment ($HS_VENV, default .venv) with Python 3.11 and installs
-#      the pinned stack (torch, NumPy 2, mpi4py, pytest, ...; with full, tensorflow and tf-keras);
+#      the pinned stack (core: torch, NumPy 2, scikit-learn, matplotlib; full adds tensorflow,
+#      tf-keras, pytest, lightning, the docs and lint tools);
 #   3. builds Horovod from its source distribution (patched for C++17 and TensorFlow 2.21's
 #      headers, see patch_horovod_sdist; with a CMake < 4, see cmake_for_build)
 #      with Gloo, MPI and the stage's frameworks, caching the built wheel under $HS_CACHE keyed by
@@ -272,13 +273,20 @@ EOF
     rm -rf "$out.partial" "$work"
 }
 
-# Whether $1 is the cache folder of a full wheel (PyTorch and TensorFlow) for the venv's PyTorch,
-# Python and GPU operations, whichever TensorFlow: what a core stage takes as well.
-is_full_wheel_dir() {
+# The pattern of the cache folders of full wheels (PyTorch and TensorFlow) for the venv's
+# PyTorch, Python and GPU operations, whichever TensorFlow: what a core stage takes as well.
+full_wheel_dir_pattern() {
     local torch_dir
     torch_dir=$(horovod_wheel_dir torch)
+    printf '%s-tf*-py%s' "${torch_dir%-py*}" "${torch_dir##*-py}"
+}
+
+# Whether $1 is such a folder.
+is_full_wheel_dir() {
+    local pattern
+    pattern=$(full_wheel_dir_pattern)
     # shellcheck disable=SC2053  # the right side is a pattern
-    [[ "$1" == "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}" ]]
+    [[ "$1" == $pattern ]]
 }
 
 # The cache folder a core stage installs from: the PyTorch-only wheel's, or, when only a full
@@ -287,9 +295,9 @@ core_wheel_dir() {
     local torch_dir full
     torch_dir=$(horovod_wheel_dir torch)
     if ! ls "$torch_dir"/horovod-*.whl >/dev/null 2>&1; then
-        for full in "${torch_dir%-py*}"-tf*-py"${torch_dir##*-py}"; do
+        while IFS= read -r full; do
             if ls "$full"/horovod-*.whl >/dev/null 2>&1; then echo "$full"; return; fi
-        done
+        done < <(compgen -G "$(full_wheel_dir_pattern)" || true)
     fi
     echo "$torch_dir"
 }

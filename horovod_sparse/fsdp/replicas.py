@@ -113,8 +113,7 @@ class State:
             self.process_group.group = replicate_group
         units = fsdp_units(model)
         require_replicas_of_one_shard(model, self.process_group.group)
-        self._kept_units = kept_dense_units(model, [module for _, module in units], [name for name, _ in units],
-                                            self._dense_spec)
+        self._kept_units = kept_dense_units(model, units, self._dense_spec)
         for name, module in units:
             module.set_all_reduce_hook(lambda shard, name=name: self.exchange(name, shard))
         self._params = list(model.parameters())

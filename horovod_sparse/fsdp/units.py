@@ -66,15 +66,16 @@ def require_replicas_of_one_shard(model: torch.nn.Module, group: Optional[dist.P
                          "same position of every shard group (mesh['replicate'] of a ('replicate', 'shard') mesh)")
 
 
-def kept_dense_units(model: torch.nn.Module, units: List[torch.nn.Module], names: List[str],
-                     dense: DenseSpec) -> List[str]:
-    """The names (of ``names``) of the FSDP ``units`` of ``model`` whose own parameters (those of
-    no unit inside them) are all chosen by ``dense``; a unit mixing chosen and other parameters
-    raises ``ValueError`` naming both."""
+def kept_dense_units(model: torch.nn.Module, units: List[Tuple[str, torch.nn.Module]], dense: DenseSpec) -> List[str]:
+    """The names of the FSDP ``units`` (``(name, module)`` pairs) of ``model`` whose own
+    parameters (those of no unit inside them) are all chosen by ``dense``; a unit mixing chosen
+    and other parameters raises ``ValueError`` naming both."""
     if dense is None:
         return []
     chosen = chosen_dense(dense, [name for name, _ in model.named_parameters()])
-    owner = {id(p): unit_name for unit, unit_name in sorted(zip(units, names), key=lambda pair: _depth(model, pair[0]))
+    depth = {id(module): name.count(".") + 1 if name else 0 for name, module in model.named_modules()}
+    # The deeper units are written last: a parameter belongs to the innermost unit holding it.
+    owner = {id(p): unit_name for unit_name, unit in sorted(units, key=lambda pair: depth[id(pair[1])])
              for p in unit.parameters()}
     own: Dict[str, List[str]] = {}
     for name, p in model.named_parameters():
@@ -90,11 +91,6 @@ def kept_dense_units(model: torch.nn.Module, units: List[torch.nn.Module], names
         if inside:
             kept.append(unit_name)
     return sorted(kept)
-
-
-def _depth(model: torch.nn.Module, unit: torch.nn.Module) -> int:
-    """How deep ``unit`` is in ``model`` (0: the model itself)."""
-    return next(name.count(".") + 1 if name else 0 for name, module in model.named_modules() if module is unit)
 
 
 def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.ProcessGroup:
