@@ -81,7 +81,8 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
         workers = [line for line in (result.stdout + result.stderr).splitlines()
                    if ("<stderr>" in line or "]: " in line) and "tensorflow" not in line]
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- worker stderr ---\n"
-                             + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}")
+                             + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}"
+                             + f"\n--- stderr ---\n{result.stderr[-3000:]}")
     return result
 
 

@@ -73,12 +73,18 @@ def make_options(name: str, **kwargs: Any) -> SparsifierOptions:
         raise TypeError(f"{name}: {err.args[0].split('__init__() ')[-1]}; options of {name!r} are: {known}") from None
 
 
+#: The backend module of each framework key: Horovod's PyTorch, TensorFlow, and ``torch.distributed``
+#: (the DDP hook's and FSDP2's, keyed ``"ddp"`` as its methods' ``B.name`` says).
+BACKENDS = {"torch": "horovod_sparse.torch.backend", "tensorflow": "horovod_sparse.tensorflow.backend",
+            "ddp": "horovod_sparse.distributed.backend"}
+
+
 def create(framework: str, name: str, **kwargs: Any) -> Any:
-    """Instantiate method ``name`` with validated options for ``framework`` (``"torch"`` or
-    ``"tensorflow"`` or ``"ddp"``: its backend is ``horovod_sparse.<framework>.backend``)."""
+    """Instantiate method ``name`` with validated options for ``framework`` (a key of
+    :data:`BACKENDS`: ``"torch"``, ``"tensorflow"`` or ``"ddp"``)."""
     spec = method(name)
     options = make_options(name, **kwargs)
-    return spec.implementation(options, importlib.import_module(f"horovod_sparse.{framework}.backend"))
+    return spec.implementation(options, importlib.import_module(BACKENDS[framework]))
 
 
 def parse_spec(text: str) -> Tuple[str, Dict[str, Any]]:

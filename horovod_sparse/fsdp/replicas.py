@@ -200,14 +200,14 @@ class State:
         record = self._model.record(list(self._groups.values()), self.steps, per_rank=True)
         buffer = io.BytesIO()
         torch.save({"world_size": dist.get_world_size(), "record": record}, buffer)
-        return {f"rank{dist.get_rank()}": buffer.getvalue()}
+        return {_rank_key(): buffer.getvalue()}
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue from a :meth:`state_dict` this rank saved in a job of the same size, model
         and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). Residuals and method states
         are taken as the units' hooks come (a shard of another size raises ``ValueError`` then,
         another job size at once); tensors go to the shards' device."""
-        key, world = f"rank{dist.get_rank()}", dist.get_world_size()
+        key, world = _rank_key(), dist.get_world_size()
         if key not in state_dict:
             raise ValueError(f"this state_dict holds no state of rank {dist.get_rank()} (its keys: "
                              f"{sorted(state_dict)[:8]}); load the state_dict this rank saved")
@@ -223,6 +223,11 @@ class State:
             self.compression.load_method_state(record["method"])
         self._engine.restart_at(int(record["steps"]))
         self._check_due = True
+
+
+def _rank_key() -> str:
+    """The key of this rank's entry in :meth:`State.state_dict`."""
+    return f"rank{dist.get_rank()}"
 
 
 def compress_replicas(model: torch.nn.Module, compression: Any,
