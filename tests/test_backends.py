@@ -17,7 +17,7 @@ from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.methods.micro.candidates import Candidates
-from horovod_sparse.methods.gtopk import merge
+from horovod_sparse.methods.gtopk.exchange import merge
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
 from tests.reference_gtopk import merge_sets

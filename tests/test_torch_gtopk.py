@@ -9,7 +9,7 @@ import torch
 from horovod_sparse.methods.gtopk.butterfly import largest_power_of_two, round_count
 from horovod_sparse.torch_core.selection import top_k
 from horovod_sparse.methods.gtopk.butterfly import SparseSet
-from horovod_sparse.methods.gtopk import merge
+from horovod_sparse.methods.gtopk.exchange import merge
 from horovod_sparse.torch import backend
 from tests.checks import (Observed, assert_conservation, assert_identical_replicas, assert_matches_reference,
                           raw_group_stream)

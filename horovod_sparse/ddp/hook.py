@@ -26,25 +26,25 @@ import torch
 import torch.distributed as dist
 
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
-from horovod_sparse.engine.inflight import Inflight
-from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.common.stall import ExchangeStalled
-from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.distributed import backend
+from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
-from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
+from horovod_sparse.distributed import backend
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ddp_tiers, ranks_reporting
 from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.model_state import ModelState
+from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.torch_core.buffers import FlatGroup
-from horovod_sparse.engine.topology import group_communicators, start_exchange
-from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
-from horovod_sparse.distributed.steps import StepBook
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
-class State(StepBook):
+class State:
     """The hook's state: the method, its per-bucket residuals and state, and the step counter
     (one ``State`` per DDP model, as PowerSGD's).
 
@@ -92,6 +92,11 @@ class State(StepBook):
     Every rank compares the configuration (method and options, ``nonfinite``, step counter)
     at its first exchange and after :meth:`load_state_dict`, and raises the same
     ``ValueError`` naming what differs before anything is exchanged.
+
+    Attributes:
+        steps: synchronised steps so far (hooks run; ``no_sync`` passes not counted).
+        last_stats: the last step's statistics (``abandoned`` after a non-finite gradient).
+        buckets: the groups, found from DDP's buckets.
     """
 
     def __init__(self, compression: Any = Compression.none, process_group: Optional[dist.ProcessGroup] = None,
@@ -107,13 +112,10 @@ class State(StepBook):
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first bucket.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
         self._model = ModelState(compression, backend, self.process_group, None)
+        self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
         self._hierarchical = sparse and wants_hierarchical(hierarchical)
         self._hierarchical_arg = hierarchical
         self._node_size = node_size
-        #: The two-tier exchange's groups (None: flat), made after the first configuration check.
-        self.tiers: Optional[Tiers] = None
-        super().__init__(stats_log)  # steps: hooks run, ``no_sync`` passes not counted
-        #: The groups, found from DDP's buckets.
         self.buckets = BucketGroups(self._model)
         self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
         self._finiteness = StepFiniteness()
@@ -132,13 +134,26 @@ class State(StepBook):
         self._kept_dense = sorted(chosen)
         self.buckets.kept_dense = {p for name, p in named if name in chosen}
 
+    @property
+    def steps(self) -> int:
+        return self._engine.steps
+
+    @property
+    def last_stats(self) -> Any:
+        return self._engine.last_stats
+
+    @property
+    def tiers(self) -> Optional[Tiers]:
+        """The two-tier exchange's groups (None: flat), made after the first configuration check."""
+        return self._engine.tiers
+
     # -- the hook -----------------------------------------------------------------------------
     def exchange(self, bucket: dist.GradBucket) -> torch.futures.Future:
         """Start the exchange of ``bucket``'s groups; the future completes once the last
         bucket's call finished the step. What :func:`hook` runs."""
         buffer, params = bucket.buffer(), bucket.parameters()
         self.process_group.follow(buffer)
-        self._place_timeline(buffer)
+        self._engine.place_timeline(lambda: ready_timeline(buffer.device))
         if self._check_due:
             if self._kept_dense is None:
                 raise ValueError("State(dense=...) names parameters, which DDP's buckets do not carry: call "
@@ -148,7 +163,7 @@ class State(StepBook):
                                                     "hierarchical": self._hierarchical,
                                                     "dense": self._kept_dense}, [])
             if self._hierarchical and self.tiers is None:  # every rank asks for it: checked just now
-                self.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
+                self._engine.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
                 if self.tiers is not None:
                     self._model.use_tiers(self.tiers)
         if bucket.index() == 0 and self._loss_scale is not None:
@@ -164,40 +179,25 @@ class State(StepBook):
         return future
 
     def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: Usable) -> Inflight:
-        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
-        self.timeline.group_ready(group.name)
-        sparse = (self.sparse and not group.kept_dense and self._sparse_step()
-                  and group.numel >= self.compression.options.min_numel
-                  and (self.tiers is None or self.tiers.splits(group.numel)))
+        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket). The first
+        step is dense (DDP's buckets are final after it), as are those before ``warmup_steps``."""
+        engine = self._engine
+        engine.timeline.group_ready(group.name)
+        dense_step = self.sparse and self.steps < max(1, self.compression.options.warmup_steps)
+        plan, stats = engine.plan(group.name, group.numel, dense_step, group.kept_dense)
         size, rank = self.process_group.size(), self.process_group.rank()
-        tiers = self.tiers if sparse else None
-        numel = exchanged_numel(tiers, group.numel)
-        target = self.compression.options.count(numel, self.steps) if sparse else numel
-        stats = GroupStats(group.name, numel, target, dense=not sparse, kept_dense=group.kept_dense)
-        self._step_stats.groups.append(stats)
-        comm, node = group_communicators(Communicator, self.process_group, size, rank, tiers, group.name, stats,
-                                         1.0 / size, gradient.device, self.steps)
-        if sparse:
-            state = self._model.method_state(group, comm.size, numel)
-            with comm.timer("flatten"):
-                x = group.load_flat(gradient, None if self._scale_factors is None else self._scale_factors[1], usable)
-                comm.output_buffer = group.zeroed_output()
-            exchange = start_exchange(self.compression, x, comm, node, tiers, state, self.steps)
-        else:
-            exchange = dense_exchange(gradient, comm, self.compression, usable)
-        inflight = Inflight(exchange, comm, group, sparse)
-        inflight.advance()
-        return inflight
-
-    def _sparse_step(self) -> bool:
-        """Whether this step is sparse: not the first (DDP's buckets are final after it) and
-        past ``warmup_steps``."""
-        return self.steps >= max(1, self.compression.options.warmup_steps)
+        if plan.sparse:
+            inverse = None if self._scale_factors is None else self._scale_factors[1]
+            return engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, gradient.device,
+                                       lambda: group.load_flat(gradient, inverse, usable))
+        return engine.start_dense(group, stats, size, rank, 1.0 / size, gradient.device,
+                                  lambda comm: dense_exchange(gradient, comm, self.compression, usable))
 
     def _finish_step(self) -> None:
         """Finish every group's exchange in bucket order, abandon the step everywhere if a rank
         saw a non-finite gradient, close the step and complete the futures."""
-        self.timeline.backward_ended()
+        engine = self._engine
+        engine.timeline.backward_ended()
         finished, self._inflight = self._inflight, []
         try:
             results = [self._finish_bucket(params, started) for _, params, started in finished]
@@ -206,14 +206,13 @@ class State(StepBook):
                 future.set_exception(stalled)
             return
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
+        bad_ranks = [] if self.nonfinite is None else engine.ranks_with_nonfinite(
+            nonfinite_groups, lambda count: ranks_reporting(count, self.process_group))
         if bad_ranks:
-            for (_, _, started), update in zip(finished, results):
-                for inflight in started:
-                    inflight.comm.undo_deliveries()
+            engine.abandon()
+            for update in results:
                 update.fill_(math.nan if self._loss_scale is not None else 0.0)
-            self._step_stats.abandoned = True
-        self._end_step()
+        engine.close(self._end_step)
         error = self._nonfinite_error(bad_ranks, nonfinite_groups)
         futures = [future for future, _, _ in finished]
         for future, update in zip(futures if error is None else futures[:-1], results):
@@ -225,15 +224,8 @@ class State(StepBook):
 
     def _finish_bucket(self, params: List[torch.Tensor], started: List[Inflight]) -> torch.Tensor:
         """Finish the exchanges of one bucket's groups: the bucket's aggregate."""
-        updates = []
-        for inflight in started:
-            update, residual = inflight.finish()
-            if inflight.sparse:
-                inflight.group.take_result(update, residual)
-                update = inflight.group.output
-                if self._scale_factors is not None:
-                    update.mul_(self._scale_factors[0])
-            updates.append(update)
+        scale = None if self._scale_factors is None else self._scale_factors[0]
+        updates = [self._engine.finish_one(inflight, scale) for inflight in started]
         return join(updates, params, [inflight.group for inflight in started])
 
     def _nonfinite_error(self, bad_ranks: List[int], groups: List[str]) -> Optional[FloatingPointError]:
@@ -251,16 +243,10 @@ class State(StepBook):
             return error
         return None
 
-    def _ranks_with_nonfinite_gradients(self, nonfinite_here: int) -> List[int]:
-        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
-        of each rank's count ``nonfinite_here``)."""
-        if self.nonfinite is None:
-            return []
-        return ranks_reporting(nonfinite_here, self.process_group)
-
-    def _end_step(self) -> None:
+    def _end_step(self, timeline: Any) -> None:
+        """The model's end of step (:meth:`StepEngine.close`): buckets, then the method."""
         self.buckets.end_step()
-        self._close_step(self._model)
+        self._model.end_step(timeline)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
@@ -278,7 +264,7 @@ class State(StepBook):
         self.buckets.load(state_dict)
         if self.sparse and state_dict.get("method") is not None:
             self.compression.load_method_state(state_dict["method"])
-        self._restart_at(int(state_dict["steps"]))
+        self._engine.restart_at(int(state_dict["steps"]))
         self._check_due = True
 
 

@@ -120,15 +120,13 @@ class StepEngine:
         return self._launch(Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.steps),
                                      comm, group))
 
-    def start_dense(self, group: Any, exchange: Exchange, comm: Any) -> Inflight:
-        """Start ``group``'s dense exchange, the front end's ``exchange`` generator over ``comm``
-        (it writes its result itself, or returns ``(update, None)``)."""
-        return self._launch(Inflight(exchange, comm, group, sparse=False))
-
-    def keep(self, flight: Any) -> None:
-        """Keep a dense flight the front end runs itself (``finish()`` writes its result; ``sparse``
-        False), to finish in start order with the others."""
-        self.flights.append(flight)
+    def start_dense(self, group: Any, stats: GroupStats, size: int, rank: int, scale: float, device: Any,
+                    exchange: Callable[[Any], Exchange]) -> Inflight:
+        """Start ``group``'s dense exchange over the front end's process set (``size`` ranks, this
+        one ``rank``): ``exchange(comm)``, the front end's dense exchange generator over a
+        communicator scaling by ``scale`` (it returns the update, or ``(update, None)``)."""
+        comm = self.communicator(self.process_set, group.name, stats, scale, size, rank, device, self.steps)
+        return self._launch(Inflight(exchange(comm), comm, group, sparse=False))
 
     def _launch(self, flight: Inflight) -> Inflight:
         flight.advance()

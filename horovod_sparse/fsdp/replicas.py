@@ -135,8 +135,8 @@ class State:
             flight = engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, shard.device,
                                          lambda: group.load_flat(shard, inverse, usable))
         else:
-            comm = Communicator(self.process_group, name, stats, 1.0 / size, size, rank, shard.device, self.steps)
-            flight = engine.start_dense(group, dense_exchange(shard, comm, self.compression, usable), comm)
+            flight = engine.start_dense(group, stats, size, rank, 1.0 / size, shard.device,
+                                        lambda comm: dense_exchange(shard, comm, self.compression, usable))
         update = engine.finish_one(flight, None if self._scale_factors is None else self._scale_factors[0])
         if update is not shard:
             shard.copy_(update)
