@@ -11,8 +11,9 @@ the rest of a step, in this order, whatever the front end:
    tiers, :mod:`horovod_sparse.engine.topology`), its method state, its ``x = g + e`` loaded by
    the front end, the zeroed update buffer and the exchange's first collectives; a dense one
    (:meth:`StepEngine.start_dense`) through the front end's own dense exchange;
-3. **finish** the groups in start order (:meth:`StepEngine.finish`), sparse results into their
-   groups' buffers, scaled back by the loss scale;
+3. **finish** the groups in an order every rank shares (:meth:`StepEngine.finish`, or one by
+   one with :meth:`StepEngine.finish_one`), sparse results into their groups' buffers, scaled
+   back by the loss scale;
 4. **agree** on non-finite gradients over the job (:meth:`StepEngine.ranks_with_nonfinite`) and
    **abandon** the step everywhere if a rank saw one (:meth:`StepEngine.abandon`: every residual
    gets back what the step delivered);
@@ -128,6 +129,11 @@ class StepEngine:
         comm = self.communicator(self.process_set, group.name, stats, scale, size, rank, device, self.steps)
         return self._launch(Inflight(exchange(comm), comm, group, sparse=False))
 
+    def keep(self, flight: Any) -> None:
+        """Keep a dense flight the front end launched itself (its ``finish()`` writes the result;
+        ``sparse`` False), to finish with the others."""
+        self.flights.append(flight)
+
     def _launch(self, flight: Inflight) -> Inflight:
         flight.advance()
         self.flights.append(flight)
@@ -145,10 +151,15 @@ class StepEngine:
             flight.group.output.mul_(scale)
         return flight.group.output
 
-    def finish(self, scale: Optional[Any] = None) -> List[Any]:
-        """:meth:`finish_one` every flight of the step, in start order (a multi-round exchange waits
-        for collectives the other ranks launch only when they reach the same group)."""
-        return [self.finish_one(flight, scale) for flight in self.flights]
+    def finish(self, order: Optional[Callable[[Any], Any]] = None) -> List[Any]:
+        """:meth:`finish_one` every flight of the step, sorted by ``order`` (a key of a flight;
+        default: start order), and return them in that order. The order must be the same on
+        every rank: a multi-round exchange waits for collectives the other ranks launch only
+        when they reach the same group."""
+        flights = self.flights if order is None else sorted(self.flights, key=order)
+        for flight in flights:
+            self.finish_one(flight)
+        return flights
 
     # -- the end of a step ----------------------------------------------------------------------------
     def ranks_with_nonfinite(self, nonfinite_here: Sequence[str], reporting: Callable[[int], List[int]]) -> List[int]:

@@ -27,25 +27,24 @@ from horovod.torch.compression import Compressor
 
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
-from horovod_sparse.common.grouping import ParamInfo, form_groups
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.stats import GroupStats, StepStats
+from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.engine.horovod_tiers import horovod_tiers
-from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
-from horovod_sparse.torch import backend
-from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
-from horovod_sparse.torch.collectives import Communicator, gather_places
-from horovod_sparse.engine.topology import group_communicators, start_exchange
-from horovod_sparse.torch_core.device_timing import ready_timeline
-from horovod_sparse.torch_core.loss_scale import LossScale
-from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
-from horovod_sparse.torch_core.tensor_backend import all_finite, read_scalars
-from horovod_sparse.torch.waiting import wait
+from horovod_sparse.engine.model_state import ModelState
+from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.torch import backend
+from horovod_sparse.torch.collectives import Communicator, gather_places
+from horovod_sparse.torch.waiting import wait
+from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
+from horovod_sparse.torch_core.device_timing import ready_timeline
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.tensor_backend import all_finite, read_scalars
 
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
 
@@ -109,7 +108,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
-        self._stats_log = StatsLog(stats_log) if stats_log is not None else None
 
         self.nonfinite = nonfinite
         self._loss_scale = loss_scale
@@ -134,18 +132,17 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         #: Method state per group, the MergeComp scheduler, checkpoints and agreement.
         self._model = ModelState(compression, backend, process_set, None if mergecomp is None else MergeCompScheduler(
             mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend))
-        #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
-        self.timeline = ready_timeline(ordered[0][1].device if ordered else torch.device("cpu"))
+        #: The step: plan, start, finish, abandon, close (:mod:`horovod_sparse.engine.step`).
+        self._engine = StepEngine(compression, self._model, Communicator, process_set, stats_log, read_scalars)
+        self._engine.place_timeline(lambda: ready_timeline(ordered[0][1].device if ordered else torch.device("cpu")))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         self._group_of = {p: g for g in self._groups for p in g.params}
         #: This step's finiteness decisions (groups and sparse-gradient parameters).
         self._finiteness = StepFiniteness()
         self._delay = {p: backward_passes_per_step for _, p in ordered}
         self._ready_count = {g.index: 0 for g in self._groups}
-        self._inflight: Dict[int, Union[Inflight, _DenseFlight]] = {}
-        self._step_stats = StepStats(step=0)
-        self.last_stats: Optional[StepStats] = None
-        self.steps = 0
+        #: The groups launched this step and not yet finished (their flights are the engine's).
+        self._inflight: Set[int] = set()
         self._synchronized = False
         self._should_synchronize = True
         #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
@@ -168,15 +165,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._hierarchical and self._elastic:
             raise ValueError("hierarchical=True does not follow elastic changes of the node set yet; "
                              "use hierarchical=False in a Horovod elastic job")
-        #: ... over these process sets (None: flat, asked for or not: the layout may be flat).
-        self._tiers: Optional[Tiers] = None
         if self.process_set.included():
             if not self._elastic:
                 self._require_same_configuration()
             if self._hierarchical:  # after the check: every rank asks for it, or none does
-                self._tiers = horovod_tiers(hierarchical, hvd, process_set, gather_places)
-            if self._tiers is not None:
-                self._model.use_tiers(self._tiers)
+                self._engine.tiers = horovod_tiers(hierarchical, hvd, process_set, gather_places)
+            if self.tiers is not None:
+                self._model.use_tiers(self.tiers)
             # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
             # a bound method there would keep the optimizer and its flat buffers alive for good.
             hook = _weak_hook(self._hook)
@@ -229,8 +224,27 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     @property
     def tiers(self) -> Optional[Tiers]:
         """The two-tier exchange's process sets and this rank's slice (``hierarchical``), None
-        when the exchange is flat."""
-        return self._tiers
+        when the exchange is flat (asked for or not: the layout may be flat)."""
+        return self._engine.tiers
+
+    @property
+    def steps(self) -> int:
+        """Synchronised steps so far."""
+        return self._engine.steps
+
+    @property
+    def last_stats(self) -> Optional[StepStats]:
+        """The last step's statistics (``abandoned`` after a non-finite gradient)."""
+        return self._engine.last_stats
+
+    @property
+    def timeline(self) -> ReadyTimeline:
+        """When gradients and groups became ready, step after step (read by LAGS and MergeComp)."""
+        return self._engine.timeline
+
+    @timeline.setter
+    def timeline(self, timeline: ReadyTimeline) -> None:
+        self._engine.timeline = timeline
 
     @property
     def groups(self) -> List[List[str]]:
@@ -260,13 +274,6 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         if self._ready_count[group.index] == len(group.params):
             self._launch(group)
 
-    def _is_dense(self, group: FlatGroup) -> bool:
-        return (not self._sparse or group.kept_dense
-                or self.steps < self._compression.options.warmup_steps
-                or group.numel < self._compression.options.min_numel
-                or (self._tiers is not None and not self._tiers.splits(group.numel))
-                or (self.mergecomp is not None and self.mergecomp.recording))
-
     def _launch(self, group: FlatGroup) -> None:
         self.timeline.group_ready(group.name)
         for p in group.params:
@@ -280,37 +287,25 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 # Not computed on this rank this step (dynamic graph); another rank may have it.
                 p.grad = torch.zeros_like(p)
         usable = self._finite(group)
-        sparse = not self._is_dense(group)
-        tiers = self._tiers if sparse else None
-        numel = exchanged_numel(tiers, group.numel)
-        target = self._compression.options.count(numel, self.steps) if sparse else numel
-        stats = GroupStats(group.name, numel, target, dense=not sparse, kept_dense=group.kept_dense)
-        self._step_stats.groups.append(stats)
+        dense_step = self._sparse and (self.steps < self._compression.options.warmup_steps
+                                       or (self.mergecomp is not None and self.mergecomp.recording))
+        plan, stats = self._engine.plan(group.name, group.numel, dense_step, group.kept_dense)
         size = self._world_size
         if self.op == hvd.Average:
             prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
             scale = 1.0 / size
         else:
             prescale = postscale = scale = 1.0
-        if not sparse:
+        self._inflight.add(group.index)
+        if not plan.sparse:
             compression = hvd.Compression.none if self._sparse else self._compression
-            self._inflight[group.index] = _DenseFlight(group, stats, compression, self.process_set, self.op,
-                                                       prescale, postscale)
+            self._engine.keep(_DenseFlight(group, stats, compression, self.process_set, self.op, prescale, postscale))
             return
-        comm, node = group_communicators(Communicator, self.process_set, size, self._rank, tiers, group.name, stats,
-                                         scale, group.params[0].device, self.steps)
-        state = self._model.method_state(group, comm.size, numel)
         if self._scale_factors is None and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
-        with comm.timer("flatten"):
-            x = group.load_gradients(usable, None if self._scale_factors is None else self._scale_factors[1])
-            comm.output_buffer = group.zeroed_output()
-        inflight = Inflight(start_exchange(self._compression, x, comm, node, tiers, state, self.steps), comm, group)
-        if inflight.advance():
-            self._inflight[group.index] = inflight
-        else:
-            group.take_result(*inflight.finish())
-            group.publish(self._loss_scale_of_step())
+        inverse = None if self._scale_factors is None else self._scale_factors[1]
+        self._engine.start_sparse(group, plan, stats, size, self._rank, scale, group.params[0].device,
+                                  lambda: group.load_gradients(usable, inverse))
 
     def _launch_sparse_rows(self, p: torch.Tensor) -> None:
         """Aggregate ``p``'s ``torch.sparse`` gradient as Horovod does (an allgather of its rows,
@@ -344,11 +339,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for group in self._groups:
             if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
                 self._launch(group)
-        finished = [self._inflight[index] for index in sorted(self._inflight)]
-        for inflight in finished:
-            result = inflight.finish()
-            if inflight.sparse:
-                inflight.group.take_result(*result)
+        finished = self._engine.finish(order=lambda flight: flight.group.index)
         self._inflight.clear()
         rows = {p: handle() for p, handle in self._sparse_rows.items()}
         self._sparse_rows.clear()
@@ -358,12 +349,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._ready_count[index] = 0
         self._size_checked = False
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = self._ranks_with_nonfinite_gradients(len(nonfinite_groups))
+        bad_ranks = [] if self.nonfinite is None else self._engine.ranks_with_nonfinite(
+            nonfinite_groups, self._ranks_reporting)
         if bad_ranks:
-            self._abandon_step(finished)
-        for inflight in finished:
-            if inflight.sparse:
-                inflight.group.publish(self._loss_scale_of_step())
+            self._abandon_step()
+        for flight in finished:
+            if flight.sparse:
+                flight.group.publish(self._loss_scale_of_step())
         self._scale_factors = None
         for p, aggregate in rows.items():
             p.grad = aggregate
@@ -374,8 +366,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._densified.clear()
         if bad_ranks:
             self._abandoned = (bad_ranks, self.steps, nonfinite_groups)
-        self._close_step()
-        self._after_step()
+        self._engine.close(self._end_step)
         self._synchronized = True
 
     def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
@@ -405,39 +396,30 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return True
         return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
 
-    def _ranks_with_nonfinite_gradients(self, nonfinite_here: int) -> List[int]:
+    def _ranks_reporting(self, nonfinite_here: int) -> List[int]:
         """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
         of each rank's count ``nonfinite_here``)."""
-        if self.nonfinite is None:
-            return []
         local = torch.tensor([nonfinite_here], dtype=torch.int32)
         counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=self.process_set))
         return [rank for rank, count in enumerate(counts.tolist()) if count]
 
-    def _abandon_step(self, finished: List[Union[Inflight, _DenseFlight]]) -> None:
+    def _abandon_step(self) -> None:
         """Undo this step everywhere: residuals get back what they delivered (so they hold
         ``e + g``: this step's finite gradient is kept), and every aggregated gradient is NaN,
         so that whatever reads it before ``step()`` (a loss scaler's ``unscale_``, a gradient
         clipper) sees a non-finite step, as after Horovod's allreduce of an overflow."""
-        for inflight in finished:
-            if isinstance(inflight, Inflight):
-                inflight.comm.undo_deliveries()
-                inflight.group.zeroed_output().fill_(math.nan)
+        for flight in self._engine.abandon():
+            if flight.sparse:
+                flight.group.zeroed_output().fill_(math.nan)
             else:
-                for p in inflight.group.params:
+                for p in flight.group.params:
                     p.grad.fill_(math.nan)
-        self._step_stats.abandoned = True
 
-    def _after_step(self) -> None:
-        """Hand the finished step's timeline to the sparsifier and to the MergeComp scheduler (on
-        every rank, outside the hooks) and switch groups when the scheduler says so."""
-        self._model.end_step(self.timeline.end_step(), self._groups, lambda group, factor: group.residual.mul_(factor),
+    def _end_step(self, timeline: Any) -> None:
+        """Hand the finished step's ``timeline`` to the sparsifier and to the MergeComp scheduler
+        (on every rank, outside the hooks) and switch groups when the scheduler says so."""
+        self._model.end_step(timeline, self._groups, lambda group, factor: group.residual.mul_(factor),
                              self._use_groups)
-
-    def _close_step(self) -> None:
-        self.last_stats = finish_step(self._step_stats, self._stats_log, read_scalars)
-        self.steps += 1
-        self._step_stats = StepStats(step=self.steps)
 
     @contextmanager
     def skip_synchronize(self) -> Iterator[None]:
@@ -499,14 +481,14 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         ours = state_dict.pop("horovod_sparse", None)
         self._inflight.clear()
+        self._engine.flights.clear()
         self._synchronized = False
         self._should_synchronize = True
         self._abandoned = None
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
         if ours is not None:
-            self.steps = self._model.restore(ours, self._groups, self._use_groups)
-            self._step_stats = StepStats(step=self.steps)
+            self._engine.restart_at(self._model.restore(ours, self._groups, self._use_groups))
         super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
 
     def _agree_if_due(self) -> None:
@@ -543,9 +525,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             self._require_same_configuration()
         if not self._groups:
             return  # nothing is exchanged, so there is nothing to agree on
-        self.steps = self._model.agree(root_rank, self._groups, self.steps, self._use_groups)
+        steps = self._model.agree(root_rank, self._groups, self.steps, self._use_groups)
         if self.process_set.rank() != root_rank:
-            self._step_stats = StepStats(step=self.steps)
+            self._engine.restart_at(steps)
 
 
 class SparseDistributedOptimizer(abc.ABC):  # noqa: B024 (a marker: classes register, nothing is abstract)
