@@ -1,6 +1,6 @@
 """The gradient-exchange driver behind ``DistributedGradientTape`` and the Keras optimizer.
 
-The counterpart of the driving half of :mod:`horovod_sparse.torch.optimizer`. A
+The counterpart of the driving half of :mod:`horovod_sparse.torch.exchanging`. A
 :class:`GradientExchanger` takes the list of gradients of one step and returns the aggregated
 ones, in the same order:
 

@@ -1,0 +1,410 @@
+"""The gradient exchange of ``horovod_sparse.torch.DistributedOptimizer``: gradient hooks,
+``backward_passes_per_step``, groups, and the step run by the step engine
+(:mod:`horovod_sparse.engine.step`) over Horovod's collectives.
+
+Hooks launch a group's exchange as its gradients become ready; ``synchronize()`` finishes every
+group in group order, agrees on non-finite gradients over the process set, abandons the step
+everywhere if a rank saw one and closes it; ``step()`` applies the aggregate with the wrapped
+optimizer. Dense groups take Horovod's own allreduce (:mod:`horovod_sparse.torch.dense`),
+``torch.sparse`` gradients Horovod's aggregation of rows (:mod:`horovod_sparse.torch.sparse_rows`).
+"""
+from __future__ import annotations
+
+import math
+import os
+import warnings
+import weakref
+from contextlib import contextmanager
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+
+import horovod.torch as hvd
+import torch
+
+from horovod_sparse.common.arguments import check_backward_passes
+from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
+from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.mergecomp import MergeCompOptions
+from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy
+from horovod_sparse.common.stats import StepStats
+from horovod_sparse.common.tiers import Tiers, wants_hierarchical
+from horovod_sparse.engine.horovod_tiers import horovod_tiers
+from horovod_sparse.engine.model_state import ModelState
+from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.torch import backend
+from horovod_sparse.torch.collectives import Communicator, gather_places
+from horovod_sparse.torch.dense import DenseFlight
+from horovod_sparse.torch.shared_state import SharedState
+from horovod_sparse.torch.sparse_rows import SparseRows
+from horovod_sparse.torch.waiting import wait
+from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
+from horovod_sparse.torch_core.device_timing import ready_timeline
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.tensor_backend import read_scalars
+
+NamedParameters = Iterable[Tuple[str, torch.Tensor]]
+
+
+class ExchangingOptimizer(SharedState, torch.optim.Optimizer):
+    """The gradient exchange mixed into the user's optimizer class by
+    :func:`horovod_sparse.torch.optimizer.DistributedOptimizer` (as Horovod does), with the
+    state every rank shares (:class:`~horovod_sparse.torch.shared_state.SharedState`)."""
+
+    def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
+                 backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
+                 groups: Any, sparse_as_dense: bool, process_set: hvd.ProcessSet,
+                 stats_log: Optional[IO[str]], nonfinite: Optional[str], loss_scale: Optional[LossScale],
+                 hierarchical: Optional[bool], dense: DenseSpec) -> None:
+        super(self.__class__, self).__init__(params)  # type: ignore[misc]
+        self._compression = compression
+        self._sparse = isinstance(compression, Sparsifier)
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+
+        self.nonfinite = nonfinite
+        self._loss_scale = loss_scale
+        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first sparse group.
+        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        #: ``(bad ranks, step, groups)`` of a step abandoned by synchronize() that step() has not
+        #: met yet: it applies the policy then, unless a loss scaler skipped the step.
+        self._abandoned: Optional[Tuple[List[int], int, List[str]]] = None
+        #: Whether the warning that a loss scaler skips abandoned steps was given.
+        self._warned_scaler = False
+        names = _parameter_names(self.param_groups, named_parameters)
+        #: Parameter -> name, as Horovod's optimizer has it (its tests and some user code read it).
+        self._parameter_names = names
+        # Integer/bool parameters, frozen ones and zero-size ones carry no gradient to exchange.
+        ordered = [(names[p], p) for group in self.param_groups for p in group["params"]
+                   if p.requires_grad and p.is_floating_point() and p.numel() > 0]
+        self._ordered = ordered
+        #: The names of the parameters kept dense (``dense=``): groups of their own, always dense.
+        self._kept_dense = chosen_dense(dense, [name for name, _ in ordered])
+        self._position = {p: i for i, (_, p) in enumerate(ordered)}
+        mergecomp = MergeCompOptions.from_spec(groups)
+        #: Method state per group, the MergeComp scheduler, checkpoints and agreement.
+        self._model = ModelState(compression, backend, process_set, None if mergecomp is None else MergeCompScheduler(
+            mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend))
+        #: The step: plan, start, finish, abandon, close (:mod:`horovod_sparse.engine.step`).
+        self._engine = StepEngine(compression, self._model, Communicator, process_set, stats_log, read_scalars)
+        self._engine.place_timeline(lambda: ready_timeline(ordered[0][1].device if ordered else torch.device("cpu")))
+        self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
+        self._group_of = {p: g for g in self._groups for p in g.params}
+        #: This step's finiteness decisions (groups and sparse-gradient parameters).
+        self._finiteness = StepFiniteness()
+        self._delay = {p: backward_passes_per_step for _, p in ordered}
+        self._ready_count = {g.index: 0 for g in self._groups}
+        #: The groups launched this step and not yet finished (their flights are the engine's).
+        self._inflight: Set[int] = set()
+        self._synchronized = False
+        self._should_synchronize = True
+        #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
+        self._agree_with: Optional[int] = 0
+        #: The world size and this rank at the last agreement.
+        self._world_size = process_set.size() if process_set.included() else 0
+        self._rank = process_set.rank() if process_set.included() else -1
+        #: Whether this step already compared the world size with the agreed one.
+        self._size_checked = False
+        #: The ``torch.sparse`` gradients of the step.
+        self._sparse_rows = SparseRows(names, sparse_as_dense, op, process_set,
+                                       None if nonfinite is None else self._finiteness)
+        #: In a Horovod elastic job a worker that joins builds its optimizer while the others sync
+        #: their state, so the configuration check waits for the agreement, which all ranks reach
+        #: together (:meth:`agree_shared_state`); elsewhere it runs here, at construction.
+        self._elastic = bool(int(os.environ.get("HOROVOD_ELASTIC", "0")))
+        #: Whether sparse groups take the two-tier exchange (horovod_sparse.common.tiers) ...
+        self._hierarchical = self._sparse and wants_hierarchical(hierarchical)
+        if self._hierarchical and self._elastic:
+            raise ValueError("hierarchical=True does not follow elastic changes of the node set yet; "
+                             "use hierarchical=False in a Horovod elastic job")
+        if self.process_set.included():
+            if not self._elastic:
+                self._require_same_configuration()
+            if self._hierarchical:  # after the check: every rank asks for it, or none does
+                self._engine.tiers = horovod_tiers(hierarchical, hvd, process_set, gather_places)
+            if self.tiers is not None:
+                self._model.use_tiers(self.tiers)
+            # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
+            # a bound method there would keep the optimizer and its flat buffers alive for good.
+            hook = _weak_hook(self._hook)
+            for _, p in ordered:
+                p.register_post_accumulate_grad_hook(hook)
+
+    @property
+    def mergecomp(self) -> Optional[MergeCompScheduler]:
+        """The MergeComp scheduler choosing the grouping (``groups="mergecomp"``: its ``result``
+        holds the choice once the search decided), else None."""
+        return self._model.mergecomp
+
+    # -- grouping ---------------------------------------------------------------------------------
+    def _form_groups(self, ordered: List[Tuple[str, torch.Tensor]], spec: Any) -> List[FlatGroup]:
+        infos = [ParamInfo(name, p.numel(), f"{p.dtype}/{p.device}") for name, p in ordered]
+        kept = [i for i, (name, _) in enumerate(ordered) if name in self._kept_dense]
+        if isinstance(spec, (list, tuple)):
+            position = {id(p): i for i, (_, p) in enumerate(ordered)}
+            for members in spec:
+                for p in members:
+                    if not isinstance(p, torch.Tensor):
+                        raise ValueError("groups must consist of torch.Tensor.")
+            spec = [[position[id(p)] for p in members if id(p) in position] for members in spec]
+        default = self._compression.default_grouping if self._sparse else "tensor"
+        return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members],
+                          kept_dense=ordered[members[0]][0] in self._kept_dense)
+                for i, members in enumerate(form_groups(infos, spec, default, kept=kept))]
+
+    def _use_groups(self, members: List[List[int]]) -> List[FlatGroup]:
+        """Switch to new groups (lists of positions in the parameter order) between steps:
+        residuals carry over exactly, sparsifier states restart. Returns the new groups."""
+        groups = self._form_groups(self._ordered, [[self._ordered[j][1] for j in m] for m in members])
+        carry_residuals(self._groups, groups)
+        self._groups = groups
+        self._group_of = {p: g for g in groups for p in g.params}
+        self._ready_count = {g.index: 0 for g in groups}
+        self._model.states.clear()
+        return groups
+
+    @property
+    def tiers(self) -> Optional[Tiers]:
+        """The two-tier exchange's process sets and this rank's slice (``hierarchical``), None
+        when the exchange is flat (asked for or not: the layout may be flat)."""
+        return self._engine.tiers
+
+    @property
+    def steps(self) -> int:
+        """Synchronised steps so far."""
+        return self._engine.steps
+
+    @property
+    def last_stats(self) -> Optional[StepStats]:
+        """The last step's statistics (``abandoned`` after a non-finite gradient)."""
+        return self._engine.last_stats
+
+    @property
+    def timeline(self) -> ReadyTimeline:
+        """When gradients and groups became ready, step after step (read by LAGS and MergeComp)."""
+        return self._engine.timeline
+
+    @timeline.setter
+    def timeline(self, timeline: ReadyTimeline) -> None:
+        self._engine.timeline = timeline
+
+    @property
+    def groups(self) -> List[List[str]]:
+        """Parameter names of every group, in group order."""
+        return [list(g.names) for g in self._groups]
+
+    def residuals(self) -> Dict[str, torch.Tensor]:
+        """Each group's error-feedback residual between steps, flat, keyed by group name
+        (zeros for groups that have not had a sparse step)."""
+        return {g.name: g.residual if g.residual is not None
+                else torch.zeros(g.numel, dtype=g.dtype, device=g.params[0].device)
+                for g in self._groups}
+
+    # -- launching --------------------------------------------------------------------------------
+    def _hook(self, p: torch.Tensor) -> None:
+        if self._delay[p] <= 0:
+            raise AssertionError("Gradients were computed more than backward_passes_per_step times "
+                                 "before call to step(). Increase backward_passes_per_step to "
+                                 "accumulate gradients locally.")
+        self._delay[p] -= 1
+        if self._delay[p] > 0:
+            return
+        self._agree_if_due()
+        self.timeline.param_ready(self._position[p])
+        group = self._group_of[p]
+        self._ready_count[group.index] += 1
+        if self._ready_count[group.index] == len(group.params):
+            self._launch(group)
+
+    def _launch(self, group: FlatGroup) -> None:
+        self.timeline.group_ready(group.name)
+        self._sparse_rows.prepare(group)
+        usable = self._finite(group)
+        dense_step = self._sparse and (self.steps < self._compression.options.warmup_steps
+                                       or (self.mergecomp is not None and self.mergecomp.recording))
+        plan, stats = self._engine.plan(group.name, group.numel, dense_step, group.kept_dense)
+        size = self._world_size
+        if self.op == hvd.Average:
+            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+            scale = 1.0 / size
+        else:
+            prescale = postscale = scale = 1.0
+        self._inflight.add(group.index)
+        if not plan.sparse:
+            compression = hvd.Compression.none if self._sparse else self._compression
+            self._engine.keep(DenseFlight(group, stats, compression, self.process_set, self.op, prescale, postscale))
+            return
+        if self._scale_factors is None and self._loss_scale is not None:
+            self._scale_factors = self._loss_scale.factors()
+        inverse = None if self._scale_factors is None else self._scale_factors[1]
+        self._engine.start_sparse(group, plan, stats, size, self._rank, scale, group.params[0].device,
+                                  lambda: group.load_gradients(usable, inverse))
+
+    # -- synchronizing ----------------------------------------------------------------------------
+    def synchronize(self) -> None:
+        """Finish every group's exchange and write the aggregated gradients into ``.grad``.
+
+        Groups whose gradients were not all produced on this rank are launched now with zeros
+        for the missing ones, so every rank issues the same collectives. Groups are finished in
+        group order on every rank (a multi-round exchange waits on collectives that the other
+        ranks only launch when they reach the same group).
+        """
+        if not self.process_set.included():
+            self._synchronized = True
+            return
+        self._warn_if_skipped_by_scaler()
+        self._agree_if_due()
+        for group in self._groups:
+            if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
+                self._launch(group)
+        finished = self._engine.finish(order=lambda flight: flight.group.index)
+        self._inflight.clear()
+        self._sparse_rows.wait()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+        for index in self._ready_count:
+            self._ready_count[index] = 0
+        self._size_checked = False
+        nonfinite_groups = self._finiteness.nonfinite()
+        bad_ranks = [] if self.nonfinite is None else self._engine.ranks_with_nonfinite(
+            nonfinite_groups, self._ranks_reporting)
+        if bad_ranks:
+            self._abandon_step()
+        for flight in finished:
+            if flight.sparse:
+                flight.group.publish(self._loss_scale_of_step())
+        self._scale_factors = None
+        self._sparse_rows.hand_back(abandoned=bool(bad_ranks))
+        if bad_ranks:
+            self._abandoned = (bad_ranks, self.steps, nonfinite_groups)
+        self._engine.close(self._end_step)
+        self._synchronized = True
+
+    def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
+        """The loss scale this step's gradients were unscaled by (None without a scaler)."""
+        return None if self._scale_factors is None else self._scale_factors[0]
+
+    def _warn_if_skipped_by_scaler(self) -> None:
+        """An abandoned step that ``step()`` never met was skipped by a loss scaler (one that
+        found the NaN aggregate, as ``GradScaler.step`` does): without ``loss_scaler=`` the
+        residuals then hold gradients in the units of whatever scale each step had, so say once
+        how to keep them in the loss's own units."""
+        if self._abandoned is not None and self._loss_scale is None and not self._warned_scaler:
+            self._warned_scaler = True
+            warnings.warn("a step abandoned for a non-finite gradient was never applied: if a loss scaler "
+                          "(torch.amp.GradScaler) skipped it, pass loss_scaler=scaler to DistributedOptimizer, "
+                          "so that error feedback keeps its residuals in unscaled units when the scale changes",
+                          RuntimeWarning, stacklevel=3)
+        self._abandoned = None
+
+    def _finite(self, group: FlatGroup) -> Usable:
+        """Whether ``group``'s gradients on this rank are all finite (True without a
+        ``nonfinite`` policy), noted for :meth:`synchronize`: a host bool, or on an accelerator a
+        0-dim bool tensor that nothing reads until the step ends. A non-finite gradient
+        contributes nothing this step and never reaches the residual (it stays in ``.grad``
+        until :meth:`synchronize`, which tells every rank and applies the policy)."""
+        if self.nonfinite is None:
+            return True
+        return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
+
+    def _ranks_reporting(self, nonfinite_here: int) -> List[int]:
+        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
+        of each rank's count ``nonfinite_here``)."""
+        local = torch.tensor([nonfinite_here], dtype=torch.int32)
+        counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=self.process_set))
+        return [rank for rank, count in enumerate(counts.tolist()) if count]
+
+    def _abandon_step(self) -> None:
+        """Undo this step everywhere: residuals get back what they delivered (so they hold
+        ``e + g``: this step's finite gradient is kept), and every aggregated gradient is NaN,
+        so that whatever reads it before ``step()`` (a loss scaler's ``unscale_``, a gradient
+        clipper) sees a non-finite step, as after Horovod's allreduce of an overflow."""
+        for flight in self._engine.abandon():
+            if flight.sparse:
+                flight.group.zeroed_output().fill_(math.nan)
+            else:
+                for p in flight.group.params:
+                    p.grad.fill_(math.nan)
+
+    def _end_step(self, timeline: Any) -> None:
+        """Hand the finished step's ``timeline`` to the sparsifier and to the MergeComp scheduler
+        (on every rank, outside the hooks) and switch groups when the scheduler says so."""
+        self._model.end_step(timeline, self._groups, lambda group, factor: group.residual.mul_(factor),
+                             self._use_groups)
+
+    @contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this context ``step()`` does not synchronize (call ``synchronize()`` first)."""
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Any = None) -> Any:
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
+                              "after optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        abandoned, self._abandoned = self._abandoned, None
+        # A GradScaler stepping a fused optimizer calls step() on an overflow too, with its
+        # found_inf attribute set: the optimizer's kernel skips the update itself.
+        if abandoned is not None and getattr(self, "found_inf", None) is None:
+            assert self.nonfinite is not None
+            apply_nonfinite_policy(self.nonfinite, *abandoned)  # raises, or warns and skips
+            return None
+        return self._base_step(closure)  # type: ignore[attr-defined]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if self._inflight:
+            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
+                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as "
+                                 "it can cause a race condition.")
+        super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        self.backward_passes_per_step = passes = check_backward_passes(passes)
+        for p in self._delay:
+            self._delay[p] = passes
+
+
+def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
+    """``method`` called through a weak reference to its object: a no-op once it is gone."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(p: torch.Tensor) -> None:
+        bound = ref()
+        if bound is not None:
+            bound(p)
+
+    return hook
+
+
+def _parameter_names(param_groups: List[Dict[str, Any]],
+                     named_parameters: Optional[NamedParameters]) -> Dict[torch.Tensor, str]:
+    """Map every parameter to a name, with Horovod's checks (tuples, unique, complete)."""
+    if named_parameters is None:
+        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
+                for j, p in enumerate(group["params"])}
+    named = list(named_parameters)
+    if any(not isinstance(item, tuple) for item in named):
+        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
+                         "usually produced by model.named_parameters().")
+    seen, dups = set(), set()
+    for name, _ in named:
+        (dups if name in seen else seen).add(name)
+    if dups:
+        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
+                         f"{', '.join(sorted(dups))}")
+    names = {p: name for name, p in named}
+    unnamed = [p for group in param_groups for p in group["params"] if p not in names]
+    if unnamed:
+        raise ValueError("named_parameters was specified, but one or more model parameters were "
+                         f"not named ({len(unnamed)} of them).")
+    return names
