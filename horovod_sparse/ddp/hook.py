@@ -36,7 +36,7 @@ from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.engine.model_state import ModelState
-from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
@@ -44,7 +44,7 @@ from horovod_sparse.torch_core.loss_scale import LossScale
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
-class State:
+class State(EngineSteps):
     """The hook's state: the method, its per-bucket residuals and state, and the step counter
     (one ``State`` per DDP model, as PowerSGD's).
 
@@ -133,14 +133,6 @@ class State:
         chosen = chosen_dense(self._dense_spec, [name for name, _ in named])
         self._kept_dense = sorted(chosen)
         self.buckets.kept_dense = {p for name, p in named if name in chosen}
-
-    @property
-    def steps(self) -> int:
-        return self._engine.steps
-
-    @property
-    def last_stats(self) -> Any:
-        return self._engine.last_stats
 
     @property
     def tiers(self) -> Optional[Tiers]:

@@ -38,6 +38,22 @@ from horovod_sparse.engine.topology import group_communicators, start_exchange
 from horovod_sparse.methods.base import Exchange
 
 
+class EngineSteps:
+    """What a front end built on a :class:`StepEngine` (its ``_engine``) says of its steps."""
+
+    _engine: StepEngine
+
+    @property
+    def steps(self) -> int:
+        """The steps closed so far."""
+        return self._engine.steps
+
+    @property
+    def last_stats(self) -> Optional[StepStats]:
+        """The last closed step's statistics (``abandoned`` after a non-finite gradient)."""
+        return self._engine.last_stats
+
+
 class GroupPlan(NamedTuple):
     """How one group is exchanged this step: ``sparse`` or not, over ``tiers`` (None: flat), the
     ``numel`` elements this rank's method exchanges (its slice in two tiers) and the ``target``."""

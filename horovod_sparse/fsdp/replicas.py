@@ -30,7 +30,7 @@ from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, r
 from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.model_state import ModelState, Record
-from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.fsdp.units import (ShardGroup, fsdp_units, kept_dense_units, replicate_group_of,
                                        require_replicas_of_one_shard)
 from horovod_sparse.torch_core.device_timing import ready_timeline
@@ -39,7 +39,7 @@ from horovod_sparse.torch_core.loss_scale import LossScale
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
-class State:
+class State(EngineSteps):
     """The replica exchange of one FSDP2 model (build it with :func:`compress_replicas`).
 
     Args:
@@ -95,14 +95,6 @@ class State:
         self._dense_spec = dense
         #: The FSDP units kept dense (``dense``), found by :meth:`attach`.
         self._kept_units: List[str] = []
-
-    @property
-    def steps(self) -> int:
-        return self._engine.steps
-
-    @property
-    def last_stats(self) -> Any:
-        return self._engine.last_stats
 
     def attach(self, model: torch.nn.Module, replicate_group: Optional[dist.ProcessGroup] = None) -> None:
         """Register the exchange as the all-reduce hook of every FSDP unit in ``model``, across
