@@ -388,6 +388,12 @@ MUTATIONS: List[Mutation] = [
       "    return affinity\n",
       ["tests/test_benchmarks.py", "-k", "waiting_counts_no_more_cores"],
       "a container's CPU quota is ignored: auto spins on cores it does not have, starving Horovod's threads"),
+    M("torch-densified-gradient-left-dense", P + "torch/sparse_rows.py",
+      "            p.grad = p.grad.to_sparse()\n",
+      "            pass\n",
+      ["tests/test_torch_dropin.py", "-k", "test_sparse_embedding_with_compression_none_is_stock_horovod"],
+      "a torch.sparse gradient exchanged densely (sparse_as_dense) is handed back dense, not in the layout "
+      "the optimizer expects"),
     M("torch-kept-dense-sparsified", P + "torch/exchanging.py",
       "        plan, stats = self._engine.plan(group.name, group.numel, dense_step, group.kept_dense)\n",
       "        plan, stats = self._engine.plan(group.name, group.numel, dense_step, False)\n",
