@@ -26,11 +26,10 @@ from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy
-from horovod_sparse.common.stats import StepStats
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
-from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.collectives import Communicator, gather_places
@@ -47,10 +46,11 @@ from horovod_sparse.torch_core.tensor_backend import read_scalars
 NamedParameters = Iterable[Tuple[str, torch.Tensor]]
 
 
-class ExchangingOptimizer(SharedState, torch.optim.Optimizer):
+class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
     """The gradient exchange mixed into the user's optimizer class by
     :func:`horovod_sparse.torch.optimizer.DistributedOptimizer` (as Horovod does), with the
-    state every rank shares (:class:`~horovod_sparse.torch.shared_state.SharedState`)."""
+    state every rank shares (:class:`~horovod_sparse.torch.shared_state.SharedState`) and its
+    ``steps`` and ``last_stats`` (:class:`~horovod_sparse.engine.step.EngineSteps`)."""
 
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
@@ -172,16 +172,6 @@ class ExchangingOptimizer(SharedState, torch.optim.Optimizer):
         """The two-tier exchange's process sets and this rank's slice (``hierarchical``), None
         when the exchange is flat (asked for or not: the layout may be flat)."""
         return self._engine.tiers
-
-    @property
-    def steps(self) -> int:
-        """Synchronised steps so far."""
-        return self._engine.steps
-
-    @property
-    def last_stats(self) -> Optional[StepStats]:
-        """The last step's statistics (``abandoned`` after a non-finite gradient)."""
-        return self._engine.last_stats
 
     @property
     def timeline(self) -> ReadyTimeline:

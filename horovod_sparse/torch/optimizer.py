@@ -12,7 +12,7 @@ Horovod's optimizer.
 from __future__ import annotations
 
 import abc
-from typing import IO, Any, Callable, Optional, Union
+from typing import IO, Any, Callable, Dict, Optional, Union
 
 import horovod.torch as hvd
 import horovod.torch.optimizer as horovod_optimizer
@@ -22,6 +22,7 @@ from horovod.torch.compression import Compressor
 from horovod_sparse.common.arguments import check_backward_passes, check_wrapper_arguments, merge_num_groups, op_name
 from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.nonfinite import resolve_nonfinite
+from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch.exchanging import ExchangingOptimizer, NamedParameters
 from horovod_sparse.torch.shared_state import SharedState
@@ -150,9 +151,11 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     initialising = type(base.__name__, (base,), {"step": _initialising_step(base), "__module__": base.__module__})
     # Horovod's own module, not hvd.DistributedOptimizer's: a codebase that swapped in this
     # function (hvd.DistributedOptimizer = hs.DistributedOptimizer) changed the latter.
-    # The methods of both classes, not their instance-dict descriptors (the user's class has its own).
-    shared = {name: value for name, value in SharedState.__dict__.items() if name not in ("__dict__", "__weakref__")}
-    attributes = dict(shared, **ExchangingOptimizer.__dict__)
+    # What the mixed-in classes define, not their instance-dict descriptors (the user's class has its own).
+    attributes: Dict[str, Any] = {}
+    for mixin in (EngineSteps, SharedState, ExchangingOptimizer):
+        attributes.update((name, value) for name, value in mixin.__dict__.items()
+                          if name not in ("__dict__", "__weakref__"))
     attributes.update(__module__=horovod_optimizer.__name__, _base_step=base.step)
     cls = type(base.__name__, (initialising,), attributes)
     SparseDistributedOptimizer.register(cls)
