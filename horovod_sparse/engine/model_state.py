@@ -89,8 +89,9 @@ class ModelState:
         numel = group.numel if numel is None else numel
         built_for, state = self.states.get(group.index, (None, None))
         if built_for != (world_size, numel):
-            state = (self.compression.new_state(numel, world_size) if built_for is None or built_for[1] != numel
-                     else self.compression.resized_state(state, numel, world_size))
+            with self.B.outside_trace():
+                state = (self.compression.new_state(numel, world_size) if built_for is None or built_for[1] != numel
+                         else self.compression.resized_state(state, numel, world_size))
             self.states[group.index] = ((world_size, numel), state)
         return state
 

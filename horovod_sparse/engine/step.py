@@ -35,7 +35,7 @@ from horovod_sparse.common.tiers import Tiers, exchanged_numel
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.topology import group_communicators, start_exchange
-from horovod_sparse.methods.base import Exchange
+from horovod_sparse.methods.base import Exchange, Step
 
 
 class EngineSteps:
@@ -73,7 +73,11 @@ class StepEngine:
         communicator: the transport's communicator class (``TorchCommunicator``'s constructor).
         process_set: the front end's process set (a Horovod process set, a ``ProcessGroup``).
         stats_log: a text stream receiving one JSON line of statistics per step, or None.
-        read_scalars: reads the figures a step left on a device, all at once.
+        read_scalars: reads the figures a step left on a device, all at once (None: on the host).
+
+    A front end that counts and settles its steps itself (TensorFlow: its step number is a
+    variable, a tensor inside a traced step, and a traced step publishes its statistics when it
+    runs) starts each step with :meth:`begin` and never calls :meth:`close`.
 
     Attributes:
         steps: the steps closed so far (the ``step`` the methods see).
@@ -84,7 +88,7 @@ class StepEngine:
     """
 
     def __init__(self, compression: Any, model: ModelState, communicator: Callable[..., Any], process_set: Any,
-                 stats_log: Optional[IO[str]], read_scalars: ReadScalars) -> None:
+                 stats_log: Optional[IO[str]] = None, read_scalars: Optional[ReadScalars] = None) -> None:
         self.compression = compression
         self.sparse = model.sparse
         self.model = model
@@ -107,17 +111,34 @@ class StepEngine:
             self._timeline_placed = True
             self.timeline = make()
 
+    @property
+    def step(self) -> Step:
+        """The number of the step being run, as the methods see it: :attr:`steps`, or what
+        :meth:`begin` was given."""
+        return self.stats.step
+
+    def begin(self, step: Step) -> None:
+        """Run step ``step`` next (an int, or a scalar tensor where the step is traced), with
+        fresh statistics and no flights: for a front end that counts its steps itself."""
+        self.stats = StepStats(step=step)
+        self.flights = []
+
     # -- one group ----------------------------------------------------------------------------------
+    def takes_sparse(self, numel: int, dense_step: bool, kept_dense: bool) -> bool:
+        """Whether a group of ``numel`` elements is exchanged sparsely: not in a step the front
+        end takes dense (``dense_step``: warm-up, MergeComp's recording, DDP's first step), not
+        holding parameters ``dense=`` keeps dense (``kept_dense``), not below ``min_numel``, and
+        in two tiers large enough to give every rank of a node a slice."""
+        return (self.sparse and not dense_step and not kept_dense and numel >= self.compression.options.min_numel
+                and (self.tiers is None or self.tiers.splits(numel)))
+
     def plan(self, name: str, numel: int, dense_step: bool, kept_dense: bool = False) -> Tuple[GroupPlan, GroupStats]:
-        """How group ``name`` of ``numel`` elements is exchanged this step (``dense_step``: the
-        front end takes the whole step dense; ``kept_dense``: the group holds parameters
-        ``dense=`` keeps dense) and its statistics, noted in the step's."""
-        options = self.compression.options if self.sparse else None
-        sparse = (options is not None and not dense_step and not kept_dense and numel >= options.min_numel
-                  and (self.tiers is None or self.tiers.splits(numel)))
+        """How group ``name`` of ``numel`` elements is exchanged this step (:meth:`takes_sparse`)
+        and its statistics, noted in the step's."""
+        sparse = self.takes_sparse(numel, dense_step, kept_dense)
         tiers = self.tiers if sparse else None
         exchanged = exchanged_numel(tiers, numel)
-        target = options.count(exchanged, self.steps) if sparse else exchanged
+        target = self.compression.count(exchanged, self.step) if sparse else exchanged
         stats = GroupStats(name, exchanged, target, dense=not sparse, kept_dense=kept_dense)
         self.stats.groups.append(stats)
         return GroupPlan(sparse, tiers, exchanged, target), stats
@@ -128,13 +149,16 @@ class StepEngine:
         scaled by ``scale``: the communicators, the method state, ``x = load()`` (the front end
         adds the gradient into the group's residual), the zeroed update buffer, the first
         collectives. The flight is kept for :meth:`finish`."""
-        comm, node = group_communicators(self.communicator, self.process_set, size, rank, plan.tiers, group.name,
-                                         stats, scale, device, self.steps)
+        comm, node = group_communicators(self.communicator, self.process_set, size, rank, plan.tiers,
+                                         group.collective_name, stats, scale, device, self.step)
         state = self.model.method_state(group, comm.size, plan.numel)
         with comm.timer("flatten"):
             x = load()
             comm.output_buffer = group.zeroed_output()
-        return self._launch(Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.steps),
+        for each in (comm, node):
+            if each is not None:
+                each.follow(x)
+        return self._launch(Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.step),
                                      comm, group))
 
     def start_dense(self, group: Any, stats: GroupStats, size: int, rank: int, scale: float, device: Any,
@@ -142,7 +166,7 @@ class StepEngine:
         """Start ``group``'s dense exchange over the front end's process set (``size`` ranks, this
         one ``rank``): ``exchange(comm)``, the front end's dense exchange generator over a
         communicator scaling by ``scale`` (it returns the update, or ``(update, None)``)."""
-        comm = self.communicator(self.process_set, group.name, stats, scale, size, rank, device, self.steps)
+        comm = self.communicator(self.process_set, group.collective_name, stats, scale, size, rank, device, self.step)
         return self._launch(Inflight(exchange(comm), comm, group, sparse=False))
 
     def keep(self, flight: Any) -> None:
@@ -164,7 +188,7 @@ class StepEngine:
             return result[0] if isinstance(result, tuple) else result
         flight.group.take_result(*result)
         if scale is not None:
-            flight.group.output.mul_(scale)
+            flight.group.scale_output(scale)
         return flight.group.output
 
     def finish(self, order: Optional[Callable[[Any], Any]] = None) -> List[Any]:

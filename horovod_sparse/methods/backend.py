@@ -16,7 +16,7 @@ Contracts shared by every primitive:
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
@@ -62,6 +62,11 @@ class Backend(Protocol):
     def host_call(self, decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
         """``decide(*args)`` on the host with Python values; while traced, a ``dtype`` tensor
         computed when the step runs (``"int32"``, ``"float64"``)."""
+
+    def outside_trace(self) -> ContextManager[None]:
+        """A context for tensors that outlive the step (a group's method state): TensorFlow's
+        lifts them out of a ``tf.function`` being traced (``tf.init_scope``); PyTorch's does
+        nothing."""
 
     # -- selection (ascending int64 indices; ties to the lower index) ------------------------
     def top_k(self, x: Tensor, k: Any) -> Tensor:

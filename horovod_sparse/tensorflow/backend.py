@@ -6,7 +6,7 @@ and inside ``tf.function``.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -55,6 +55,10 @@ def saved(t: tf.Tensor) -> np.ndarray:
 
 def from_saved(saved: np.ndarray) -> tf.Tensor:
     return tf.constant(saved)
+
+
+def outside_trace() -> ContextManager[None]:
+    return tf.init_scope()
 
 
 def reshape_one(n: Union[int, tf.Tensor], like: tf.Tensor) -> tf.Tensor:

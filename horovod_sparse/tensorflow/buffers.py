@@ -42,6 +42,14 @@ class FlatGroup:
         self.numels = [int(shape.num_elements()) for shape in shapes]
         self.numel = sum(self.numels)
         self.residual: Optional[tf.Variable] = None
+        #: The aggregated update of the step's sparse exchange (:meth:`take_result`).
+        self.output: Optional[tf.Tensor] = None
+
+    @property
+    def collective_name(self) -> str:
+        """The name the group's collectives carry: its :attr:`name` after its index, which keeps
+        names distinct after op-name normalisation."""
+        return f"{self.index}.{self.name}"
 
     def _ensure_residual(self) -> tf.Variable:
         if self.residual is None:
@@ -62,6 +70,22 @@ class FlatGroup:
         method selects stay in the loss's own units."""
         flat = tf.cast(self.flatten(grads), self.dtype)
         return self._ensure_residual() + (flat if loss_scale is None else rescaled(flat, 1.0 / loss_scale))
+
+    def zeroed_output(self) -> None:
+        """No buffer: TensorFlow's tensors are immutable, the exchange starts from its
+        communicator's zeros (``Communicator.output``)."""
+        return None
+
+    def take_result(self, update: tf.Tensor, residual: tf.Tensor) -> None:
+        """Keep an exchange's ``(update, residual)``: the residual for the next step, the update as
+        :attr:`output`."""
+        self.store_residual(residual)
+        self.output = update
+
+    def scale_output(self, scale: tf.Tensor) -> None:
+        """Multiply :attr:`output` by ``scale`` (a loss scale the gradients were divided by)."""
+        assert self.output is not None
+        self.output = rescaled(self.output, scale)
 
     def store_residual(self, residual: tf.Tensor) -> None:
         """Keep ``residual`` for the next step."""

@@ -116,16 +116,23 @@ class Communicator(CommunicatorBase):
     of them (:attr:`launched`).
 
     Arguments as :class:`~horovod_sparse.common.communicator.CommunicatorBase` (collective names
-    made op-name safe), and ``anchor``: a tensor of this group and step (its flat buffer) that
-    the first collective waits for when traced.
+    made op-name safe); the step engine's ``device`` and ``step`` are not used. The first
+    collective waits, when traced, for the tensor of this group and step given to :meth:`follow`
+    (its flat buffer).
     """
 
     def __init__(self, process_set: hvd.ProcessSet, name: str, stats: GroupStats, scale: float,
-                 anchor: Optional[tf.Tensor] = None) -> None:
-        super().__init__(process_set, name, stats, scale)
+                 size: Optional[int] = None, rank: Optional[int] = None, device: Any = None, step: Any = None) -> None:
+        super().__init__(process_set, name, stats, scale, size, rank)
         #: The output tensors of every collective launched, in order.
         self.launched: List[tf.Tensor] = []
-        self._after: List[tf.Tensor] = [] if anchor is None else [anchor]
+        self._after: List[tf.Tensor] = []
+        #: Unused: TensorFlow's exchanges start from :meth:`output`'s zeros.
+        self.output_buffer: Optional[tf.Tensor] = None
+
+    def follow(self, x: tf.Tensor) -> None:
+        """Make the first collective wait for ``x`` when traced (see the class docstring)."""
+        self._after = [x]
 
     def _name(self, tag: str) -> str:
         return op_name(super()._name(tag))

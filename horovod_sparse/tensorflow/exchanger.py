@@ -87,20 +87,19 @@ import tensorflow as tf
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
-from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.engine.model_state import ModelState, Record
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
 from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
-from horovod_sparse.common.tiers import Tiers, exchanged_numel, wants_hierarchical
-from horovod_sparse.engine.two_tier import two_tier_exchange
+from horovod_sparse.common.tiers import Tiers, wants_hierarchical
+from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.tensorflow import backend, recording
 from horovod_sparse.tensorflow.buffers import FlatGroup
-from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, gather_places, nbytes, phase_timer
+from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, gather_places, nbytes
 from horovod_sparse.tensorflow.elastic import refuse_elastic
-from horovod_sparse.tensorflow.loss_scale import ScaleReader, rescaled, scale_of
+from horovod_sparse.tensorflow.loss_scale import ScaleReader, scale_of
 from horovod_sparse.methods.base import Sparsifier, Step
 
 
@@ -115,16 +114,21 @@ class Layout:
     infos: List[ParamInfo]
     shapes: List[tf.TensorShape]
     dtypes: List[tf.DType]
-    model: ModelState
+    #: Runs the list's steps (its ``timeline``: when gradients and groups became ready, read by
+    #: LAGS and MergeComp).
+    engine: StepEngine
     groups: List[FlatGroup] = field(default_factory=list)
     step: Optional[tf.Variable] = None
-    #: When gradients and groups became ready, step after step (read by LAGS and MergeComp).
-    timeline: ReadyTimeline = field(default_factory=ReadyTimeline)
     #: The names of the variables kept dense (``dense=``).
     kept_dense: FrozenSet[str] = frozenset()
     #: Whether every step runs eagerly on the host, also inside a ``tf.function`` (a method that
     #: decides from the step's values, or groups that change between steps).
     host: bool = False
+
+    @property
+    def model(self) -> ModelState:
+        """The list's method state per group, MergeComp, checkpoints (the engine's)."""
+        return self.engine.model
 
     @property
     def mergecomp(self) -> Optional[MergeCompScheduler]:
@@ -476,6 +480,7 @@ class GradientExchanger:
             self._hierarchical = self.tiers is not None  # a flat layout: nothing to split, ever
         if self.tiers is not None:
             layout.model.use_tiers(self.tiers)
+            layout.engine.tiers = self.tiers
 
     def _require_same_configuration(self, layout: Layout) -> None:
         """Every rank raises the same ``ValueError`` unless all have the same configuration
@@ -508,9 +513,10 @@ class GradientExchanger:
                  for name, shape, g in zip(names, shapes, grads)]
         scheduler = None if mergecomp is None else MergeCompScheduler(
             mergecomp, names, [info.numel for info in infos], self.process_set, backend)
-        model = ModelState(self.compression, backend, self.process_set, scheduler)
-        layout = Layout(infos, shapes, [g.dtype for g in grads], model, timeline=ReadyTimeline(self.clock),
-                        kept_dense=kept_dense)
+        engine = StepEngine(self.compression, ModelState(self.compression, backend, self.process_set, scheduler),
+                            Communicator, self.process_set)
+        engine.place_timeline(lambda: ReadyTimeline(self.clock))
+        layout = Layout(infos, shapes, [g.dtype for g in grads], engine, kept_dense=kept_dense)
         layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)
         layout.host = self.sparse and (self.compression.host_exchange or mergecomp is not None)
         return layout
@@ -563,17 +569,20 @@ class GradientExchanger:
         reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
         if layout is not None:
             counter = layout.step_counter()
-            stats = StepStats(step=counter.read_value())
-            stats.groups = [self._dense_stats(group, [grads[present[i]] for i in group.positions])
-                            for group in layout.groups]
+            engine = layout.engine
+            engine.begin(counter.read_value())
+            for group in layout.groups:
+                _, stats = engine.plan(group.name, group.numel, True, group.kept_dense)
+                self._account_dense(stats, [grads[present[i]] for i in group.positions])
             counter.assign_add(1)
-            recording.publish(stats, self._record)
+            recording.publish(engine.stats, self._record)
         return reduced
 
-    def _dense_stats(self, group: FlatGroup, grads: Sequence[Any]) -> GroupStats:
-        """Statistics of a group exchanged by Horovod's dense allreduce (one per gradient)."""
-        stats = GroupStats(group.name, group.numel, group.numel, selected=group.numel,
-                           union=group.numel, dense=True, kept_dense=group.kept_dense, collectives=len(grads))
+    def _account_dense(self, stats: GroupStats, grads: Sequence[Any]) -> None:
+        """Fill a dense group's ``stats`` as Horovod's allreduce moves its ``grads`` (one collective
+        per gradient)."""
+        stats.selected = stats.union = stats.numel
+        stats.collectives = len(grads)
         for grad in grads:
             if isinstance(grad, tf.IndexedSlices):
                 stats.sent["values"] += nbytes(grad.values)
@@ -582,7 +591,6 @@ class GradientExchanger:
                 wire_bytes = nbytes(grad) // grad.dtype.size * self._dense_wire_itemsize(grad.dtype)
                 stats.sent["values"] += wire_bytes
                 stats.received["values"] += wire_bytes
-        return stats
 
     def _dense_wire_itemsize(self, dtype: tf.DType) -> int:
         """Bytes per element of a dense allreduce: 2 for floats under ``Compression.fp16``."""
@@ -718,7 +726,7 @@ class GradientExchanger:
         keep their residual as it was."""
         warm = self._dense_step(layout, step)
         for group in layout.groups:
-            if self._dense_group(group):
+            if not layout.engine.takes_sparse(group.numel, False, group.kept_dense):
                 continue  # exchanged densely: this step's gradient is dropped
             before = group.residual_value()
             x = group.load_gradients(kept, loss_scale)
@@ -739,7 +747,7 @@ class GradientExchanger:
         """Close a step run eagerly or on the host (every rank, after its collectives): hand its
         timeline to the method (LAGS measures here) and to MergeComp, apply MergeComp's
         ``residual_decay`` and switch groups when it says so."""
-        layout.model.end_step(layout.timeline.end_step(), layout.groups,
+        layout.model.end_step(layout.engine.timeline.end_step(), layout.groups,
                               lambda group, factor: group.store_residual(group.residual_value() * factor),
                               functools.partial(self._use_groups, layout))
 
@@ -761,85 +769,58 @@ class GradientExchanger:
     def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool,
                          loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
         """One step's exchange of the (non-None) gradients ``kept``, which carry the loss scale
-        ``loss_scale`` (None: unscaled): every group sparsely, in the loss's own units (divided
-        by ``loss_scale`` into the residual, the aggregate multiplied by it again), except those
-        below ``min_numel`` and, with ``warm``, all of them (warm-up), which take Horovod's dense
-        allreduce as they are. Stores the residuals and publishes the statistics; returns the
-        aggregated gradients, in ``kept``'s order."""
+        ``loss_scale`` (None: unscaled), run by the layout's engine: every group sparsely, in the
+        loss's own units (divided by ``loss_scale`` into the residual, the aggregate multiplied by
+        it again), except those the engine plans dense (``min_numel``, ``dense=``, two tiers too
+        small) and, with ``warm``, all of them (warm-up), which take Horovod's dense allreduce as
+        they are. Stores the residuals and publishes the statistics; returns the aggregated
+        gradients, in ``kept``'s order."""
         results = list(kept)
-        stats = StepStats(step=step)
-        size = self.process_set.size()
+        engine = layout.engine
+        engine.begin(step)
+        size, rank = self.process_set.size(), self.process_set.rank()
         scale = 1.0 / size if self.op == hvd.Average else 1.0
-        inflight: List[Inflight] = []
-        dense_groups: List[FlatGroup] = []
+        dense_groups: List[Tuple[FlatGroup, GroupStats]] = []
         host = isinstance(step, int)
         for position in range(len(kept) if host else 0):
-            layout.timeline.param_ready(position)
+            engine.timeline.param_ready(position)
         with tf.device(self.device_dense):
             for group in layout.groups:
                 if host:
-                    layout.timeline.group_ready(group.name)
-                if warm or self._dense_group(group):
-                    dense_groups.append(group)
-                    continue
-                tiers = self.tiers
-                numel = exchanged_numel(tiers, group.numel)
-                group_stats = GroupStats(group.name, numel, 0)
-                stats.groups.append(group_stats)
-                with phase_timer(group_stats, "flatten"):
-                    x = group.load_gradients(kept, loss_scale)
-                # The index keeps collective names distinct after op-name normalisation.
-                name = f"{group.index}.{group.name}"
-                if tiers is None:
-                    comm = Communicator(self.process_set, name, group_stats, scale, anchor=x)
+                    engine.timeline.group_ready(group.name)
+                plan, stats = engine.plan(group.name, group.numel, warm, group.kept_dense)
+                if plan.sparse:
+                    engine.start_sparse(group, plan, stats, size, rank, scale, None,
+                                        functools.partial(group.load_gradients, kept, loss_scale))
                 else:
-                    comm = Communicator(tiers.cross_set, name, group_stats, scale)
-                with tf.init_scope():
-                    state = layout.model.method_state(group, comm.size, numel)
-                group_stats.target = self.compression.count(numel, step)
-                if tiers is None:
-                    exchange = self.compression.exchange(x, comm, state, step)
-                else:
-                    node = Communicator(tiers.node_set, name, group_stats, 1.0, anchor=x)
-                    exchange = two_tier_exchange(self.compression, x, node, comm, state, step,
-                                                 tiers.bounds(group.numel))
-                inflight.append(Inflight(exchange, comm, group))
-                inflight[-1].advance()
-            self._exchange_dense_groups(dense_groups, kept, results, stats)
-            for flight in inflight:
-                update, residual = flight.finish()
-                if loss_scale is not None:
-                    update = rescaled(update, loss_scale)
+                    dense_groups.append((group, stats))
+            self._exchange_dense_groups(dense_groups, kept, results)
+            for flight in engine.flights:
+                update = engine.finish_one(flight, loss_scale)
                 if not tf.executing_eagerly():
                     # A graph prunes ops whose outputs are unused, and a collective one rank prunes
                     # (say an alltoall that receives nothing there) would hang the other ranks.
                     with tf.control_dependencies(flight.comm.launched):
                         update = tf.identity(update)
-                flight.group.store_residual(residual)
                 for position, value in zip(flight.group.positions, flight.group.unflatten(update)):
                     results[position] = tf.cast(value, kept[position].dtype)
-        recording.publish(stats, self._record)
+        recording.publish(engine.stats, self._record)
         if host:
             self._end_step(layout)
         return results
 
-    def _dense_group(self, group: FlatGroup) -> bool:
-        """Whether ``group`` takes Horovod's dense allreduce at every step: it is kept dense,
-        below ``min_numel``, or in two tiers too small to give every rank of a node a slice."""
-        return (group.kept_dense or group.numel < self.compression.options.min_numel
-                or (self.tiers is not None and not self.tiers.splits(group.numel)))
-
-    def _exchange_dense_groups(self, groups: List[FlatGroup], kept: List[Any], results: List[Any],
-                               stats: StepStats) -> None:
-        """Horovod's dense allreduce for the groups kept dense, below ``min_numel`` or in warm-up."""
+    def _exchange_dense_groups(self, groups: List[Tuple[FlatGroup, GroupStats]], kept: List[Any],
+                               results: List[Any]) -> None:
+        """Horovod's dense allreduce for the groups planned dense, with their statistics."""
         if not groups:
             return
-        positions = [p for group in groups for p in group.positions]
+        positions = [p for group, _ in groups for p in group.positions]
         # Horovod's TensorFlow allreduce does not take bfloat16: such gradients travel as float32.
         wire = [tf.cast(kept[p], tf.float32) if kept[p].dtype == tf.bfloat16 else kept[p] for p in positions]
         for position, value in zip(positions, self._horovod_reduce(wire)):
             results[position] = tf.cast(value, kept[position].dtype)
-        stats.groups.extend(self._dense_stats(group, [kept[p] for p in group.positions]) for group in groups)
+        for group, stats in groups:
+            self._account_dense(stats, [kept[p] for p in group.positions])
 
     @staticmethod
     def _dense_gradient(grad: Any, source: Any) -> tf.Tensor:

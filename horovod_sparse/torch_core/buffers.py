@@ -64,6 +64,11 @@ class FlatGroup:
     def dtype(self) -> torch.dtype:
         return self.params[0].dtype
 
+    @property
+    def collective_name(self) -> str:
+        """The name the group's collectives carry (its :attr:`name`)."""
+        return self.name
+
     def _allocate(self) -> None:
         first = self.params[0]
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
@@ -135,6 +140,11 @@ class FlatGroup:
             self.output.copy_(update)
         if residual is not self.residual:
             self.residual.copy_(residual)
+
+    def scale_output(self, scale: torch.Tensor) -> None:
+        """Multiply the output by ``scale`` (a loss scale the gradients were divided by), in place."""
+        assert self.output is not None
+        self.output.mul_(scale)
 
     def views(self, buffer: torch.Tensor) -> List[torch.Tensor]:
         """Every parameter's slice of the flat ``buffer``, in the parameter's layout

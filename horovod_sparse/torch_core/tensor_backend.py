@@ -8,7 +8,8 @@ allocates nothing of a buffer's size (the front end reuses each group's residual
 """
 from __future__ import annotations
 
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -73,6 +74,10 @@ def chunk_counts(counts: Any, size: int, fixed: bool) -> List[int]:
 
 def host_call(decide: Callable[..., Any], args: Sequence[Any], dtype: str) -> Any:
     return decide(*args)
+
+
+def outside_trace() -> ContextManager[None]:
+    return nullcontext()
 
 
 def at_least(t: torch.Tensor, threshold: float) -> torch.Tensor:
