@@ -99,6 +99,13 @@ def allgather_payload(numel: int, like: Optional[tf.Tensor], process_set: hvd.Pr
                       process_set=process_set).numpy()
 
 
+def eager_capable() -> bool:
+    """Whether collectives can run eagerly here: in eager mode, or inside a ``tf.function``
+    (lifted out by ``tf.init_scope``), but not in a TF1-style graph (``tf.compat.v1`` sessions)."""
+    with tf.init_scope():
+        return tf.executing_eagerly()
+
+
 def op_name(text: str) -> str:
     """``text`` made a valid TensorFlow op name (Horovod matches collectives by this name)."""
     return re.sub(r"[^A-Za-z0-9_.]", "_", text)

@@ -75,97 +75,28 @@ Reliability, as on the PyTorch side:
 from __future__ import annotations
 
 import functools
-import os
 import time
-from dataclasses import dataclass, field
-from typing import IO, Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import horovod.tensorflow as hvd
-import numpy as np
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
-from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
-from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
-from horovod_sparse.common.mergecomp import MergeCompOptions
-from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.engine.model_state import ModelState, Record
-from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.engine.horovod_tiers import horovod_tiers
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step
+from horovod_sparse.common.dense_choice import DenseSpec
+from horovod_sparse.common.nonfinite import resolve_nonfinite
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
-from horovod_sparse.engine.step import StepEngine
-from horovod_sparse.tensorflow import backend, recording
-from horovod_sparse.tensorflow.buffers import FlatGroup
-from horovod_sparse.tensorflow.collectives import Communicator, allgather_bytes, gather_places, nbytes
-from horovod_sparse.tensorflow.elastic import refuse_elastic
-from horovod_sparse.tensorflow.loss_scale import ScaleReader, scale_of
 from horovod_sparse.methods.base import Sparsifier, Step
-
-
-
-@dataclass
-class Layout:
-    """One list of variables (one model): what grouping knows of each (``infos``, ``shapes``,
-    ``dtypes``, in list order), its groups, its :class:`ModelState` (method state per group,
-    MergeComp, checkpoints), and the number of exchanges this list has gone through (the
-    ``step`` the sparsifiers see)."""
-
-    infos: List[ParamInfo]
-    shapes: List[tf.TensorShape]
-    dtypes: List[tf.DType]
-    #: Runs the list's steps (its ``timeline``: when gradients and groups became ready, read by
-    #: LAGS and MergeComp).
-    engine: StepEngine
-    groups: List[FlatGroup] = field(default_factory=list)
-    step: Optional[tf.Variable] = None
-    #: The names of the variables kept dense (``dense=``).
-    kept_dense: FrozenSet[str] = frozenset()
-    #: Whether every step runs eagerly on the host, also inside a ``tf.function`` (a method that
-    #: decides from the step's values, or groups that change between steps).
-    host: bool = False
-
-    @property
-    def model(self) -> ModelState:
-        """The list's method state per group, MergeComp, checkpoints (the engine's)."""
-        return self.engine.model
-
-    @property
-    def mergecomp(self) -> Optional[MergeCompScheduler]:
-        """The MergeComp scheduler choosing the groups (``groups="mergecomp"``), else None."""
-        return self.model.mergecomp
-
-    def step_counter(self) -> tf.Variable:
-        """The step counter, created on first use outside any ``tf.function``."""
-        if self.step is None:
-            with tf.init_scope():
-                self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="hs_step")
-        return self.step
-
-    def steps(self) -> int:
-        """The step counter's value (0 before the first exchange), eagerly."""
-        return 0 if self.step is None else int(self.step.numpy())
-
-
-def _horovod_groups(groups: Any) -> Any:
-    """``groups=`` for Horovod's own dense reduction: its int and lists of variables as they are,
-    ``"tensor"`` as no grouping and ``"model"`` as one group; other strategies only shape the
-    flat buffers of a sparsifier."""
-    mergecomp = MergeCompOptions.from_spec(groups) is not None
-    if isinstance(groups, str) and groups in ("tensor", "model"):
-        return None if groups == "tensor" else 1
-    if not isinstance(groups, str) and not mergecomp:
-        return groups
-    named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={groups!r}"
-    raise ValueError(f"{named} sets the flat buffers of a sparsifier; with Horovod's dense compressors "
-                     "pass an int, lists of variables, 'tensor' or 'model'")
-
-
-def _unique_names(names: List[str]) -> List[str]:
-    """Names that identify each source (groups and collectives are named after them): a name
-    TensorFlow gave to several variables gets the source's position appended, ``name@3``."""
-    repeated = {name for name in names if names.count(name) > 1}
-    return [f"{name}@{i}" if name in repeated else name for i, name in enumerate(names)]
+from horovod_sparse.tensorflow import recording
+from horovod_sparse.tensorflow.buffers import FlatGroup
+from horovod_sparse.tensorflow.collectives import eager_capable
+from horovod_sparse.tensorflow.dense import DenseExchange, horovod_groups
+from horovod_sparse.tensorflow.elastic import refuse_elastic
+from horovod_sparse.tensorflow.host_step import host_step
+from horovod_sparse.tensorflow.layout import Layout, Layouts
+from horovod_sparse.tensorflow.loss_scale import ScaleReader, scale_of
+from horovod_sparse.tensorflow.nonfinite_steps import NonfiniteSteps
+from horovod_sparse.tensorflow.shared_state import SharedState
 
 
 def _exchangeable(source: Any) -> bool:
@@ -173,41 +104,7 @@ def _exchangeable(source: Any) -> bool:
     return tf.as_dtype(source.dtype).is_floating and tf.TensorShape(source.shape).num_elements() != 0
 
 
-def _all_finite(tensor: tf.Tensor) -> tf.Tensor:
-    """Whether every element of ``tensor`` is finite (a boolean scalar), as the PyTorch side
-    decides it: a NaN or Inf anywhere makes the sum non-finite, so one summing pass settles the
-    usual case; only a non-finite sum (finite values near the dtype's maximum can also overflow
-    it) takes the exact elementwise check, which writes a full-size boolean tensor."""
-    accumulate = tf.float64 if tensor.dtype == tf.float64 else tf.float32
-    return tf.cond(tf.math.is_finite(tf.reduce_sum(tf.cast(tensor, accumulate))), lambda: tf.constant(True),
-                   lambda: tf.reduce_all(tf.math.is_finite(tensor)))
-
-
-def inter_op_threads() -> int:
-    """The threads of TensorFlow's inter-op pool: as configured
-    (``tf.config.threading.set_inter_op_parallelism_threads``), else (0, the default) TensorFlow's
-    choice, one per CPU this process may run on."""
-    configured = tf.config.threading.get_inter_op_parallelism_threads()
-    if configured:
-        return configured
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-def _eager_capable() -> bool:
-    """Whether collectives can run eagerly here: in eager mode, or inside a ``tf.function``
-    (lifted out by ``tf.init_scope``), but not in a TF1-style graph (``tf.compat.v1`` sessions)."""
-    with tf.init_scope():
-        return tf.executing_eagerly()
-
-
-def _source_name(source: Any, position: int) -> str:
-    try:
-        return str(source.name)
-    except (AttributeError, ValueError):  # eager tensors have no name
-        return f"source{position}"
-
-
-class GradientExchanger:
+class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
     """Exchanges one step's gradients over Horovod: sparsely through a sparsifier, or densely
     through Horovod's own allreduce function.
 
@@ -280,10 +177,10 @@ class GradientExchanger:
         self.tiers: Optional[Tiers] = None
         self.device_dense = device_dense
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
-        horovod_groups = None if self.sparse else _horovod_groups(groups)
         self._horovod_reduce = hvd._make_allreduce_grads_fn(
             name, device_dense, device_sparse, hvd.Compression.none if self.sparse else compression,
-            sparse_as_dense, op, gradient_predivide_factor, horovod_groups, process_set)
+            sparse_as_dense, op, gradient_predivide_factor, None if self.sparse else horovod_groups(groups),
+            process_set)
         self._layouts: Dict[Tuple[Any, ...], Layout] = {}
         self._last_layout: Optional[Layout] = None
         #: Checkpointed layouts not yet matched by a variable list (see :meth:`load_state_dict`).
@@ -300,251 +197,6 @@ class GradientExchanger:
         #: tests give a virtual one, as PyTorch's ``opt.timeline = ReadyTimeline(clock)``).
         self.clock: Callable[[], float] = time.perf_counter
 
-    # -- bookkeeping ------------------------------------------------------------------------------
-    @property
-    def steps(self) -> int:
-        """Exchanges run so far by the variable list exchanged last (on this rank)."""
-        return 0 if self._last_layout is None else self._last_layout.steps()
-
-    def _record(self, stats: StepStats) -> None:
-        self.last_stats = finish_step(stats, self._stats_log)
-
-    def groups(self) -> List[List[str]]:
-        """Variable names of every group of the variable list exchanged last, in group order."""
-        layout = self._last_layout
-        return [] if layout is None else [list(g.names) for g in layout.groups]
-
-    @property
-    def mergecomp(self) -> Optional[MergeCompScheduler]:
-        """The MergeComp scheduler of the variable list exchanged last (``groups="mergecomp"``:
-        its ``result`` holds the choice once the search decided), else None."""
-        return None if self._last_layout is None else self._last_layout.mergecomp
-
-    def residuals(self) -> Dict[str, tf.Tensor]:
-        """Each group's residual between steps, flat, keyed by group name (variable list
-        exchanged last)."""
-        layout = self._last_layout
-        return {} if layout is None else {g.name: g.residual_value() for g in layout.groups}
-
-    def _abandoned_flag(self) -> tf.Variable:
-        """Whether the last exchange was abandoned, created on first use outside any ``tf.function``."""
-        if self._abandoned is None:
-            with tf.init_scope():
-                self._abandoned = tf.Variable(False, trainable=False, name="hs_abandoned")
-        return self._abandoned
-
-    def take_abandoned(self) -> Any:
-        """Whether the gradients of the last exchange were abandoned (a bool; a boolean tensor
-        inside a ``tf.function``), then forgets it: the Keras wrapper asks once per update, and
-        then applies no update and calls :meth:`report_abandoned`."""
-        flag = self._abandoned_flag()
-        abandoned = flag.read_value()
-        if tf.executing_eagerly():
-            abandoned = bool(abandoned)
-        flag.assign(False)
-        return abandoned
-
-    def report_abandoned(self) -> None:
-        """Apply the ``nonfinite`` policy to the last abandoned exchange (``reports_in="apply"``):
-        raise ``FloatingPointError`` (``"raise"``) or warn (``"skip"``)."""
-        assert self.nonfinite is not None and self._abandoned_report is not None
-        apply_nonfinite_policy(self.nonfinite, *self._abandoned_report)
-
-    def update_unless_abandoned(self, abandoned: Any, update: Callable[[], Any]) -> None:
-        """Run ``update`` (the optimizer's update with the exchanged gradients) unless
-        ``abandoned`` (what :meth:`take_abandoned` returned; False where the policy is off): then
-        no update, and :meth:`report_abandoned` instead. A boolean tensor (traced) decides in a
-        ``tf.cond``, the report running in a ``tf.py_function``; ``update``'s result is dropped."""
-        if not tf.is_tensor(abandoned):
-            if abandoned:
-                self.report_abandoned()
-            else:
-                update()
-            return
-
-        def report() -> None:
-            tf.py_function(self.report_abandoned, inp=[], Tout=[], name="horovod_sparse_abandoned")
-
-        def apply() -> None:
-            update()
-
-        tf.cond(abandoned, report, apply)
-
-    # -- checkpoints ------------------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        """This rank's sparsification state, as NumPy arrays and plain Python objects (picklable,
-        unaffected by later steps): under ``"layouts"``, per variable list exchanged so far, its
-        :meth:`ModelState.record` (step counter, MergeComp's grouping, the method's own state
-        such as LAGS's measurements, and per group the residual and the method state with the
-        number of workers it was built for). Residuals are per rank: save every rank's state to
-        resume exactly. The wrapped optimizer's own state is saved the usual TensorFlow way."""
-        return {"layouts": [layout.model.record(layout.groups, layout.steps(), per_rank=True)
-                            for layout in self._layouts.values()]}
-
-    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict`. Each saved variable list is restored into the variable
-        list exchanged now, or at its first exchange, whose groups have the same names and sizes
-        (so load it in a fresh process before the first step, or after). Saved by a different
-        number of workers, the residuals and the step counter are restored and the method state
-        built for that number is rebuilt for this one at the next exchange, as on the PyTorch
-        side (partition tables, thresholds, gTop-k's schedule; DGC keeps its velocity). A
-        variable list whose groups match no saved one, while some are still waiting, raises
-        ``ValueError``: at its first exchange, on every rank, even when only some ranks loaded
-        a checkpoint."""
-        self._pending_layouts = list(state_dict["layouts"])
-        for layout in self._layouts.values():
-            problem = self._restore(layout)
-            if problem:
-                raise ValueError(problem)
-
-    def _restore(self, layout: Layout) -> str:
-        """Load the waiting checkpointed record that matches ``layout`` (same groups, or for a
-        MergeComp layout the grouping of the same variables), if any; what is wrong when none
-        matches while some are waiting (empty when all is well)."""
-        if not self._pending_layouts:
-            return ""
-        names = sorted(info.name for info in layout.infos)
-        signature = {g.name: g.numel for g in layout.groups}
-
-        def matches(saved: Record) -> bool:
-            if layout.mergecomp is not None and saved.get("mergecomp") is not None:
-                return sorted(saved["mergecomp"]["order"]) == names
-            return {name: entry["numel"] for name, entry in saved["groups"].items()} == signature
-
-        position = next((i for i, saved in enumerate(self._pending_layouts) if matches(saved)), None)
-        if position is None:
-            return (f"checkpoint does not match the exchanger's groups: groups {signature} "
-                    f"(name: elements) are not among the saved ones "
-                    f"{[{n: r['numel'] for n, r in s['groups'].items()} for s in self._pending_layouts]}; "
-                    "load it with the same model and groups= it was saved with")
-        saved = self._pending_layouts.pop(position)
-        with tf.init_scope():
-            try:
-                steps = layout.model.restore(saved, layout.groups, functools.partial(self._use_groups, layout))
-            except ValueError as error:
-                return str(error)
-            layout.step_counter().assign(steps)
-        return ""
-
-    def _restore_everywhere(self, layout: Layout) -> None:
-        """:meth:`_restore` on every rank, then a ``ValueError`` on every rank if it failed on
-        any (with Horovod's idiom only rank 0 loads a checkpoint: the others must not wait for
-        it in the next collective). Collective, run eagerly."""
-        problem = self._restore(layout)
-        problems = allgather_bytes(problem.encode(), "hs.restore",
-                                   process_set=self.process_set)
-        failed = [f"rank {rank}: {text.decode()}" for rank, text in enumerate(problems) if text]
-        if failed:
-            raise ValueError(" | ".join(failed))
-
-    # -- layout -----------------------------------------------------------------------------------
-    def _layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
-        """The layout of ``sources``; the first time, after checking that every rank has the same
-        configuration and restoring a waiting checkpoint (collective: all ranks exchange the same
-        variable lists in the same order)."""
-        key = tuple(s.ref() for s in sources)
-        layout = self._layouts.get(key)
-        if layout is None:
-            layout = self._new_layout(grads, sources)
-            self._require_same_configuration(layout)
-            self._split_into_tiers(layout)
-            self._restore_everywhere(layout)
-            self._agree(layout)
-            self._layouts[key] = layout
-        self._last_layout = layout
-        return layout
-
-    def _agree(self, layout: Layout) -> None:
-        """Every rank takes the first rank's step counter and method state shared by all ranks
-        (thresholds, partition tables, schedules, LAGS's measurements) for this variable list,
-        at its first exchange; residuals and per-rank method state (DGC's velocity) stay each
-        rank's own. So Horovod's checkpoint idiom (rank 0 alone restores, then broadcasts the
-        variables, e.g. Keras' ``BroadcastGlobalVariablesCallback``) resumes in step on every
-        rank: rank 0 with its saved residuals, the others with empty ones. Collective, run
-        eagerly."""
-        if not self.sparse:
-            return
-        with tf.init_scope():
-            steps = layout.model.agree(0, layout.groups, layout.steps(), functools.partial(self._use_groups, layout))
-            layout.step_counter().assign(steps)
-
-    def _split_into_tiers(self, layout: Layout) -> None:
-        """With ``hierarchical``, find or add the tiers' process sets (once, eagerly: collective,
-        after the configuration check, so every rank asks for them or none does) and run the
-        method's state of ``layout`` over this rank's cross set."""
-        if not self._hierarchical:
-            return
-        if self.tiers is None:
-            with tf.init_scope():
-                self.tiers = horovod_tiers(self._hierarchical_arg, hvd, self.process_set, gather_places)
-            self._hierarchical = self.tiers is not None  # a flat layout: nothing to split, ever
-        if self.tiers is not None:
-            layout.model.use_tiers(self.tiers)
-            layout.engine.tiers = self.tiers
-
-    def _require_same_configuration(self, layout: Layout) -> None:
-        """Every rank raises the same ``ValueError`` unless all have the same configuration
-        (:meth:`ModelState.require_same_configuration`). Sparse collectives are named after
-        the groups, so their names count; Horovod's dense path names its ops itself, so only
-        sizes and dtypes count there. Collective."""
-        layout.model.require_same_configuration(
-            {"op": op_name(self.op, hvd), "gradient_predivide_factor": self.gradient_predivide_factor,
-             "nonfinite": self.nonfinite, "nonfinite_reported_in": self.reports_in,
-             "sparse_as_dense": self.sparse_as_dense,
-             "backward_passes_per_step": self.backward_passes_per_step, "hierarchical": self._hierarchical,
-             "dense": sorted(layout.kept_dense)},
-            [(g.name if self.sparse else str(g.index), g.numel, g.dtype.name, [s.as_list() for s in g.shapes])
-             for g in layout.groups])
-
-    def _new_layout(self, grads: Sequence[Any], sources: Sequence[Any]) -> Layout:
-        names = _unique_names([_source_name(s, i) for i, s in enumerate(sources)])
-        shapes = [tf.TensorShape(g.shape) for g in grads]
-        for name, shape in zip(names, shapes):
-            if not shape.is_fully_defined():
-                raise ValueError(f"gradient of {name!r} has shape {shape}, which is not fully defined; "
-                                 "horovod_sparse needs static shapes to lay out its flat buffers")
-        spec = self.groups_spec
-        if isinstance(spec, (list, tuple)):
-            position = {s.ref(): i for i, s in enumerate(sources)}
-            spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
-        mergecomp = MergeCompOptions.from_spec(spec) if self.sparse else None
-        kept_dense = chosen_dense(self.dense_spec, names, "variable")
-        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
-                 for name, shape, g in zip(names, shapes, grads)]
-        scheduler = None if mergecomp is None else MergeCompScheduler(
-            mergecomp, names, [info.numel for info in infos], self.process_set, backend)
-        engine = StepEngine(self.compression, ModelState(self.compression, backend, self.process_set, scheduler),
-                            Communicator, self.process_set)
-        engine.place_timeline(lambda: ReadyTimeline(self.clock))
-        layout = Layout(infos, shapes, [g.dtype for g in grads], engine, kept_dense=kept_dense)
-        layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)
-        layout.host = self.sparse and (self.compression.host_exchange or mergecomp is not None)
-        return layout
-
-    def _form_groups(self, layout: Layout, spec: Any) -> List[FlatGroup]:
-        default = self.compression.default_grouping if self.sparse else "tensor"
-        return [FlatGroup(i, [layout.infos[j].name for j in members], list(members),
-                          [layout.shapes[j] for j in members], layout.dtypes[members[0]],
-                          kept_dense=layout.infos[members[0]].name in layout.kept_dense)
-                for i, members in enumerate(form_groups(
-                    layout.infos, spec, default,
-                    kept=[j for j, info in enumerate(layout.infos) if info.name in layout.kept_dense]))]
-
-    def _use_groups(self, layout: Layout, members: List[List[int]]) -> List[FlatGroup]:
-        """Switch ``layout`` to new groups (lists of positions in the variable list) between
-        steps, eagerly: residuals carry over exactly, sparsifier states restart. Returns them."""
-        pieces: Dict[int, tf.Tensor] = {}
-        for group in layout.groups:
-            if group.residual is not None:
-                pieces.update(zip(group.positions, tf.split(group.residual_value(), group.numels)))
-        layout.groups = self._form_groups(layout, members)
-        for group in layout.groups:
-            if any(p in pieces for p in group.positions):
-                group.store_residual(tf.concat([pieces.get(p, tf.zeros([n], group.dtype))
-                                                for p, n in zip(group.positions, group.numels)], axis=0))
-        layout.model.states.clear()
-        return layout.groups
-
     # -- the exchange -----------------------------------------------------------------------------
     def __call__(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool = False) -> List[Any]:
         """The aggregated gradients of ``grads`` (one per source, same order). With a sparsifier a
@@ -559,50 +211,11 @@ class GradientExchanger:
         return self._exchange_sparse(grads, sources)
 
     @tf.autograph.experimental.do_not_convert
-    def _exchange_dense(self, grads: Sequence[Any], sources: Sequence[Any], use_generic_names: bool) -> List[Any]:
-        present = [i for i, g in enumerate(grads) if g is not None]
-        layout = None
-        # Horovod's reduction needs nothing of ours; the layout only feeds the statistics, which
-        # a TF1-style graph (no eager collectives, even at trace time) goes without.
-        if present and self.process_set.included() and _eager_capable():
-            layout = self._layout([grads[i] for i in present], [sources[i] for i in present])
-        reduced = self._horovod_reduce(list(grads), list(sources), use_generic_names)
-        if layout is not None:
-            counter = layout.step_counter()
-            engine = layout.engine
-            engine.begin(counter.read_value())
-            for group in layout.groups:
-                _, stats = engine.plan(group.name, group.numel, True, group.kept_dense)
-                self._account_dense(stats, [grads[present[i]] for i in group.positions])
-            counter.assign_add(1)
-            recording.publish(engine.stats, self._record)
-        return reduced
-
-    def _account_dense(self, stats: GroupStats, grads: Sequence[Any]) -> None:
-        """Fill a dense group's ``stats`` as Horovod's allreduce moves its ``grads`` (one collective
-        per gradient)."""
-        stats.selected = stats.union = stats.numel
-        stats.collectives = len(grads)
-        for grad in grads:
-            if isinstance(grad, tf.IndexedSlices):
-                stats.sent["values"] += nbytes(grad.values)
-                stats.sent["indices"] += nbytes(grad.indices)
-            else:
-                wire_bytes = nbytes(grad) // grad.dtype.size * self._dense_wire_itemsize(grad.dtype)
-                stats.sent["values"] += wire_bytes
-                stats.received["values"] += wire_bytes
-
-    def _dense_wire_itemsize(self, dtype: tf.DType) -> int:
-        """Bytes per element of a dense allreduce: 2 for floats under ``Compression.fp16``."""
-        fp16 = not self.sparse and self.compression is hvd.Compression.fp16
-        return tf.float16.size if fp16 and dtype.is_floating else dtype.size
-
-    @tf.autograph.experimental.do_not_convert
     def _exchange_sparse(self, grads: Sequence[Any], sources: Sequence[Any]) -> List[Any]:
         if not self.process_set.included():
             return list(grads)
         eager = tf.executing_eagerly()
-        if not _eager_capable():
+        if not eager_capable():
             raise RuntimeError("horovod_sparse sparsifiers run in TensorFlow 2 (eager, tf.function, Keras "
                                "model.fit), not in a TF1-style graph (tf.compat.v1 sessions, eager execution "
                                "disabled): they agree their configuration across ranks once, eagerly. Use "
@@ -625,7 +238,10 @@ class GradientExchanger:
             # policy, as the tape's loss_scaler= is at construction.
             resolve_nonfinite(self.nonfinite, self.sparse, scaled=True)
         if layout.host and not eager:
-            exchanged, abandoned = self._host_step(kept, layout, loss_scale)
+            what = ("MergeComp's grouping" if layout.mergecomp is not None
+                    else f"{self.compression.method_name}'s exchange")
+            exchanged, abandoned = host_step(lambda grads, scale: self._sparse_step(grads, layout, scale),
+                                             kept, loss_scale, what)
         else:
             exchanged, abandoned = self._sparse_step(kept, layout, loss_scale)
         if self.reports_in == "apply" and self.nonfinite is not None:
@@ -633,37 +249,6 @@ class GradientExchanger:
         for position, value in zip(positions, exchanged):
             results[position] = value
         return results
-
-    def _host_step(self, kept: List[tf.Tensor], layout: Layout,
-                   loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], tf.Tensor]:
-        """:meth:`_sparse_step` as eager mode runs it, in one ``tf.py_function`` that runs it,
-        collectives included, each time the traced step runs: for a layout whose method decides
-        on the host (``Sparsifier.host_exchange``) or whose groups change between steps
-        (MergeComp). Only one such function runs at a time on a rank (every one is a stateful
-        op, ordered by the function's automatic control dependencies), so ranks cannot block
-        each other on two of them."""
-
-        threads = inter_op_threads()
-        if threads < 2:
-            method = self.compression.method_name
-            what = "MergeComp's grouping" if layout.mergecomp is not None else f"{method}'s exchange"
-            raise RuntimeError(
-                f"horovod_sparse runs {what} on the host inside the traced step, in a tf.py_function that holds "
-                f"one TensorFlow inter-op thread while its collectives run and needs another to finish them: with "
-                f"{threads} inter-op thread the step would hang. Give TensorFlow at least 2 "
-                f"(tf.config.threading.set_inter_op_parallelism_threads(2) before it starts; the default, 0, is one "
-                f"per CPU), or run the step eagerly (Keras: run_eagerly=True)")
-
-        def run(*inputs: tf.Tensor) -> List[Any]:
-            exchanged, abandoned = self._sparse_step(list(inputs[:len(kept)]), layout,
-                                                     None if loss_scale is None else inputs[-1])
-            return [*exchanged, abandoned]
-
-        *results, abandoned = tf.py_function(run, inp=kept if loss_scale is None else [*kept, loss_scale],
-                                             Tout=[*(g.dtype for g in kept), tf.bool], name="horovod_sparse_host_step")
-        for result, grad in zip(results, kept):
-            result.set_shape(grad.shape)
-        return results, abandoned
 
     def _sparse_step(self, kept: List[tf.Tensor], layout: Layout,
                      loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], Any]:
@@ -692,50 +277,6 @@ class GradientExchanger:
                            lambda: self._exchange_groups(kept, layout, step, False, loss_scale))
         return self._exchange_groups(kept, layout, step, False, loss_scale)
 
-    def _exchange_if_finite(self, kept: List[tf.Tensor], layout: Layout, step: Step, counter: tf.Variable,
-                            loss_scale: Optional[tf.Tensor]) -> Tuple[List[tf.Tensor], Any]:
-        """The step's exchange if no rank has a non-finite gradient, else :meth:`_abandon`;
-        counts the step, then reports it (:meth:`_report_nonfinite`). Returns the gradients and
-        whether the step was abandoned: the report's answer (traced: its ``tf.py_function``'s
-        output, so that whatever reads it, :meth:`take_abandoned`, runs after the report)."""
-        finite = [tf.reduce_all([_all_finite(kept[p]) for p in group.positions])
-                  for group in layout.groups]
-        local = tf.reshape(tf.cast(tf.logical_not(tf.reduce_all(finite)), tf.int32), [1])
-        flags = hvd.allgather(local, name="hs.nonfinite", ignore_name_scope=True, process_set=self.process_set)
-        if isinstance(step, int):
-            if bool(tf.reduce_any(flags > 0)):
-                exchanged = self._abandon(kept, layout, step, finite, loss_scale)
-            else:
-                exchanged = self._exchange_step(kept, layout, step, loss_scale)
-        else:
-            exchanged = tf.cond(tf.reduce_any(flags > 0),
-                                lambda: self._abandon(kept, layout, step, finite, loss_scale),
-                                lambda: self._exchange_step(kept, layout, step, loss_scale))
-        counter.assign_add(1)
-        report = functools.partial(self._report_nonfinite, [g.name for g in layout.groups])
-        if isinstance(step, int):
-            return exchanged, report(flags, tf.stack(finite), step)
-        return exchanged, tf.py_function(report, inp=[flags, tf.stack(finite), step], Tout=tf.bool,
-                                         name="horovod_sparse_nonfinite")
-
-    def _abandon(self, kept: List[tf.Tensor], layout: Layout, step: Step, finite: List[tf.Tensor],
-                 loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
-        """An abandoned step: nothing is exchanged and every gradient returned is NaN (so a loss
-        scaler sees the overflow, as after Horovod's allreduce of one); each sparse group finite
-        on this rank adds its gradient (divided by ``loss_scale``) to its residual, the others
-        keep their residual as it was."""
-        warm = self._dense_step(layout, step)
-        for group in layout.groups:
-            if not layout.engine.takes_sparse(group.numel, False, group.kept_dense):
-                continue  # exchanged densely: this step's gradient is dropped
-            before = group.residual_value()
-            x = group.load_gradients(kept, loss_scale)
-            group.store_residual(tf.where(tf.logical_and(finite[group.index], tf.logical_not(warm)), x, before))
-        recording.publish(StepStats(step=step, abandoned=True), self._record)
-        if isinstance(step, int):
-            self._end_step(layout)
-        return [tf.fill(g.shape, tf.constant(np.nan, g.dtype)) for g in kept]
-
     def _dense_step(self, layout: Layout, step: Step) -> Any:
         """Whether every group of ``layout`` is exchanged dense at ``step``: warm-up, or the
         step MergeComp records the gradients' order on."""
@@ -750,21 +291,6 @@ class GradientExchanger:
         layout.model.end_step(layout.engine.timeline.end_step(), layout.groups,
                               lambda group, factor: group.store_residual(group.residual_value() * factor),
                               functools.partial(self._use_groups, layout))
-
-    def _report_nonfinite(self, names: List[str], flags: Any, finite: Any, step: Any) -> bool:
-        """Whether some rank had a non-finite gradient (``flags[r]``: rank r saw a NaN/Inf;
-        ``finite[i]``: whether group ``names[i]`` is finite here). If one had, keep the report
-        for :meth:`report_abandoned` and, with ``reports_in="exchange"``, apply the
-        ``nonfinite`` policy now."""
-        bad_ranks = [rank for rank, flag in enumerate(np.asarray(flags)) if flag]
-        if not bad_ranks:
-            return False
-        assert self.nonfinite is not None
-        groups = [name for name, ok in zip(names, np.asarray(finite)) if not ok]
-        self._abandoned_report = (bad_ranks, int(np.asarray(step)), groups)
-        if self.reports_in == "exchange":
-            apply_nonfinite_policy(self.nonfinite, *self._abandoned_report)
-        return True
 
     def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool,
                          loss_scale: Optional[tf.Tensor]) -> List[tf.Tensor]:
@@ -808,19 +334,6 @@ class GradientExchanger:
         if host:
             self._end_step(layout)
         return results
-
-    def _exchange_dense_groups(self, groups: List[Tuple[FlatGroup, GroupStats]], kept: List[Any],
-                               results: List[Any]) -> None:
-        """Horovod's dense allreduce for the groups planned dense, with their statistics."""
-        if not groups:
-            return
-        positions = [p for group, _ in groups for p in group.positions]
-        # Horovod's TensorFlow allreduce does not take bfloat16: such gradients travel as float32.
-        wire = [tf.cast(kept[p], tf.float32) if kept[p].dtype == tf.bfloat16 else kept[p] for p in positions]
-        for position, value in zip(positions, self._horovod_reduce(wire)):
-            results[position] = tf.cast(value, kept[position].dtype)
-        for group, stats in groups:
-            self._account_dense(stats, [kept[p] for p in group.positions])
 
     @staticmethod
     def _dense_gradient(grad: Any, source: Any) -> tf.Tensor:
