@@ -8,10 +8,12 @@ ones, in the same order:
   gradient-allreduce function (``horovod.tensorflow._make_allreduce_grads_fn``: same ops, same
   names, same grouping), so the tape behaves like ``hvd.DistributedGradientTape``;
 * with a sparsifier, gradients are grouped into flat buffers (the shared
-  :func:`~horovod_sparse.common.grouping.form_groups`), each group's ``g + e`` is handed to the
-  sparsifier's exchange generator, all groups are started in group order and then finished in
-  group order (as the PyTorch optimizer does), the residuals are written back, and groups
-  below ``min_numel`` or within ``warmup_steps`` take Horovod's dense allreduce.
+  :func:`~horovod_sparse.common.grouping.form_groups`) and the step runs on the step engine of
+  the PyTorch front ends (:class:`~horovod_sparse.engine.step.StepEngine`): each group's
+  ``g + e`` is handed to the sparsifier's exchange generator, all groups are started in group
+  order and then finished in group order, the residuals are written back, and groups the engine
+  plans dense (below ``min_numel``, kept dense, within ``warmup_steps``) take Horovod's dense
+  allreduce (:mod:`horovod_sparse.tensorflow.dense`).
 
 Works in eager mode and inside ``tf.function`` (Keras ``model.fit`` without ``run_eagerly``), for
 every method and grouping. Top-k, gTop-k, uniform LAGS and the hard threshold are traced into the
