@@ -172,8 +172,8 @@ class State(EngineSteps):
         engine, self._in_step = self._engine, False
         engine.timeline.backward_ended()
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else engine.ranks_with_nonfinite(
-            nonfinite_groups, lambda count: ranks_reporting(count, self._world))
+        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
+                                                lambda count: ranks_reporting(count, self._world))
         if bad_ranks:
             engine.abandon()
             for p in self._params:

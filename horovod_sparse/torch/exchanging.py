@@ -260,8 +260,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
             self._ready_count[index] = 0
         self._size_checked = False
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else self._engine.ranks_with_nonfinite(
-            nonfinite_groups, self._ranks_reporting)
+        bad_ranks = self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups, self._ranks_reporting)
         if bad_ranks:
             self._abandon_step()
         for flight in finished:
