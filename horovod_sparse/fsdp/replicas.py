@@ -102,7 +102,9 @@ class State(EngineSteps):
             if self._params:
                 raise ValueError("this state is attached to a model already: build one State per model")
             self.process_group.group = replicate_group
-        self._kept_units = hook_units(model, self.process_group.group, self._dense_spec, self.exchange)
+        # self.exchange looked up at each call, as the hooks always did (a wrapper set later is called).
+        self._kept_units = hook_units(model, self.process_group.group, self._dense_spec,
+                                      lambda name, shard: self.exchange(name, shard))
         self._params = list(model.parameters())
 
     def exchange(self, name: str, shard: torch.Tensor) -> None:
