@@ -198,8 +198,8 @@ class State(EngineSteps):
                 future.set_exception(stalled)
             return
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else engine.ranks_with_nonfinite(
-            nonfinite_groups, lambda count: ranks_reporting(count, self.process_group))
+        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
+                                                lambda count: ranks_reporting(count, self.process_group))
         if bad_ranks:
             engine.abandon()
             for update in results:

@@ -202,9 +202,14 @@ class StepEngine:
         return flights
 
     # -- the end of a step ----------------------------------------------------------------------------
-    def ranks_with_nonfinite(self, nonfinite_here: Sequence[str], reporting: Callable[[int], List[int]]) -> List[int]:
+    def ranks_with_nonfinite(self, policy: Optional[str], nonfinite_here: Sequence[str],
+                             reporting: Callable[[int], List[int]]) -> List[int]:
         """The ranks that saw a non-finite gradient this step, from ``reporting(count)`` (the
-        transport's collective of every rank's count; this rank's: ``len(nonfinite_here)``)."""
+        transport's collective of every rank's count; this rank's: ``len(nonfinite_here)``).
+        Under no ``nonfinite`` policy (``policy`` None, the same on every rank: nothing was
+        checked) there is nothing to agree on: no ranks, and ``reporting`` is not called."""
+        if policy is None:
+            return []
         return reporting(len(nonfinite_here))
 
     def abandon(self) -> List[Any]:

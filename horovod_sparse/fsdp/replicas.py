@@ -15,7 +15,6 @@ first hook): the non-finite policy is agreed over the whole job, the step closes
 """
 from __future__ import annotations
 
-import io
 import math
 from typing import IO, Any, Dict, List, Optional, Tuple
 
@@ -31,8 +30,8 @@ from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.model_state import ModelState, Record
 from horovod_sparse.engine.step import EngineSteps, StepEngine
-from horovod_sparse.fsdp.units import (ShardGroup, fsdp_units, kept_dense_units, replicate_group_of,
-                                       require_replicas_of_one_shard)
+from horovod_sparse.fsdp.checkpoint import rank_entry, record_of_rank, unit_group
+from horovod_sparse.fsdp.units import ShardGroup, fill_gradients, hook_units, replicate_group_given
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 from horovod_sparse.torch_core.loss_scale import LossScale
@@ -103,11 +102,9 @@ class State(EngineSteps):
             if self._params:
                 raise ValueError("this state is attached to a model already: build one State per model")
             self.process_group.group = replicate_group
-        units = fsdp_units(model)
-        require_replicas_of_one_shard(model, self.process_group.group)
-        self._kept_units = kept_dense_units(model, units, self._dense_spec)
-        for name, module in units:
-            module.set_all_reduce_hook(lambda shard, name=name: self.exchange(name, shard))
+        # self.exchange looked up at each call, as the hooks always did (a wrapper set later is called).
+        self._kept_units = hook_units(model, self.process_group.group, self._dense_spec,
+                                      lambda name, shard: self.exchange(name, shard))
         self._params = list(model.parameters())
 
     def exchange(self, name: str, shard: torch.Tensor) -> None:
@@ -116,7 +113,10 @@ class State(EngineSteps):
         engine = self._engine
         if not self._in_step:
             self._begin_step(shard)
-        group = self._group(name, shard)
+        group = self._groups.get(name)
+        if group is None:  # the unit's first exchange
+            group = self._groups[name] = unit_group(len(self._groups), name, shard, name in self._kept_units,
+                                                    self._saved, self._model)
         engine.timeline.group_ready(name)
         usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
         plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps,
@@ -146,39 +146,17 @@ class State(EngineSteps):
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
                                                     "dense": self._kept_units}, [])
 
-    def _group(self, name: str, shard: torch.Tensor) -> ShardGroup:
-        """Unit ``name``'s group, made at its first exchange (taking a loaded checkpoint's
-        residual and method state)."""
-        group = self._groups.get(name)
-        if group is not None:
-            return group
-        group = ShardGroup(len(self._groups), name, shard, kept_dense=name in self._kept_units)
-        saved = None if self._saved is None else self._saved["groups"].get(name)
-        if saved is not None:
-            if int(saved["numel"]) != group.numel:
-                raise ValueError(f"checkpoint does not match the model: its FSDP unit {name!r} has a shard of "
-                                 f"{saved['numel']} elements on this rank, the model's {group.numel}; load the state "
-                                 "this rank saved with the same model and mesh")
-            if saved.get("residual") is not None:
-                group.load_residual(saved["residual"].to(shard.device))
-            if saved.get("state") is not None:
-                self._model.states[group.index] = self._model.saved_group_state(saved["state"], group.numel)
-        self._groups[name] = group
-        return group
-
     def _finish_step(self) -> None:
         """After the backward pass: agree on non-finite gradients over the whole job (the step
         abandoned everywhere if a rank saw one), close the step."""
         engine, self._in_step = self._engine, False
         engine.timeline.backward_ended()
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else engine.ranks_with_nonfinite(
-            nonfinite_groups, lambda count: ranks_reporting(count, self._world))
+        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
+                                                lambda count: ranks_reporting(count, self._world))
         if bad_ranks:
             engine.abandon()
-            for p in self._params:
-                if p.grad is not None:
-                    p.grad.to_local().fill_(math.nan if self._loss_scale is not None else 0.0)
+            fill_gradients(self._params, math.nan if self._loss_scale is not None else 0.0)
         engine.close(self._model.end_step)
         if bad_ranks and self._loss_scale is None:  # with a scaler, the NaN gradients tell it
             apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
@@ -186,40 +164,22 @@ class State(EngineSteps):
     def state_dict(self) -> Dict[str, bytes]:
         """This rank's state under a key of its own, ``{"rank<r>": bytes}``: the serialised step
         counter, the method's own state and, per FSDP unit, its shard's residual and method
-        state. ``torch.distributed.checkpoint`` keeps one copy of entries sharing a key, so the
-        key is the rank's: ``dcp.save({"model": model, "replicas": state}, ...)`` keeps every
-        rank's state, as ``torch.save`` of each rank's ``state_dict()`` does."""
-        record = self._model.record(list(self._groups.values()), self.steps, per_rank=True)
-        buffer = io.BytesIO()
-        torch.save({"world_size": dist.get_world_size(), "record": record}, buffer)
-        return {_rank_key(): buffer.getvalue()}
+        state; ``dcp.save({"model": model, "replicas": state}, ...)`` keeps every rank's
+        (:mod:`horovod_sparse.fsdp.checkpoint`)."""
+        return rank_entry(self._model.record(list(self._groups.values()), self.steps, per_rank=True))
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue from a :meth:`state_dict` this rank saved in a job of the same size, model
         and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). Residuals and method states
         are taken as the units' hooks come (a shard of another size raises ``ValueError`` then,
         another job size at once); tensors go to the shards' device."""
-        key, world = _rank_key(), dist.get_world_size()
-        if key not in state_dict:
-            raise ValueError(f"this state_dict holds no state of rank {dist.get_rank()} (its keys: "
-                             f"{sorted(state_dict)[:8]}); load the state_dict this rank saved")
-        saved = torch.load(io.BytesIO(state_dict[key]), map_location="cpu", weights_only=True)
-        if saved["world_size"] != world:
-            raise ValueError(f"the replicas' state was saved by a job of {saved['world_size']} ranks, this job has "
-                             f"{world}: residuals are per rank and shard, so resume with the same ranks and mesh "
-                             "(or start the replicas' state afresh)")
-        self._saved = record = saved["record"]
+        self._saved = record = record_of_rank(state_dict)
         self._groups.clear()
         self._model.states.clear()
         if self.sparse and record.get("method") is not None:
             self.compression.load_method_state(record["method"])
         self._engine.restart_at(int(record["steps"]))
         self._check_due = True
-
-
-def _rank_key() -> str:
-    """The key of this rank's entry in :meth:`State.state_dict`."""
-    return f"rank{dist.get_rank()}"
 
 
 def compress_replicas(model: torch.nn.Module, compression: Any,
@@ -233,11 +193,7 @@ def compress_replicas(model: torch.nn.Module, compression: Any,
     ``compression`` may also be a :class:`State` built earlier (before the process group existed,
     as trainers build theirs): it is attached as built (its own ``nonfinite``, ``stats_log``,
     ``loss_scaler`` and ``dense``)."""
-    if (mesh is None) == (replicate_group is None):
-        raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
-                         "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
-    if mesh is not None:
-        replicate_group = replicate_group_of(mesh, model)
+    replicate_group = replicate_group_given(model, replicate_group, mesh)
     state = compression if isinstance(compression, State) else State(
         compression, nonfinite=nonfinite, stats_log=stats_log, loss_scaler=loss_scaler, dense=dense)
     state.attach(model, replicate_group)

@@ -1,8 +1,9 @@
 """What the FSDP2 front end reads of a sharded model: its units, the meshes they were sharded
-with, each unit's gradient shard as a flat group, and the replicate group of a 2-D mesh."""
+with, each unit's gradient shard as a flat group, the replicate group of a 2-D mesh; and the
+units' all-reduce hooks and local gradient shards it writes."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -110,3 +111,35 @@ def replicate_group_of(mesh: DeviceMesh, model: torch.nn.Module) -> dist.Process
                              f"mesh['shard'] ({shard.mesh.tolist()}); shard every unit with "
                              "fully_shard(module, mesh=mesh['shard'])")
     return mesh["replicate"].get_group()
+
+
+def replicate_group_given(model: torch.nn.Module, replicate_group: Optional[dist.ProcessGroup],
+                          mesh: Optional[DeviceMesh]) -> Optional[dist.ProcessGroup]:
+    """The replicate group given to :func:`~horovod_sparse.fsdp.replicas.compress_replicas`:
+    ``replicate_group``, or that of ``mesh`` (:func:`replicate_group_of`); ``ValueError`` unless
+    exactly one of the two is given."""
+    if (mesh is None) == (replicate_group is None):
+        raise ValueError("compress_replicas needs exactly one of replicate_group= (the torch.distributed group of "
+                         "this rank's replicas) and mesh= (a 2-D DeviceMesh named ('replicate', 'shard'))")
+    return replicate_group if mesh is None else replicate_group_of(mesh, model)
+
+
+def hook_units(model: torch.nn.Module, group: Optional[dist.ProcessGroup], dense: DenseSpec,
+               exchange: Callable[[str, torch.Tensor], None]) -> List[str]:
+    """Make ``exchange(name, shard)`` the all-reduce hook of every FSDP unit of ``model``, after
+    checking the units (:func:`fsdp_units`) and that ``group`` holds replicas of one shard
+    (:func:`require_replicas_of_one_shard`, collective). Returns the units ``dense`` keeps dense
+    (:func:`kept_dense_units`)."""
+    units = fsdp_units(model)
+    require_replicas_of_one_shard(model, group)
+    kept = kept_dense_units(model, units, dense)
+    for name, module in units:
+        module.set_all_reduce_hook(lambda shard, name=name: exchange(name, shard))
+    return kept
+
+
+def fill_gradients(params: List[torch.Tensor], value: float) -> None:
+    """Fill this rank's shard of the gradient of each of ``params`` that has one with ``value``."""
+    for p in params:
+        if p.grad is not None:
+            p.grad.to_local().fill_(value)

@@ -1,6 +1,6 @@
 """Horovod collectives as a sparsifier sees them: named, counted and timed (the contract:
 :mod:`horovod_sparse.torch_core.communicator`), issued on the optimizer's process set; and the
-blocking host collectives for rare metadata.
+blocking host collectives for rare metadata and for the agreement on non-finite gradients.
 """
 from __future__ import annotations
 
@@ -36,6 +36,14 @@ def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: hvd
     alpha-beta calibration times: on CUDA, Horovod's GPU path)."""
     payload = torch.zeros(numel, dtype=torch.float32, device=None if like is None else like.device)
     synchronize(wait(hvd.allgather_async(payload, name=name, process_set=process_set)))
+
+
+def ranks_reporting(count: int, process_set: hvd.ProcessSet) -> List[int]:
+    """The ranks of ``process_set`` whose ``count`` is not zero (one tiny blocking allgather of
+    every rank's count: how every rank learns which ranks saw a non-finite gradient)."""
+    local = torch.tensor([count], dtype=torch.int32)
+    counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=process_set))
+    return [rank for rank, theirs in enumerate(counts.tolist()) if theirs]
 
 
 def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:

@@ -10,40 +10,38 @@ optimizer. Dense groups take Horovod's own allreduce (:mod:`horovod_sparse.torch
 """
 from __future__ import annotations
 
-import math
 import os
 import warnings
-import weakref
 from contextlib import contextmanager
-from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
 
 import horovod.torch as hvd
 import torch
 
 from horovod_sparse.common.arguments import check_backward_passes
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
-from horovod_sparse.common.grouping import ParamInfo, ReadyTimeline, form_groups
+from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.common.nonfinite import apply_nonfinite_policy
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch import backend
-from horovod_sparse.torch.collectives import Communicator, gather_places
+from horovod_sparse.torch.abandoned import AbandonedStep, nan_aggregates
+from horovod_sparse.torch.collectives import Communicator, gather_places, ranks_reporting
 from horovod_sparse.torch.dense import DenseFlight
+from horovod_sparse.torch.parameters import (NamedParameters, Ordered, exchanged_parameters, flat_groups,
+                                             hook_gradients, parameter_names)
+from horovod_sparse.torch.readiness import Readiness
 from horovod_sparse.torch.shared_state import SharedState
 from horovod_sparse.torch.sparse_rows import SparseRows
-from horovod_sparse.torch.waiting import wait
 from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
 from horovod_sparse.torch_core.loss_scale import LossScale
 from horovod_sparse.torch_core.tensor_backend import read_scalars
-
-NamedParameters = Iterable[Tuple[str, torch.Tensor]]
 
 
 class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
@@ -70,18 +68,12 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._loss_scale = loss_scale
         #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first sparse group.
         self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        #: ``(bad ranks, step, groups)`` of a step abandoned by synchronize() that step() has not
-        #: met yet: it applies the policy then, unless a loss scaler skipped the step.
-        self._abandoned: Optional[Tuple[List[int], int, List[str]]] = None
-        #: Whether the warning that a loss scaler skips abandoned steps was given.
-        self._warned_scaler = False
-        names = _parameter_names(self.param_groups, named_parameters)
+        #: A step abandoned by synchronize() that step() has not met yet.
+        self._abandoned = AbandonedStep(nonfinite, scaled=loss_scale is not None)
+        names = parameter_names(self.param_groups, named_parameters)
         #: Parameter -> name, as Horovod's optimizer has it (its tests and some user code read it).
         self._parameter_names = names
-        # Integer/bool parameters, frozen ones and zero-size ones carry no gradient to exchange.
-        ordered = [(names[p], p) for group in self.param_groups for p in group["params"]
-                   if p.requires_grad and p.is_floating_point() and p.numel() > 0]
-        self._ordered = ordered
+        self._ordered = ordered = exchanged_parameters(self.param_groups, names)
         #: The names of the parameters kept dense (``dense=``): groups of their own, always dense.
         self._kept_dense = chosen_dense(dense, [name for name, _ in ordered])
         self._position = {p: i for i, (_, p) in enumerate(ordered)}
@@ -93,13 +85,9 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._engine = StepEngine(compression, self._model, Communicator, process_set, stats_log, read_scalars)
         self._engine.place_timeline(lambda: ready_timeline(ordered[0][1].device if ordered else torch.device("cpu")))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
-        self._group_of = {p: g for g in self._groups for p in g.params}
         #: This step's finiteness decisions (groups and sparse-gradient parameters).
         self._finiteness = StepFiniteness()
-        self._delay = {p: backward_passes_per_step for _, p in ordered}
-        self._ready_count = {g.index: 0 for g in self._groups}
-        #: The groups launched this step and not yet finished (their flights are the engine's).
-        self._inflight: Set[int] = set()
+        self._readiness = Readiness([p for _, p in ordered], self._groups, backward_passes_per_step)
         self._synchronized = False
         self._should_synchronize = True
         #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
@@ -128,11 +116,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
                 self._engine.tiers = horovod_tiers(hierarchical, hvd, process_set, gather_places)
             if self.tiers is not None:
                 self._model.use_tiers(self.tiers)
-            # Through a weak reference: a tensor's hooks are invisible to the garbage collector, so
-            # a bound method there would keep the optimizer and its flat buffers alive for good.
-            hook = _weak_hook(self._hook)
-            for _, p in ordered:
-                p.register_post_accumulate_grad_hook(hook)
+            hook_gradients(ordered, self._hook)
 
     @property
     def mergecomp(self) -> Optional[MergeCompScheduler]:
@@ -141,20 +125,10 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         return self._model.mergecomp
 
     # -- grouping ---------------------------------------------------------------------------------
-    def _form_groups(self, ordered: List[Tuple[str, torch.Tensor]], spec: Any) -> List[FlatGroup]:
-        infos = [ParamInfo(name, p.numel(), f"{p.dtype}/{p.device}") for name, p in ordered]
-        kept = [i for i, (name, _) in enumerate(ordered) if name in self._kept_dense]
-        if isinstance(spec, (list, tuple)):
-            position = {id(p): i for i, (_, p) in enumerate(ordered)}
-            for members in spec:
-                for p in members:
-                    if not isinstance(p, torch.Tensor):
-                        raise ValueError("groups must consist of torch.Tensor.")
-            spec = [[position[id(p)] for p in members if id(p) in position] for members in spec]
+    def _form_groups(self, ordered: Ordered, spec: Any) -> List[FlatGroup]:
+        """The groups ``spec`` (``groups=``) asks for, the method's default grouping for None."""
         default = self._compression.default_grouping if self._sparse else "tensor"
-        return [FlatGroup(i, [ordered[j][0] for j in members], [ordered[j][1] for j in members],
-                          kept_dense=ordered[members[0]][0] in self._kept_dense)
-                for i, members in enumerate(form_groups(infos, spec, default, kept=kept))]
+        return flat_groups(ordered, spec, default, self._kept_dense)
 
     def _use_groups(self, members: List[List[int]]) -> List[FlatGroup]:
         """Switch to new groups (lists of positions in the parameter order) between steps:
@@ -162,8 +136,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         groups = self._form_groups(self._ordered, [[self._ordered[j][1] for j in m] for m in members])
         carry_residuals(self._groups, groups)
         self._groups = groups
-        self._group_of = {p: g for g in groups for p in g.params}
-        self._ready_count = {g.index: 0 for g in groups}
+        self._readiness.use_groups(groups)
         self._model.states.clear()
         return groups
 
@@ -196,18 +169,13 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
 
     # -- launching --------------------------------------------------------------------------------
     def _hook(self, p: torch.Tensor) -> None:
-        if self._delay[p] <= 0:
-            raise AssertionError("Gradients were computed more than backward_passes_per_step times "
-                                 "before call to step(). Increase backward_passes_per_step to "
-                                 "accumulate gradients locally.")
-        self._delay[p] -= 1
-        if self._delay[p] > 0:
+        """``p``'s gradient was accumulated: launch its group once the group is ready."""
+        if not self._readiness.final(p):
             return
         self._agree_if_due()
         self.timeline.param_ready(self._position[p])
-        group = self._group_of[p]
-        self._ready_count[group.index] += 1
-        if self._ready_count[group.index] == len(group.params):
+        group = self._readiness.group_ready(p)
+        if group is not None:
             self._launch(group)
 
     def _launch(self, group: FlatGroup) -> None:
@@ -223,7 +191,6 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
             scale = 1.0 / size
         else:
             prescale = postscale = scale = 1.0
-        self._inflight.add(group.index)
         if not plan.sparse:
             compression = hvd.Compression.none if self._sparse else self._compression
             self._engine.keep(DenseFlight(group, stats, compression, self.process_set, self.op, prescale, postscale))
@@ -246,50 +213,36 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         if not self.process_set.included():
             self._synchronized = True
             return
-        self._warn_if_skipped_by_scaler()
+        self._abandoned.warn_if_skipped()
         self._agree_if_due()
+        launched = {flight.group.index for flight in self._engine.flights}
         for group in self._groups:
-            if group.index not in self._inflight and self._ready_count[group.index] < len(group.params):
+            if group.index not in launched and not self._readiness.ready(group):
                 self._launch(group)
         finished = self._engine.finish(order=lambda flight: flight.group.index)
-        self._inflight.clear()
         self._sparse_rows.wait()
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
-        for index in self._ready_count:
-            self._ready_count[index] = 0
+        self._readiness.next_step(self.backward_passes_per_step)
         self._size_checked = False
         nonfinite_groups = self._finiteness.nonfinite()
-        bad_ranks = [] if self.nonfinite is None else self._engine.ranks_with_nonfinite(
-            nonfinite_groups, self._ranks_reporting)
+        bad_ranks = self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
+                                                      lambda count: ranks_reporting(count, self.process_set))
         if bad_ranks:
-            self._abandon_step()
+            # Residuals get back what they delivered (they hold ``e + g``: this step's finite
+            # gradient is kept); the aggregates are NaN, as after Horovod's allreduce of an overflow.
+            nan_aggregates(self._engine.abandon())
         for flight in finished:
             if flight.sparse:
                 flight.group.publish(self._loss_scale_of_step())
         self._scale_factors = None
         self._sparse_rows.hand_back(abandoned=bool(bad_ranks))
         if bad_ranks:
-            self._abandoned = (bad_ranks, self.steps, nonfinite_groups)
+            self._abandoned.note(bad_ranks, self.steps, nonfinite_groups)
         self._engine.close(self._end_step)
         self._synchronized = True
 
     def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
         """The loss scale this step's gradients were unscaled by (None without a scaler)."""
         return None if self._scale_factors is None else self._scale_factors[0]
-
-    def _warn_if_skipped_by_scaler(self) -> None:
-        """An abandoned step that ``step()`` never met was skipped by a loss scaler (one that
-        found the NaN aggregate, as ``GradScaler.step`` does): without ``loss_scaler=`` the
-        residuals then hold gradients in the units of whatever scale each step had, so say once
-        how to keep them in the loss's own units."""
-        if self._abandoned is not None and self._loss_scale is None and not self._warned_scaler:
-            self._warned_scaler = True
-            warnings.warn("a step abandoned for a non-finite gradient was never applied: if a loss scaler "
-                          "(torch.amp.GradScaler) skipped it, pass loss_scaler=scaler to DistributedOptimizer, "
-                          "so that error feedback keeps its residuals in unscaled units when the scale changes",
-                          RuntimeWarning, stacklevel=3)
-        self._abandoned = None
 
     def _finite(self, group: FlatGroup) -> Usable:
         """Whether ``group``'s gradients on this rank are all finite (True without a
@@ -300,25 +253,6 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         if self.nonfinite is None:
             return True
         return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
-
-    def _ranks_reporting(self, nonfinite_here: int) -> List[int]:
-        """Every rank learns which ranks saw a non-finite gradient this step (one tiny allgather
-        of each rank's count ``nonfinite_here``)."""
-        local = torch.tensor([nonfinite_here], dtype=torch.int32)
-        counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=self.process_set))
-        return [rank for rank, count in enumerate(counts.tolist()) if count]
-
-    def _abandon_step(self) -> None:
-        """Undo this step everywhere: residuals get back what they delivered (so they hold
-        ``e + g``: this step's finite gradient is kept), and every aggregated gradient is NaN,
-        so that whatever reads it before ``step()`` (a loss scaler's ``unscale_``, a gradient
-        clipper) sees a non-finite step, as after Horovod's allreduce of an overflow."""
-        for flight in self._engine.abandon():
-            if flight.sparse:
-                flight.group.zeroed_output().fill_(math.nan)
-            else:
-                for p in flight.group.params:
-                    p.grad.fill_(math.nan)
 
     def _end_step(self, timeline: Any) -> None:
         """Hand the finished step's ``timeline`` to the sparsifier and to the MergeComp scheduler
@@ -342,17 +276,13 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
                               "after optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
-        abandoned, self._abandoned = self._abandoned, None
-        # A GradScaler stepping a fused optimizer calls step() on an overflow too, with its
-        # found_inf attribute set: the optimizer's kernel skips the update itself.
-        if abandoned is not None and getattr(self, "found_inf", None) is None:
-            assert self.nonfinite is not None
-            apply_nonfinite_policy(self.nonfinite, *abandoned)  # raises, or warns and skips
+        # A GradScaler stepping a fused optimizer sets its found_inf attribute on an overflow.
+        if self._abandoned.skips_update(kernel_skips=getattr(self, "found_inf", None) is not None):
             return None
         return self._base_step(closure)  # type: ignore[attr-defined]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._inflight:
+        if self._engine.flights:  # launched this step, not finished
             raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
                                  "optimizer.step() or optimizer.synchronize(). This is prohibited as "
                                  "it can cause a race condition.")
@@ -360,41 +290,5 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         self.backward_passes_per_step = passes = check_backward_passes(passes)
-        for p in self._delay:
-            self._delay[p] = passes
+        self._readiness.restart(passes)
 
-
-def _weak_hook(method: Callable[[torch.Tensor], None]) -> Callable[[torch.Tensor], None]:
-    """``method`` called through a weak reference to its object: a no-op once it is gone."""
-    ref = weakref.WeakMethod(method)
-
-    def hook(p: torch.Tensor) -> None:
-        bound = ref()
-        if bound is not None:
-            bound(p)
-
-    return hook
-
-
-def _parameter_names(param_groups: List[Dict[str, Any]],
-                     named_parameters: Optional[NamedParameters]) -> Dict[torch.Tensor, str]:
-    """Map every parameter to a name, with Horovod's checks (tuples, unique, complete)."""
-    if named_parameters is None:
-        return {p: f"allreduce.noname.{i}.{j}" for i, group in enumerate(param_groups)
-                for j, p in enumerate(group["params"])}
-    named = list(named_parameters)
-    if any(not isinstance(item, tuple) for item in named):
-        raise ValueError("named_parameters should be a sequence of tuples (name, parameter), "
-                         "usually produced by model.named_parameters().")
-    seen, dups = set(), set()
-    for name, _ in named:
-        (dups if name in seen else seen).add(name)
-    if dups:
-        raise ValueError(f"Parameter names in named_parameters must be unique. Found duplicates: "
-                         f"{', '.join(sorted(dups))}")
-    names = {p: name for name, p in named}
-    unnamed = [p for group in param_groups for p in group["params"] if p not in names]
-    if unnamed:
-        raise ValueError("named_parameters was specified, but one or more model parameters were "
-                         f"not named ({len(unnamed)} of them).")
-    return names

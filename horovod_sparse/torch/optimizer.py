@@ -24,7 +24,8 @@ from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.methods.base import Sparsifier
-from horovod_sparse.torch.exchanging import ExchangingOptimizer, NamedParameters
+from horovod_sparse.torch.exchanging import ExchangingOptimizer
+from horovod_sparse.torch.parameters import NamedParameters
 from horovod_sparse.torch.shared_state import SharedState
 from horovod_sparse.torch_core.loss_scale import LossScale
 

@@ -48,13 +48,11 @@ class SharedState:
         the same worker count resumes exactly)."""
         state_dict = dict(state_dict)
         ours = state_dict.pop("horovod_sparse", None)
-        self._inflight.clear()
         self._engine.flights.clear()
         self._synchronized = False
         self._should_synchronize = True
-        self._abandoned = None
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
+        self._abandoned.forget()
+        self._readiness.restart(self.backward_passes_per_step)
         if ours is not None:
             self._engine.restart_at(self._model.restore(ours, self._groups, self._use_groups))
         super(self.__class__, self).load_state_dict(state_dict)  # type: ignore[misc]
