@@ -21,7 +21,7 @@ from horovod_sparse.torch_core.selection import (BlockScan, on_accelerator, pick
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "candidate_bar", "chunk_counts", "clone",
            "coalesce", "concat", "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype",
-           "isin", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel", "pick",
+           "isin", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel", "outside_trace", "pick",
            "pick_with_magnitudes", "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set",
            "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "top_k", "wire_index", "zero_at"]
 
