@@ -29,12 +29,11 @@ def horovod_tiers(hierarchical: Optional[bool], hvd: Any, process_set: Any,
 
 def _process_set(hvd: Any, ranks: List[int]) -> Any:
     """The Horovod process set of exactly ``ranks``: the one registered already (at ``hvd.init``
-    or by an earlier front end), else a new one (dynamic process sets). Collective."""
-    from horovod.common import process_sets
-
-    for set_id, members in process_sets._basics._get_process_set_ids_and_ranks().items():
+    or by an earlier front end, read from the registry of the front end's Horovod library: Horovod
+    has no public listing), else a new one (dynamic process sets). Collective."""
+    for set_id, members in hvd.mpi_ops._basics._get_process_set_ids_and_ranks().items():
         if sorted(members) == sorted(ranks) and set_id != 0:
-            found = process_sets.ProcessSet(ranks)
+            found = hvd.ProcessSet(ranks)
             found.process_set_id = set_id
             return found
     if os.environ.get(DYNAMIC_ENV, "0") != "1":
