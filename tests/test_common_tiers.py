@@ -73,12 +73,10 @@ def test_hierarchical_none_follows_horovods_switch(monkeypatch):
 
 
 def test_missing_process_sets_are_refused_with_the_fix(monkeypatch):
-    from horovod.common import process_sets
-
     registered = SimpleNamespace(_get_process_set_ids_and_ranks=lambda: {0: [0, 1, 2, 3]})
-    monkeypatch.setattr(process_sets, "_basics", registered)
     monkeypatch.delenv("HOROVOD_DYNAMIC_PROCESS_SETS", raising=False)
-    hvd = SimpleNamespace(cross_rank=lambda: 0, local_rank=lambda: 0, rank=lambda: 0)
+    hvd = SimpleNamespace(cross_rank=lambda: 0, local_rank=lambda: 0, rank=lambda: 0,
+                          mpi_ops=SimpleNamespace(_basics=registered))
     two_by_two = [(0, 0), (0, 1), (1, 0), (1, 1)]
     with pytest.raises(ValueError, match=r'hvd.init\(process_sets="dynamic"\).*missing: ranks \[0, 1\]'):
         horovod_tiers(True, hvd, SimpleNamespace(process_set_id=0), lambda place: two_by_two)
