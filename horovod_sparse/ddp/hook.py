@@ -118,7 +118,7 @@ class State(EngineSteps):
         self._node_size = node_size
         self.buckets = BucketGroups(self._model)
         self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
-        self._finiteness = StepFiniteness()
+        self._finiteness = StepFiniteness(self.nonfinite is not None)
         self._check_due = True
         self._dense_spec = dense
         #: The names of the parameters kept dense, once :meth:`attach` resolved ``dense``.
@@ -161,7 +161,7 @@ class State(EngineSteps):
         if bucket.index() == 0 and self._loss_scale is not None:
             self._scale_factors = self._loss_scale.factors()
         groups = self.buckets.of_bucket(bucket.index(), params)
-        usable = True if self.nonfinite is None else self._finiteness.check([g.name for g in groups], buffer)
+        usable = self._finiteness.check([g.name for g in groups], buffer)
         gradients = split(buffer, params, groups)
         started = [self._start(group, gradient, usable) for group, gradient in zip(groups, gradients)]
         future: torch.futures.Future = torch.futures.Future()

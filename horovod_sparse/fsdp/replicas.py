@@ -86,7 +86,7 @@ class State(EngineSteps):
         self._model = ModelState(compression, backend, self.process_group, None)
         self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
         self._groups: Dict[str, ShardGroup] = {}
-        self._finiteness = StepFiniteness()
+        self._finiteness = StepFiniteness(self.nonfinite is not None)
         self._in_step = False
         self._check_due = True
         self._saved: Optional[Record] = None
@@ -118,7 +118,7 @@ class State(EngineSteps):
             group = self._groups[name] = unit_group(len(self._groups), name, shard, name in self._kept_units,
                                                     self._saved, self._model)
         engine.timeline.group_ready(name)
-        usable = True if self.nonfinite is None else self._finiteness.check([name], shard)
+        usable = self._finiteness.check([name], shard)
         plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps,
                                   group.kept_dense)
         size, rank = self.process_group.size(), self.process_group.rank()

@@ -86,7 +86,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._engine.place_timeline(lambda: ready_timeline(ordered[0][1].device if ordered else torch.device("cpu")))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         #: This step's finiteness decisions (groups and sparse-gradient parameters).
-        self._finiteness = StepFiniteness()
+        self._finiteness = StepFiniteness(nonfinite is not None)
         self._readiness = Readiness([p for _, p in ordered], self._groups, backward_passes_per_step)
         self._synchronized = False
         self._should_synchronize = True
@@ -99,7 +99,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._size_checked = False
         #: The ``torch.sparse`` gradients of the step.
         self._sparse_rows = SparseRows(names, sparse_as_dense, op, process_set,
-                                       None if nonfinite is None else self._finiteness)
+                                       self._finiteness)
         #: In a Horovod elastic job a worker that joins builds its optimizer while the others sync
         #: their state, so the configuration check waits for the agreement, which all ranks reach
         #: together (:meth:`agree_shared_state`); elsewhere it runs here, at construction.
@@ -250,8 +250,6 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         0-dim bool tensor that nothing reads until the step ends. A non-finite gradient
         contributes nothing this step and never reaches the residual (it stays in ``.grad``
         until :meth:`synchronize`, which tells every rank and applies the policy)."""
-        if self.nonfinite is None:
-            return True
         return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
 
     def _end_step(self, timeline: Any) -> None:

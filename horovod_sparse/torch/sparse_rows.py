@@ -5,7 +5,7 @@ the rows present are already a sparse payload, sent exactly, with no residual.""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional, Set
+from typing import Any, Callable, Dict, Set
 
 import horovod.torch as hvd
 import torch
@@ -23,12 +23,12 @@ class SparseRows:
         sparse_as_dense: exchange them densely with their group instead.
         op: Horovod's reduction (``hvd.Average`` or ``hvd.Sum``).
         process_set: the Horovod process set to aggregate over.
-        finiteness: the step's finiteness decisions, or None when nothing is checked: a rank's
-            non-finite rows are then reported there and replaced by none.
+        finiteness: the step's finiteness decisions: where it is checking, a rank's non-finite
+            rows are reported there and replaced by none.
     """
 
     def __init__(self, names: Dict[torch.Tensor, str], sparse_as_dense: bool, op: Any,
-                 process_set: hvd.ProcessSet, finiteness: Optional[StepFiniteness]) -> None:
+                 process_set: hvd.ProcessSet, finiteness: StepFiniteness) -> None:
         self._names = names
         self._sparse_as_dense = sparse_as_dense
         self._op = op
@@ -62,7 +62,7 @@ class SparseRows:
         # each rank's duplicates before the ranks' rows, another order, other float rounding.
         grad = p.grad
         p.grad = None
-        if self._finiteness is not None and not all_finite(grad._values()):
+        if self._finiteness.checking and not all_finite(grad._values()):
             self._finiteness.note([self._names[p]], False)
             grad = torch.sparse_coo_tensor(grad._indices()[:, :0], grad._values()[:0], grad.shape)
         self._launched[p] = hvd.sparse_allreduce_async(grad, name=f"hs.rows.{self._names[p]}", op=self._op,

@@ -21,14 +21,23 @@ Usable = Union[bool, torch.Tensor]
 
 
 class StepFiniteness:
-    """The decisions of the current step, in launch order."""
+    """The decisions of the current step, in launch order.
 
-    def __init__(self) -> None:
+    Args:
+        checking: whether the front end checks gradients at all (it has a ``nonfinite`` policy);
+            without one every group is usable and nothing is checked or noted.
+    """
+
+    def __init__(self, checking: bool) -> None:
+        self.checking = checking
         self._decisions: List[Tuple[Sequence[str], Usable]] = []
 
     def check(self, names: Sequence[str], *tensors: torch.Tensor) -> Usable:
         """Whether every element of ``tensors`` (the gradients of the groups ``names``, on one
-        device) is finite, noted for :meth:`nonfinite`; True when there are none."""
+        device) is finite, noted for :meth:`nonfinite`; True when there are none, or when not
+        :attr:`checking`."""
+        if not self.checking:
+            return True
         usable: Usable = (finite_flag(*tensors) if tensors and on_accelerator(tensors[0])
                           else all_finite(*tensors))
         self._decisions.append((names, usable))
