@@ -15,8 +15,10 @@ import torch
 
 from horovod_sparse.common.stall import ExchangeStalled
 
-#: Seconds a rank stays after its error: the other ranks' deadlines fall within it.
-GRACE = 5.0
+#: Seconds a rank stays after its error: the other ranks' deadlines fall within it, also on a
+#: loaded 2-core machine, where they come up to the tests' slack (6 s) apart and 5 s once let a
+#: rank's exit break a peer's Gloo connection (the peer aborted) before that peer's deadline.
+GRACE = 15.0
 
 
 def take_extra_round(method: Any, at_step: int, on_rank: bool) -> None:
