@@ -1,4 +1,4 @@
-"""One step of a model's groups, run the same way under every PyTorch front end.
+"""One step of a model's groups, run the same way under every front end.
 
 A front end knows where gradients come from and where updates go; the :class:`StepEngine` runs
 the rest of a step, in this order, whatever the front end:
@@ -23,7 +23,7 @@ the rest of a step, in this order, whatever the front end:
 Nothing here reads a value on the host that the step keeps on a device (the finiteness flags,
 device timings and deferred figures are read once, when the step closes, by the front end's
 ``read_scalars``), and nothing imports a framework: groups, communicators and tensors are the
-front end's (:mod:`horovod_sparse.torch_core`).
+front end's (:mod:`horovod_sparse.torch_core`, :mod:`horovod_sparse.tensorflow`).
 """
 from __future__ import annotations
 
