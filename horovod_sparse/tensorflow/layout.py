@@ -24,9 +24,9 @@ from horovod_sparse.tensorflow.collectives import Communicator
 @dataclass
 class Layout:
     """One list of variables (one model): what grouping knows of each (``infos``, ``shapes``,
-    ``dtypes``, in list order), its groups, its :class:`ModelState` (method state per group,
-    MergeComp, checkpoints), and the number of exchanges this list has gone through (the
-    ``step`` the sparsifiers see)."""
+    ``dtypes``, in list order), its groups, its step engine (with the :class:`ModelState`: method
+    state per group, MergeComp, checkpoints), and the number of exchanges this list has gone
+    through (the ``step`` the sparsifiers see)."""
 
     infos: List[ParamInfo]
     shapes: List[tf.TensorShape]
