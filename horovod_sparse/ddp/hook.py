@@ -260,8 +260,23 @@ class State(EngineSteps):
         self._check_due = True
 
 
+#: The refusal of a comm-hook call without a bucket (Dynamo's Python reducer).
+PYTHON_REDUCER_REFUSAL = (
+    "horovod_sparse.ddp.hook was called with a {got}, not a torch.distributed.GradBucket: "
+    "torch._dynamo.config.optimize_ddp = 'python_reducer' hands comm hooks one (grad, param) pair per parameter, "
+    "and a sparse exchange needs DDP's buckets. Keep Dynamo's default optimize_ddp ('ddp_optimizer'; compiled "
+    "autograd works with it) when compiling a DDP model that uses this hook.")
+
+
 def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """The comm hook: ``ddp_model.register_comm_hook(state, hook)`` (see :class:`State`)."""
+    """The comm hook: ``ddp_model.register_comm_hook(state, hook)`` (see :class:`State`).
+
+    Under ``torch.compile`` it runs with DDP's buckets as usual (Dynamo's default
+    ``optimize_ddp="ddp_optimizer"``, compiled autograd or not). Dynamo's Python reducer
+    (``optimize_ddp="python_reducer"``) calls a comm hook with one ``(grad, param)`` pair per
+    parameter instead of a bucket: refused, with the fix, before anything is exchanged."""
+    if not isinstance(bucket, dist.GradBucket):
+        raise TypeError(PYTHON_REDUCER_REFUSAL.format(got=type(bucket).__name__))
     return state.exchange(bucket)
 
 
