@@ -7,6 +7,8 @@ no framework is imported, so a driver reports without loading torch or TensorFlo
 """
 from __future__ import annotations
 
+import functools
+import math
 import re
 import textwrap
 from dataclasses import dataclass
@@ -17,7 +19,8 @@ from benchmarks import plots, scaling
 from benchmarks.digits_training import LOCAL, TWO_TIER
 from benchmarks.netem import rate_bits
 from benchmarks.tiers import tier_bytes
-from horovod_sparse.common.cost_model import AlphaBeta
+from benchmarks.wire import wire_law
+from horovod_sparse.common.cost_model import AlphaBeta, break_even_link
 
 #: A projected cluster: (tc link rate, workers).
 Cluster = Tuple[str, int]
@@ -230,7 +233,8 @@ def paragraph(text: str) -> str:
 
 def recommendation(report: Report, target: Cluster, tolerance: float) -> str:
     """The fastest configuration on ``target`` among those whose accuracy is within ``tolerance``
-    points of dense (dense itself included), and the faster ones the band excludes."""
+    points of dense (dense itself included), the faster ones the band excludes, the break-even
+    link on ``target`` (:func:`break_even_advice`) and when to turn the two-tier exchange on."""
     steps = {label: by_cluster[target] for label, by_cluster in report.steps.items()}
     eligible = [r for r in report.rows if report.points(r) >= -tolerance]
     best = min(eligible, key=lambda r: steps[r["label"]])
@@ -246,8 +250,39 @@ def recommendation(report: Report, target: Cluster, tolerance: float) -> str:
     if faster:
         lines.append(f"Faster, but more than {tolerance:g} point below dense: " + ", ".join(
             f"{r['label']} ({report.speedup(r, target):.2f}x, {report.points(r):+.2f} points)" for r in faster) + ".")
-    advice = two_tier_advice(report, target)
-    return "\n".join(map(paragraph, lines + ([advice] if advice else [])))
+    advices = [break_even_advice(report, target, best), two_tier_advice(report, target)]
+    return "\n".join(map(paragraph, lines + [advice for advice in advices if advice]))
+
+
+def break_even_advice(report: Report, target: Cluster, best: Dict[str, Any]) -> Optional[str]:
+    """The break-even rule of :mod:`benchmarks.gpu_check` on ``target``: for ``best`` (the
+    recommended configuration's flat row) or, when dense is recommended, the sparse flat row
+    projected fastest there, the link below which its step beats a dense bf16 ring all-reduce
+    of the model (:func:`horovod_sparse.common.cost_model.break_even_link`, latency ignored), from
+    its local work measured in this job moved to ``target``'s workers
+    (:func:`benchmarks.scaling.local_seconds`) and its payload through its own collectives with
+    a node's workers sharing its link (:mod:`benchmarks.wire`); "do not compress here" when
+    ``target``'s link is not slower than that. None when the job has no sparse row."""
+    sparse = [r for r in report.rows if r["compressor"] not in ("none", "fp16") and not r.get("two_tier")]
+    if not sparse:
+        return None
+    chosen = [r for r in sparse if r["label"] == flat_label(best)]
+    row = chosen[0] if chosen else min(sparse, key=lambda r: report.steps[r["label"]][target])
+    rate, workers = target
+    added = scaling.local_seconds(row, workers)
+    law = functools.partial(wire_law(row["compressor"]), p=scaling.payload(row), per_node=report.per_node)
+    link = break_even_link(row["parameters"], added, law, workers)
+    text = (f"Break-even link of {row['label']} on {workers} workers (ring model, latency ignored): its step, with "
+            f"its local work measured here ({1e3 * added:.3f} ms) and its {row['stats']['bytes_sent'] / 1e3:.2f} kB "
+            f"per worker, beats a dense bf16 all-reduce of the {row['parameters']:,} parameters ")
+    if link is None:
+        return text + "on no link (it sends no fewer bytes): do not compress here."
+    if math.isinf(link):
+        return text + f"on any link (no local work measured): compressing pays on {rate_name(rate)} links."
+    text += f"below {link / 1e9:.3g} Gbit/s."
+    if rate_bits(rate) >= link:
+        return text + f" Your {rate_name(rate)} link is not below that: do not compress here."
+    return text + f" Your {rate_name(rate)} link is below that: compressing pays there."
 
 
 def two_tier_advice(report: Report, target: Cluster) -> Optional[str]:

@@ -28,7 +28,12 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   autocast on CUDA: the median step time of ``--train-steps`` steps (device synchronised) and
   its ratio to dense (and dense and Top-k with DDP's ``gradient_as_bucket_view=True``). One
   rank, so the exchange itself is trivial: the figures are what each method adds to a step
-  (selection, packing, bookkeeping), not a network's saving.
+  (selection, packing, bookkeeping), not a network's saving. From them, per method, the
+  *break-even link* on :data:`BREAK_EVEN_WORKERS` ranks (:func:`break_even`): the bandwidth
+  below which its step beats a dense bf16 ring all-reduce
+  (:func:`horovod_sparse.common.cost_model.break_even_link`), from its added time (its step
+  minus the dense step, floored at 0) and the bytes its last step sent, priced by its own
+  collectives (:mod:`benchmarks.wire`).
 * ``profile``: ``torch.profiler`` over three such steps, dense and with ``--profile``'s method
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
@@ -44,7 +49,9 @@ report.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
+import math
 import os
 import statistics
 import sys
@@ -60,6 +67,9 @@ import torch.distributed as dist
 import horovod_sparse.ddp as hsd
 from benchmarks.models import model_spec
 from benchmarks.results import command_line, write_results
+from benchmarks.wire import Payload, wire_law
+from horovod_sparse.common.cost_model import INDEX_BYTES, VALUE_BYTES, break_even_link
+from horovod_sparse.common.stats import StepStats
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.selection import top_k
 
@@ -317,20 +327,62 @@ def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, inputs: torch.T
     opt.step()
 
 
-def training(device: str, model: str, batch_size: int, method: str, bucket_view: bool = False) -> Callable[[], None]:
-    """One training step of ``model`` (seeded) through DDP on ``device``, dense (``"dense"``:
-    DDP's own allreduce) or with ``method``'s hook at density 0.001, as a callable;
-    ``bucket_view``: DDP's ``gradient_as_bucket_view``."""
+@dataclasses.dataclass
+class Training:
+    """A training run of :func:`training`: ``step()`` runs one step; ``state`` is the hook's
+    (None for dense), whose ``last_stats`` are the last step's statistics."""
+
+    step: Callable[[], None]
+    state: Optional[hsd.State]
+    parameters: int
+
+
+def training(device: str, model: str, batch_size: int, method: str, bucket_view: bool = False) -> Training:
+    """Training steps of ``model`` (seeded) through DDP on ``device``, dense (``"dense"``:
+    DDP's own allreduce) or with ``method``'s hook at density 0.001; ``bucket_view``: DDP's
+    ``gradient_as_bucket_view``."""
     spec = model_spec(model)
     inputs, targets = (t.to(device) for t in spec.batch(batch_size, spec.default_size,
                                                          torch.Generator().manual_seed(0)))
     torch.manual_seed(0)
     net = torch.nn.parallel.DistributedDataParallel(spec.build(spec.default_size).to(device),
                                                     gradient_as_bucket_view=bucket_view)
+    state = None
     if method != "dense":
-        net.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, density=0.001)), hsd.hook)
-    return functools.partial(train_step, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
+        state = hsd.State(compression=hsd.Compression.create(method, density=0.001))
+        net.register_comm_hook(state, hsd.hook)
+    step = functools.partial(train_step, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
                              inputs, targets)
+    return Training(step, state, sum(p.numel() for p in net.parameters()))
+
+
+#: Ranks (one link each) the break-even links are given for.
+BREAK_EVEN_WORKERS = (8, 64)
+
+
+def sent_payload(stats: StepStats, fp16_values: bool) -> Tuple[Payload, str]:
+    """What one rank sent in the step of ``stats``, by kind, and where the figures come from:
+    the statistics (``"statistics"``), or, when the step sent nothing (one rank: gTop-k runs no
+    round), the selected coordinates at the wire format (``"selected"``: a 4-byte index and a
+    4-byte value each, 2-byte with ``fp16_values``)."""
+    sent = {kind: float(stats.bytes_sent(kind)) for kind in ("values", "indices", "meta")}
+    collectives = float(sum(g.collectives for g in stats.groups))
+    if any(sent.values()):
+        return Payload(sent["values"], sent["indices"], sent["meta"], collectives, 1), "statistics"
+    selected = sum(g.selected for g in stats.groups)
+    return Payload(float(selected * (2 if fp16_values else VALUE_BYTES)), float(selected * INDEX_BYTES), 0.0,
+                   collectives, 1), "selected"
+
+
+def break_even(method: str, added_seconds: float, payload: Payload, parameters: int) -> Dict[str, Optional[float]]:
+    """Per worker count of :data:`BREAK_EVEN_WORKERS` (string keys, for JSON): the link in bits/s
+    below which ``method``'s step, ``added_seconds`` beyond the dense step's and sending
+    ``payload`` per rank through its own collectives (:func:`benchmarks.wire.wire_law`), beats a
+    dense bf16 ring all-reduce of ``parameters`` (:func:`break_even_link`: ``math.inf`` on every
+    link, None on none)."""
+    law = wire_law(method)
+    return {str(n): break_even_link(parameters, added_seconds, functools.partial(law, p=payload), n)
+            for n in BREAK_EVEN_WORKERS}
 
 
 def step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str, Any]:
@@ -339,13 +391,23 @@ def step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str
     first step) are not timed. Dense and Top-k also with ``gradient_as_bucket_view=True``
     (``"<name>+view"``)."""
     seconds: Dict[str, float] = {}
+    sent: Dict[str, Tuple[Payload, str]] = {}
     runs = [(m, False) for m in ["dense"] + [m for m in hsd.Compression.names() if m not in ("none", "fp16")]]
     for method, view in runs + [("dense", True), ("topk", True)]:
-        step = training(device, model, batch_size, method, view)
-        step()
-        seconds[method + ("+view" if view else "")] = timed(step, device, steps)
-    return {"model": model, "batch_size": batch_size, "seconds": seconds,
-            "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}}
+        run = training(device, model, batch_size, method, view)
+        run.step()
+        seconds[method + ("+view" if view else "")] = timed(run.step, device, steps)
+        if run.state is not None and not view:
+            assert run.state.last_stats is not None
+            sent[method] = sent_payload(run.state.last_stats, run.state.compression.options.fp16_values)
+        parameters = run.parameters
+    links = {}
+    for method, (payload, source) in sent.items():
+        added = max(0.0, seconds[method] - seconds["dense"])
+        links[method] = {"added_seconds": added, "payload": dataclasses.asdict(payload), "bytes_from": source,
+                         "bits_per_second": break_even(method, added, payload, parameters)}
+    return {"model": model, "batch_size": batch_size, "parameters": parameters, "seconds": seconds,
+            "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}, "break_even": links}
 
 
 #: Training steps profiled per run (after two untimed ones).
@@ -355,7 +417,7 @@ PROFILED_STEPS = 3
 def profiled(device: str, model: str, batch_size: int, method: str) -> Dict[str, Tuple[float, float, float]]:
     """Per operation of ``torch.profiler``: calls, self host milliseconds and self device
     milliseconds per training step (:func:`training`)."""
-    step = training(device, model, batch_size, method)
+    step = training(device, model, batch_size, method).step
     step()
     step()
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -387,6 +449,23 @@ def profile(device: str, model: str, batch_size: int, method: str) -> Dict[str, 
             "device_ms": {"dense": sum(v[2] for v in dense.values()), method: sum(v[2] for v in hooked.values())},
             "added": [{"op": name, "calls": calls, "host_ms": host, "device_ms": dev}
                       for name, (calls, host, dev) in top]}
+
+
+def below_link(bits_per_second: Optional[float]) -> str:
+    """Where a compressed step wins, given its break-even link: ``below 12.3 Gbit/s``, ``on any
+    link`` (``math.inf``), ``never (no fewer bytes)`` (None)."""
+    if bits_per_second is None:
+        return "never (no fewer bytes)"
+    return "on any link" if math.isinf(bits_per_second) else f"below {bits_per_second / 1e9:.3g} Gbit/s"
+
+
+def break_even_line(row: Dict[str, Any], parameters: int) -> str:
+    """One method's break-even figures (a row of ``steps.break_even``) in words."""
+    payload = row["payload"]
+    kilobytes = (payload["values"] + payload["indices"] + payload["meta"]) / 1e3
+    links = ", ".join(f"on {n} ranks {below_link(bw)}" for n, bw in row["bits_per_second"].items())
+    return (f"+{row['added_seconds'] * 1e3:.2f} ms a step, {kilobytes:.3g} kB sent per rank ({row['bytes_from']}), "
+            f"dense bf16 {2 * parameters / 1e6:.3g} MB: beats a dense bf16 ring all-reduce {links}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -442,6 +521,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     train = results["steps"]
     print(f"steps {train['model']} batch={train['batch_size']} " + " ".join(
         f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
+    for method, row in train["break_even"].items():
+        print(f"break-even {method:10s} {break_even_line(row, train['parameters'])}")
     sel = results["selection"]
     figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                for name, seconds in sel["seconds"].items()]

@@ -14,7 +14,7 @@ on the emulated links, validated against the emulated-cluster runs, and projecte
    wait), both measured in the cluster run; the partitioned methods (MiCRO, ExDyna) scan ``d/n``
    of the buffer, so their selection is scaled as ``1/n`` (an optimistic simplification; the other
    phases, over the whole buffer or the ``k`` selected, are not). ``wire`` is the alpha-beta time of the
-   method's collectives (:data:`WIRE`), each with the payload per rank measured in the run and its
+   method's collectives (:data:`benchmarks.wire.WIRE`), each with the payload per rank measured in the run and its
    law in ``n``: a dense allreduce ``2 alpha log2 n + 2 (n-1)/n beta S``; an allgather of ``s``
    bytes per rank ``alpha log2 n + (n-1) beta s`` (Top-k and the threshold methods: the build-up);
    MiCRO/ExDyna allgather ``~k/n`` indices per rank and allreduce ``k`` values (no build-up);
@@ -47,12 +47,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -60,6 +58,7 @@ from benchmarks import plots
 from benchmarks.cluster import method_key, place
 from benchmarks.netem import rate_bits
 from benchmarks.results import RESULTS_DIR, command_line, read_results, write_results
+from benchmarks.wire import WIRE, Payload, wire_law  # noqa: F401  (WIRE re-exported: scaling.WIRE)
 from horovod_sparse.common.cost_model import AlphaBeta
 
 #: Methods whose selection scans only this worker's ``1/n`` partition of the buffer.
@@ -77,64 +76,6 @@ NODE_PROJECTION_RATES = ["1gbit", "10gbit", "25gbit"]
 #: this machine has no ``results/alpha_beta.json`` of its own.
 REFERENCE_FITS: Dict[str, Any] = {"1gbit": {"model": {"alpha": 0.80e-3, "beta": 12.7e-9, "workers": 2}},
                                   "10gbit": {"model": {"alpha": 0.93e-3, "beta": 1.9e-9, "workers": 2}}}
-
-
-@dataclass(frozen=True)
-class Payload:
-    """Bytes per rank of one step, by kind (``values``, ``indices``, ``meta``), as measured on
-    ``workers`` workers, and the number of collectives issued."""
-
-    values: float
-    indices: float
-    meta: float
-    collectives: float
-    workers: int
-
-
-# The laws below give the seconds of a method's collectives on ``n = ab.workers`` ranks placed
-# ``per_node`` to a node whose one link (alpha, beta) they share; the links inside a node are
-# taken as free (their traffic runs beside the node link's). With ``per_node = 1`` every rank
-# has a link of its own.
-def _dense(ab: AlphaBeta, p: Payload, per_node: int = 1) -> float:
-    # One allreduce per collective (latency each), the bytes of all of them through the ring once;
-    # a ring that visits a node's ranks in a row crosses each node link once, whatever per_node.
-    n = ab.workers
-    return p.collectives * 2 * ab.alpha * ab.log2n + 2 * (n - 1) / n * ab.beta * (p.values + p.indices + p.meta)
-
-
-def _allgather(ab: AlphaBeta, p: Payload, per_node: int = 1) -> float:
-    # Every collective pays one latency term; each of a node's ranks receives every remote rank's
-    # bytes through the node link: per_node (n - per_node) of them.
-    return (p.collectives * ab.alpha * ab.log2n
-            + per_node * (ab.workers - per_node) * ab.beta * (p.values + p.indices + p.meta))
-
-
-def _partitioned(ab: AlphaBeta, p: Payload, per_node: int = 1) -> float:
-    # Indices: each rank's share of the union (k/n) shrinks as 1/n, allgathered as above;
-    # values: an allreduce of the whole union (k), whatever n.
-    indices = p.indices * p.workers / ab.workers
-    return (p.collectives * ab.alpha * ab.log2n + per_node * (ab.workers - per_node) * ab.beta * (indices + p.meta)
-            + 2 * (ab.workers - 1) / ab.workers * ab.beta * p.values)
-
-
-def _butterfly(ab: AlphaBeta, p: Payload, per_node: int = 1) -> float:
-    # ceil(log2 n) rounds of k pairs; the first log2(per_node) pair ranks of one node (latency
-    # only), each later one sends all the node's ranks' pairs through its link at once.
-    rounds_measured = max(1.0, math.log2(p.workers))
-    per_round = (p.values + p.indices + p.meta) / rounds_measured
-    rounds = math.ceil(ab.log2n)
-    inside = min(rounds, int(math.log2(per_node)))
-    return inside * ab.alpha + (rounds - inside) * (ab.alpha + per_node * ab.beta * per_round)
-
-
-#: How each method's collectives cost on ``n`` workers (``per_node`` to a node link), given the
-#: payload measured on ``p.workers``.
-WIRE: Dict[str, Callable[..., float]] = {
-    "none": _dense, "fp16": _dense,
-    "topk": _allgather, "threshold": _allgather, "dgc": _allgather, "gaussiank": _allgather, "lags": _allgather,
-    "micro": _partitioned, "exdyna": _partitioned,
-    "gtopk": _butterfly,
-}
 
 
 def payload(row: Dict[str, Any]) -> Payload:
@@ -167,19 +108,12 @@ def local_seconds(row: Dict[str, Any], workers: int, per_node: int = 1) -> float
     return sum(phases.values())
 
 
-def _wire(row: Dict[str, Any]) -> Callable[..., float]:
-    try:
-        return WIRE[row["compressor"]]
-    except KeyError:
-        raise ValueError(f"no wire model for method {row['compressor']!r}; add it to WIRE") from None
-
-
 def predict_step(row: Dict[str, Any], compute: float, ab: AlphaBeta, local: bool = True, per_node: int = 1) -> float:
     """Predicted seconds per step of a flat row's method on ``ab.workers`` workers, ``per_node``
     of them sharing a node's link (``local=False``: without the method's own work, as if
     selection were free)."""
     return (compute + (local_seconds(row, ab.workers) if local else 0.0)
-            + _wire(row)(ab, payload(row), per_node))
+            + wire_law(row["compressor"])(ab, payload(row), per_node))
 
 
 def node_seconds(row: Dict[str, Any], inside: AlphaBeta, node_collectives: float) -> float:
@@ -203,7 +137,7 @@ def predict_two_tier(row: Dict[str, Any], flat: Dict[str, Any], compute: float, 
     node_collectives = max(0.0, cross.collectives - flat["stats"]["collectives"])
     cross = Payload(cross.values, cross.indices, cross.meta, flat["stats"]["collectives"], cross.workers)
     work = local_seconds(row, across.workers * inside.workers, inside.workers) if local else 0.0
-    return compute + work + node_seconds(row, inside, node_collectives) + _wire(row)(across, cross)
+    return compute + work + node_seconds(row, inside, node_collectives) + wire_law(row["compressor"])(across, cross)
 
 
 # -- calibration -----------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ assertion depends on a measured time beyond its being there and positive.
 """
 from __future__ import annotations
 
+import functools
 import json
+import math
 import os
 import re
 import subprocess
@@ -19,7 +21,10 @@ import pytest
 
 from benchmarks import digits_report, scaling
 from benchmarks.digits_report import CLUSTERS, Report
+from benchmarks.netem import rate_bits
 from benchmarks.synthetic import available_methods
+from benchmarks.wire import wire_law
+from horovod_sparse.common.cost_model import break_even_link
 from horovod_sparse.methods.lags.rule import LagsOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -126,9 +131,41 @@ def test_projection_and_recommendation_are_present(torch_demo):
                if text.startswith("Recommendation for 16 workers on 10 Gbit/s")]
     chosen = "none" if "dense Horovod" in line else line.split(": ", 1)[1].split(",")[0]
     assert float(rows[chosen]["points"]) >= -1.0
+    check_break_even(" ".join(result.stdout.split()), {r["label"]: r for r in payload["rows"]}, chosen)
     assert {r["label"] for r in payload["rows"]} >= set(rows) | {"local"}
     for name in ("digits_accuracy_bytes.png", "digits_speedup.png"):
         assert f"wrote {out / name}" in result.stdout and (out / name).read_bytes()[:8] == PNG
+
+
+BREAK_EVEN = re.compile(
+    rf"Break-even link of (?P<label>\S+) on {TARGET[1]} workers \(ring model, latency ignored\): its step, with its "
+    r"local work measured here \([\d.]+ ms\) and its [\d.]+ kB per worker, beats a dense bf16 all-reduce of the "
+    r"[\d,]+ parameters (?:below (?P<gbits>[\d.e+]+) Gbit/s\. Your 10 Gbit/s link is (?P<not>not )?below that: "
+    r"(?P<verdict>do not compress here|compressing pays there)\.|(?P<never>on no link \(it sends no fewer bytes\): "
+    r"do not compress here\.)|(?P<always>on any link \(no local work measured\): compressing pays on 10 Gbit/s "
+    r"links\.))")
+
+
+def check_break_even(text: str, measured: Dict[str, Dict[str, Any]], chosen: str) -> None:
+    """The recommendation's break-even sentence names the recommended configuration (or a sparse
+    one when dense is recommended), and its link and verdict follow from the job's own figures:
+    the row's local work moved to the target's workers and its payload through its collectives,
+    against a bf16 ring all-reduce of the parameters; "do not compress here" exactly where the
+    target link is not below it."""
+    match = BREAK_EVEN.search(text)
+    assert match, text[text.index("Recommendation for"):]
+    row = measured[match["label"]]
+    assert match["label"] == chosen if chosen != "none" else row["compressor"] != "none"
+    law = functools.partial(wire_law(row["compressor"]), p=scaling.payload(row))
+    link = break_even_link(row["parameters"], scaling.local_seconds(row, TARGET[1]), law, TARGET[1])
+    if link is None:
+        assert match["never"], match[0]
+    elif math.isinf(link):
+        assert match["always"], match[0]
+    else:
+        assert float(match["gbits"]) == pytest.approx(link / 1e9, rel=0.006), match[0]
+        compress = rate_bits(TARGET[0]) < link
+        assert (match["not"] is None, match["verdict"] == "compressing pays there") == (compress, compress), match[0]
 
 
 def test_progress_lines_and_no_framework_noise(torch_demo):
@@ -185,6 +222,36 @@ def test_report_projects_with_the_scaling_model_and_recommends_within_the_band()
     assert text.startswith("Recommendation for 8 workers on 1 Gbit/s links (--workers, --link): topk:density=0.01,")
     assert "Faster, but more than 1 point below dense: micro:density=0.01" in text
     assert digits_report.recommendation(report, ("1gbit", 8), tolerance=10.0).split(": ")[1].startswith("micro")
+
+
+def test_recommendation_states_the_break_even_link_and_when_not_to_compress():
+    """The rule on made-up rows against its closed form written out here: Top-k's 5 ms of
+    selection and 80 kB allgathered on 8 workers against a bf16 ring all-reduce of 1 M
+    parameters break even at 8 (2 * 7/8 * 2e6 - 7 * 8e4) / 5e-3 = 4.7 Gbit/s: compress on 1 Gbit/s
+    links, not on 10 Gbit/s ones (where Top-k is still projected faster than the float32 dense
+    Horovod); with the rows' 1000 parameters it never wins."""
+    rows = made_up_rows()
+    for row in rows:
+        row["parameters"] = 1_000_000
+    rows[2]["stats"]["seconds"]["select"] = 5e-3
+    report = Report.build(rows, scaling.REFERENCE_FITS, "made up", ("1gbit", 8))
+    link = 8 * (2 * 7 / 8 * 2e6 - 7 * 8e4) / 5e-3
+    head = ("Break-even link of topk:density=0.01 on 8 workers (ring model, latency ignored): its step, with its local "
+            "work measured here (5.000 ms) and its 80.00 kB per worker, beats a dense bf16 all-reduce of the 1,000,000 "
+            f"parameters below {link / 1e9:.3g} Gbit/s.")
+    assert f"{link / 1e9:.3g}" == "4.7"
+    for rate, verdict in [("1gbit", "Your 1 Gbit/s link is below that: compressing pays there."),
+                          ("10gbit", "Your 10 Gbit/s link is not below that: do not compress here.")]:
+        text = " ".join(digits_report.recommendation(report, (rate, 8), tolerance=1.0).split())
+        assert "topk:density=0.01, projected" in text and f"{head} {verdict}" in text, text
+    assert report.speedup(report.rows[1], ("10gbit", 8)) > 1
+    small = Report.build(made_up_rows(), scaling.REFERENCE_FITS, "made up", ("1gbit", 8))
+    text = " ".join(digits_report.recommendation(small, ("1gbit", 8), tolerance=1.0).split())
+    assert ("beats a dense bf16 all-reduce of the 1,000 parameters on no link (it sends no fewer bytes): do not "
+            "compress here.") in text
+    # Dense recommended (a band no sparse row is in): the rule still speaks of the fastest sparse row.
+    text = " ".join(digits_report.recommendation(report, ("1gbit", 8), tolerance=0.1).split())
+    assert "dense Horovod" in text and "Break-even link of micro:density=0.01 on 8 workers" in text
 
 
 def test_links_without_a_fit_scale_beta_from_the_nominal_rates():

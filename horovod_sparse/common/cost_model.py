@@ -33,6 +33,8 @@ from horovod_sparse.common.validation import check_int
 #: Bytes of one float32 value / one int32 index on the wire.
 VALUE_BYTES = 4
 INDEX_BYTES = 4
+#: Bytes of one bf16 value: the dense all-reduce :func:`break_even_link` compares against.
+BF16_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,63 @@ class AlphaBeta:
     def as_dict(self) -> Dict[str, float]:
         """``{"alpha": ..., "beta": ..., "workers": ...}``, JSON-serialisable."""
         return asdict(self)
+
+
+def break_even_link(parameters: int, added_seconds: float, wire: Callable[[AlphaBeta], float],
+                    workers: int) -> Optional[float]:
+    """The link bandwidth, in bits/s, below which a compressed step beats a dense bf16 all-reduce.
+
+    Both steps share the compute; on ``workers`` ranks, each with a link of ``bw`` bits/s
+    (``beta = 8 / bw`` seconds per byte) and latency ignored (``alpha = 0``):
+
+    * dense step: ``compute + AlphaBeta(0, beta, n).dense_allreduce(parameters, BF16_BYTES)``,
+      the ring's ``2 (n - 1) / n * 2 * parameters * beta``;
+    * compressed step: ``compute + added_seconds + wire(AlphaBeta(0, beta, n))``, e.g.
+      ``wire = lambda ab: ab.allgather(bytes_per_rank)`` (``(n - 1) * bytes_per_rank * beta``) for
+      an allgather-based method, or a law of :data:`benchmarks.wire.WIRE` for the method's own
+      collectives.
+
+    With ``alpha = 0`` every collective of the model is ``beta`` times a byte count, so with
+    ``D = dense / beta`` and ``W = wire / beta`` the steps are equal at ``beta * (D - W) =
+    added_seconds``: the closed form ``bw = 8 (D - W) / added_seconds``. Ignoring latency favours
+    neither side much on the ring (a few message steps each) and keeps the answer one number.
+
+    Args:
+        parameters: gradient elements the dense all-reduce would move (>= 1).
+        added_seconds: the compressed step's own cost beyond the dense step's compute, e.g. its
+            measured step minus the dense step, floored at 0 (finite, >= 0).
+        wire: seconds of the compressed exchange under a model; must be proportional to
+            ``beta`` when ``alpha = 0`` (every collective of :class:`AlphaBeta` and every law of
+            :data:`benchmarks.wire.WIRE` is) and not negative.
+        workers: ranks ``n`` (>= 1), each with its own link.
+
+    Returns:
+        The bandwidth in bits/s: the compressed step is faster on every link strictly slower
+        than it, the dense step on every faster one. ``math.inf`` when compression costs nothing
+        (``added_seconds == 0``) and moves fewer bytes: it wins on every link. None when it never
+        wins: its wire bytes are not fewer than the dense all-reduce's (``W >= D``; always so on
+        one worker, where nothing moves).
+
+    Raises:
+        ValueError: a count below 1, a negative or non-finite ``added_seconds``, or a ``wire``
+            that is negative or not proportional to ``beta``.
+    """
+    check_int("parameters", parameters, minimum=1)
+    check_int("workers", workers, minimum=1)
+    if not (math.isfinite(added_seconds) and added_seconds >= 0.0):
+        raise ValueError(f"added_seconds must be a finite number >= 0 seconds, got {added_seconds}")
+    per_byte = AlphaBeta(alpha=0.0, beta=1.0, workers=workers)  # seconds at 1 s/byte: byte counts
+    dense = per_byte.dense_allreduce(parameters, BF16_BYTES)
+    compressed = wire(per_byte)
+    if not (math.isfinite(compressed) and compressed >= 0.0
+            and math.isclose(wire(AlphaBeta(0.0, 2.0, workers)), 2.0 * compressed, rel_tol=1e-9, abs_tol=1e-12)):
+        raise ValueError("wire must give finite seconds >= 0, proportional to beta when alpha = 0 (a law of "
+                         f"AlphaBeta's collectives); got {compressed} at beta = 1 s/byte")
+    if compressed >= dense:
+        return None
+    if added_seconds == 0.0:
+        return math.inf
+    return 8.0 * (dense - compressed) / added_seconds
 
 
 def calibration_sizes(smallest: int = 1 << 10, largest: int = 1 << 20, count: int = 4) -> List[int]:
