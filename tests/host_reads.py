@@ -1,4 +1,5 @@
-"""Counting host reads of tensor values on the CPU: what would synchronise with a GPU.
+"""Counting host reads of tensor values on the CPU, what would synchronise with a GPU, and the
+operations dispatched (:class:`DispatchedOps`).
 
 On CUDA, ``torch.cuda.set_sync_debug_mode`` reports every operation that waits for the device;
 on the CPU nothing waits, so the tests count, through a ``TorchFunctionMode``, the operations
@@ -14,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 #: The operations counted, by name (see the module docstring).
 READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu", "nonzero", "unique",
@@ -50,3 +52,18 @@ class HostReads(TorchFunctionMode):
         if name == "cpu":
             self._copied = [result]
         return result
+
+
+class DispatchedOps(TorchDispatchMode):
+    """``with DispatchedOps() as ops: ...``; then ``ops.count``: the operations dispatched to
+    kernels (ATen operators, views included), each a kernel launch or a bookkeeping call on a GPU:
+    what a step costs the host beyond its kernels' own time."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func: Any, types: Tuple[type, ...], args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        self.count += 1
+        return func(*args, **(kwargs or {}))

@@ -1,8 +1,8 @@
-"""Host synchronisations per step, counted on the CPU as a GPU would make them
-(``tests/workers/torch_host_reads.py``, a 2-worker horovodrun job, three groups of 1200, 30 and
-1440 elements, so one gTop-k round; ``tests/host_reads.py`` says what counts): no method's count
-may grow beyond :data:`PER_STEP` plus :data:`PER_GROUP` for each group, docs/benchmarks.md's
-table."""
+"""Host synchronisations and operations dispatched per step, counted on the CPU as a GPU would
+make them (``tests/workers/torch_host_reads.py``, a 2-worker horovodrun job, three groups of 1200,
+30 and 1440 elements, so one gTop-k round; ``tests/host_reads.py`` says what counts): no method's
+host reads may grow beyond :data:`PER_STEP` plus :data:`PER_GROUP` for each group,
+docs/benchmarks.md's table, nor its operations beyond :data:`OPS_PER_STEP`."""
 import pytest
 
 import horovod_sparse.methods  # noqa: F401  (registers the methods)
@@ -23,6 +23,15 @@ PER_STEP = 3
 #: (their selections differ: Gaussian-k's and DGC's retries depend on the data): DGC within 3
 #: with one retry, MiCRO/ExDyna 4 with one histogram round, gTop-k 1 per round and 1 more.
 PER_GROUP = {"topk": 0, "lags": 0, "threshold": 2, "dgc": 3, "gaussiank": 6, "gtopk": 2, "micro": 4, "exdyna": 4}
+
+
+#: Operations dispatched (``tests.host_reads.DispatchedOps``) in one step of :data:`SHAPES` on the
+#: accelerators' paths, the most of either rank, as measured when last lowered: each is a kernel
+#: launch or a host-side call on a GPU (issue 43's profile: +121 launches per step for Top-k). A
+#: change that adds any fails :func:`test_operations_dispatched_per_step_do_not_grow`; one that
+#: removes some lowers the figure here.
+OPS_PER_STEP = {"topk": 155, "lags": 155, "threshold": 175, "dgc": 255, "gaussiank": 212, "gtopk": 271, "micro": 214,
+                "exdyna": 214}
 
 
 def budget(method: str) -> int:
@@ -68,3 +77,12 @@ def test_nonfinite_gradient_decided_on_the_device_abandons_the_step_as_on_the_ho
         assert f"rank(s) [1] at step {NAN_STEP}" in message, message
         assert ("affected groups: p0." in message) == (rank == 1), message
         assert len(record["reads"]) <= budget(method), (rank, len(record["reads"]), record["reads"])
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_operations_dispatched_per_step_do_not_grow(job, method):
+    """No more operations dispatched per step than :data:`OPS_PER_STEP` records (a CPU proxy of
+    the launches a GPU step pays for)."""
+    ops = max(record["ops"] for record in Observed(job, method, 2).meta)
+    print(f"{method}: {ops} operations dispatched per step ({len(SHAPES)} groups), {OPS_PER_STEP[method]} recorded")
+    assert ops <= OPS_PER_STEP[method], f"{method}: {ops} operations per step, {OPS_PER_STEP[method]} recorded"

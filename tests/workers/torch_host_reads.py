@@ -10,8 +10,9 @@ itself, through the same code as the hooks (the autograd engine runs hooks outsi
 function modes, where nothing would be counted). A config with ``nan_step`` puts a NaN in rank
 1's first gradient at that step (policy ``"skip"``): the accelerators' paths decide finiteness on
 the device and read it when the step ends; both paths must abandon the step alike (NaN
-aggregates, the same residuals, the same warning). Record per config: the reads' names (of the
-last step, a finite one), the number of groups, whether both paths agreed and their warnings.
+aggregates, the same residuals, the same warning). Record per config: the reads' names and the
+number of operations dispatched (of the last step, a finite one), the number of groups, whether
+both paths agreed and their warnings.
 """
 import contextlib
 import math
@@ -23,7 +24,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.torch_core.selection import accelerator_paths
-from tests.host_reads import HostReads
+from tests.host_reads import DispatchedOps, HostReads
 from tests.workers.cli import configs_and_out, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 
@@ -45,11 +46,12 @@ def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
                 p.grad = g  # no backward pass: step() launches every group itself, inside the count
             if step == config.get("nan_step") and hvd.rank() == 1:
                 params[0].grad.view(-1)[0] = math.nan
-            with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads:
+            with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads, \
+                    DispatchedOps() as ops:
                 opt.step()
             aggregates.append([p.grad.clone() for p in params])
     assert opt.last_stats is not None and not any(g.dense for g in opt.last_stats.groups)
-    return {"reads": reads.names, "groups": len(opt.groups), "aggregates": aggregates,
+    return {"reads": reads.names, "ops": ops.count, "groups": len(opt.groups), "aggregates": aggregates,
             "residuals": list(opt.residuals().values()), "unions": [g.union for g in opt.last_stats.groups],
             "warnings": [str(w.message) for w in caught]}
 
@@ -67,7 +69,8 @@ def count(config: Dict[str, Any]) -> Dict[str, Any]:
                  for a, b in zip(step_a, step_b))
              and all(torch.equal(a, b) for a, b in zip(device["residuals"], host["residuals"]))
              and device["unions"] == host["unions"])
-    return {"reads": device["reads"], "host_path_reads": len(host["reads"]), "groups": device["groups"],
+    return {"reads": device["reads"], "ops": device["ops"], "host_path_reads": len(host["reads"]),
+            "groups": device["groups"],
             "same_as_host_paths": agree, "warnings": device["warnings"], "host_warnings": host["warnings"],
             "abandoned": [bool(step[0].isnan().all()) for step in device["aggregates"]]}
 
