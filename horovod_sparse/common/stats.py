@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Callable, Dict, List, Optional, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -177,23 +177,34 @@ def read_each(scalars: List[Any]) -> List[Any]:
     return [np.asarray(scalar).item() for scalar in scalars]
 
 
+def read_figures(stats: StepStats, read_scalars: ReadScalars, scalars: Sequence[Any] = ()) -> List[Any]:
+    """Read ``scalars`` (what the front end must learn now: its finiteness flags) and every
+    figure of ``stats`` not read yet (unions and ``extra`` figures left on a device) in one call
+    of ``read_scalars``, so that a step reads its device once however many groups and figures it
+    has; the figures go into their groups, ``scalars``' values are returned, in order. Figures a
+    group notes later are read by a later call (:func:`finish_step`)."""
+    unread = [(g, None) for g in stats.groups if not isinstance(g.union, int)]
+    unread += [(g, name) for g in stats.groups for name in g.unread]
+    if not unread and not scalars:
+        return []
+    values = read_scalars([*scalars, *(g.union if name is None else g.unread[name] for g, name in unread)])
+    for (group, name), value in zip(unread, values[len(scalars):]):
+        if name is None:
+            group.union = int(value)
+        else:
+            group.extra[name] = value
+    for group in stats.groups:
+        group.unread.clear()
+    return values[:len(scalars)]
+
+
 def finish_step(stats: StepStats, log: Optional[StatsLog], read_scalars: ReadScalars = read_each) -> StepStats:
     """A finished step's statistics as a front end publishes them (its ``last_stats``): every
     group's ``union`` and ``extra`` figures Python numbers (those that are not yet are read by
-    ``read_scalars``: a front end whose figures stay on an accelerator passes one that reads
-    them all in one go, not one host read per group), groups settled
+    ``read_scalars``, :func:`read_figures`: a front end whose figures stay on an accelerator
+    passes one that reads them all in one go, not one host read per group), groups settled
     (:meth:`GroupStats.settle`), sorted by name, and written to ``log`` when there is one."""
-    unread = [(g, None) for g in stats.groups if not isinstance(g.union, int)]
-    unread += [(g, name) for g in stats.groups for name in g.unread]
-    if unread:
-        values = read_scalars([g.union if name is None else g.unread[name] for g, name in unread])
-        for (group, name), value in zip(unread, values):
-            if name is None:
-                group.union = int(value)
-            else:
-                group.extra[name] = value
-        for group in stats.groups:
-            group.unread.clear()
+    read_figures(stats, read_scalars)
     for group in stats.groups:
         group.settle()
     stats.groups.sort(key=lambda g: g.name)

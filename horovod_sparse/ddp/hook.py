@@ -197,7 +197,7 @@ class State(EngineSteps):
             for future, _, _ in finished:
                 future.set_exception(stalled)
             return
-        nonfinite_groups = self._finiteness.nonfinite()
+        nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
         bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
                                                 lambda count: ranks_reporting(count, self.process_group))
         if bad_ranks:

@@ -30,7 +30,8 @@ from __future__ import annotations
 from typing import IO, Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
 
 from horovod_sparse.common.grouping import ReadyTimeline
-from horovod_sparse.common.stats import GroupStats, ReadScalars, StatsLog, StepStats, finish_step
+from horovod_sparse.common.stats import (GroupStats, ReadScalars, StatsLog, StepStats, finish_step, read_each,
+                                         read_figures)
 from horovod_sparse.common.tiers import Tiers, exchanged_numel
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.engine.model_state import ModelState
@@ -202,6 +203,13 @@ class StepEngine:
         return flights
 
     # -- the end of a step ----------------------------------------------------------------------------
+    def read_with_figures(self, scalars: List[Any]) -> List[Any]:
+        """The values of ``scalars`` (the front end's finiteness flags left on a device), read
+        in one go with the step's statistics figures still on a device (the groups finished by
+        now), so that the end of a step reads a device once
+        (:func:`~horovod_sparse.common.stats.read_figures`)."""
+        return read_figures(self.stats, self.read_scalars or read_each, scalars)
+
     def ranks_with_nonfinite(self, policy: Optional[str], nonfinite_here: Sequence[str],
                              reporting: Callable[[int], List[int]]) -> List[int]:
         """The ranks that saw a non-finite gradient this step, from ``reporting(count)`` (the

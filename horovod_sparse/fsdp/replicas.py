@@ -151,7 +151,7 @@ class State(EngineSteps):
         abandoned everywhere if a rank saw one), close the step."""
         engine, self._in_step = self._engine, False
         engine.timeline.backward_ended()
-        nonfinite_groups = self._finiteness.nonfinite()
+        nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
         bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
                                                 lambda count: ranks_reporting(count, self._world))
         if bad_ranks:

@@ -223,7 +223,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._sparse_rows.wait()
         self._readiness.next_step(self.backward_passes_per_step)
         self._size_checked = False
-        nonfinite_groups = self._finiteness.nonfinite()
+        nonfinite_groups = self._finiteness.nonfinite(self._engine.read_with_figures)
         bad_ranks = self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
                                                       lambda count: ranks_reporting(count, self.process_set))
         if bad_ranks:

@@ -13,6 +13,8 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 
+from horovod_sparse.common.stats import ReadScalars
+
 from horovod_sparse.torch_core.selection import on_accelerator
 from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag, read_scalars
 
@@ -47,9 +49,11 @@ class StepFiniteness:
         """Note a decision made elsewhere (a sparse gradient's rows)."""
         self._decisions.append((names, usable))
 
-    def nonfinite(self) -> List[str]:
+    def nonfinite(self, read_scalars: ReadScalars = read_scalars) -> List[str]:
         """The groups of this step whose gradients were not finite on this rank, in launch order
-        (the decisions left on devices read together: one host read per device); clears the
+        (the decisions left on devices read together by ``read_scalars``: one host read per
+        device, shared with the step's statistics when the engine's
+        :meth:`~horovod_sparse.engine.step.StepEngine.read_with_figures` is given); clears the
         step's decisions."""
         deferred = [usable for _, usable in self._decisions if isinstance(usable, torch.Tensor)]
         read = iter(read_scalars(deferred))
