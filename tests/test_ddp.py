@@ -53,13 +53,23 @@ NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[3, 1], nonfinite=policy) fo
 REBUCKETED = [config(f"{m}_rebucketed", m, steps=7, resume_at=4, bucket_cap_mb=25, resume_bucket_cap_mb=BUCKET_MB)
               for m in ("topk", "micro")]
 
+#: Every method again, its hook on the accelerators' paths with its host reads counted
+#: (``ddp_exchange.py``'s ``reads``): the same aggregates as its parity config, bitwise.
+READS = [{**c, "name": c["name"] + "_reads", "reads": []} for c in PARITY[:len(METHODS)]]
+#: Host reads of a step's hooks (two buckets, the end of the step in the last one), the most of
+#: either rank, as measured when last lowered: one read of the step's finiteness and statistics
+#: together, the agreement on non-finite gradients, and what each method still reads per bucket
+#: inside its exchange (``tests/test_host_reads.py`` says what).
+DDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 8, "dgc": 11, "gaussiank": 22, "gtopk": 6, "micro": 14,
+                      "exdyna": 14}
+
 
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     """Every parity, resume and non-finite config on 2 processes, and the Horovod optimizer on
     the parity configs with the groups DDP formed."""
     out = tmp_path_factory.mktemp("ddp2")
-    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE + REBUCKETED, backend="torchrun")
+    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE + REBUCKETED + READS, backend="torchrun")
     horovod = []
     for c in PARITY:
         groups = Observed(out, c["name"], 2).groups
@@ -67,6 +77,21 @@ def two(tmp_path_factory):
                         "backward_passes": c.get("passes", 1)})
     run_configs("torch_exchange.py", 2, out, horovod)
     return out
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_host_reads_per_step_within_the_budget(two, method):
+    """On the accelerators' paths (run on the CPU) the hook reads the host no more than
+    :data:`DDP_READS_PER_STEP` in every sparse step (the first, DDP's dense one, also checks the
+    configuration over the job) and computes bitwise what the host paths do (every aggregate,
+    parameter and residual)."""
+    counted, plain = Observed(two, f"{method}_reads", 2), Observed(two, method, 2)
+    for rank in range(2):
+        for key, value in plain.arrays[rank].items():
+            np.testing.assert_array_equal(counted.arrays[rank][key], value, err_msg=f"{method} rank {rank} {key}")
+        reads = counted.meta[rank]["reads"]
+        print(f"{method} rank {rank}: host reads per step {[len(r) for r in reads]}")
+        assert max(len(r) for r in reads[1:]) <= DDP_READS_PER_STEP[method], reads
 
 
 @pytest.fixture(scope="module")

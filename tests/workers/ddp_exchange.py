@@ -5,7 +5,7 @@ both and the two front ends compare bitwise.
 
 Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "stream",
 "bucket_cap_mb", "passes", "resume_at", "nan_at", "nonfinite", "options_of_rank", "hierarchical",
-"node_size"} (the last two: ``State``'s arguments):
+"node_size", "reads"} (``hierarchical`` and ``node_size``: ``State``'s arguments):
 
 - ``passes``: each step's gradient arrives over that many backward passes, all but the last
   under ``ddp.no_sync()`` (parts 1:2:..., as torch_exchange's ``backward_passes``);
@@ -16,6 +16,8 @@ Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "
 - ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that step (the policy is
   ``nonfinite``); the step's error, if any, is recorded and ``optimizer.step()`` is skipped
   when ``state.last_stats.abandoned``;
+- ``reads``: an empty list: the hook runs on the accelerators' paths and counts its host reads
+  (:func:`counting`); the record's ``reads`` has each step's (the names, in order);
 - ``options_of_rank``: ``{rank: options}`` replacing ``options`` on that rank (a configuration
   that differs between ranks: the first exchange must raise everywhere).
 
@@ -23,6 +25,7 @@ Each step's statistics also go to ``State(stats_log=)``, a ``.jsonl`` file. The 
 the groups (lists of parameter indices), per-step statistics and errors, and whether Horovod was
 imported (it must not be).
 """
+import functools
 import io
 import json
 import sys
@@ -33,6 +36,8 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
+from horovod_sparse.torch_core.selection import accelerator_paths
+from tests.host_reads import HostReads
 from tests.workers.cli import configs_and_out
 from tests.workers.given_gradients import make_params, part_weights, step_gradients
 
@@ -59,8 +64,23 @@ def build(config, params, rank, stats_log=None):
                       hierarchical=config.get("hierarchical"), node_size=config.get("node_size"))
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
-    ddp.register_comm_hook(state, hsd.hook)
+    ddp.register_comm_hook(state, counting(hsd.hook, config["reads"]) if "reads" in config else hsd.hook)
     return ddp, state, torch.optim.SGD(params, lr=0.01, momentum=0.9)
+
+
+def counting(hook, reads):
+    """``hook`` run on the accelerators' paths with its host reads counted (``tests/host_reads.py``),
+    each call's reads' names appended to ``reads``: the autograd engine runs comm hooks outside
+    Python's function modes, so the count is taken inside the hook (the exchange, the end of the
+    step in the last bucket's hook)."""
+    @functools.wraps(hook)
+    def counted(state, bucket):
+        with accelerator_paths(), HostReads() as host:
+            future = hook(state, bucket)
+        reads.extend(host.names)
+        return future
+
+    return counted
 
 
 def resumed(config, params, state, opt, rank):
@@ -87,8 +107,10 @@ def run(config, out: Path):
     params = make_params(config["shapes"], seed, dtype)
     log = (out / f"{config['name']}.rank{rank}.jsonl").open("w")
     ddp, state, opt = build(config, params, rank, log)
-    aggregated, stats, errors = [], [], []
+    aggregated, stats, errors, reads = [], [], [], []
     for step in range(config["steps"]):
+        if "reads" in config:
+            config["reads"].clear()
         if step == config.get("resume_at"):
             params, ddp, state, opt = resumed(config, params, state, opt, rank)
         opt.zero_grad()
@@ -108,6 +130,7 @@ def run(config, out: Path):
             errors.append([step, str(error)])
             break
         aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
+        reads.append(list(config.get("reads", [])))
         stats.append(state.last_stats.as_dict())
         if not state.last_stats.abandoned:
             opt.step()
@@ -121,7 +144,7 @@ def run(config, out: Path):
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
         {"groups": [[index[id(p)] for p in g.params] for g in groups], "stats": stats, "errors": errors,
-         "horovod_imported": "horovod" in sys.modules}))
+         "reads": reads, "horovod_imported": "horovod" in sys.modules}))
 
 
 def main() -> None:
