@@ -41,6 +41,14 @@ CONFIGS = ([{"name": m, "method": m, "options": {**OPTIONS, **({"adaptive": Fals
            + [{"name": "topk_kept", "method": "topk", "options": OPTIONS, "steps": 3, "seed": 3, "dense": "b.*",
                "kept_units": ["b"]},
               {"name": "ddp_kept", "method": "topk", "options": {**OPTIONS, "warmup_steps": 1}, "ddp_kept": True}])
+CONFIGS += [{**c, "name": c["name"] + "_reads", "steps": 3, "resume_at": None, "state_first": False, "reads": True}
+            for c in CONFIGS[:len(METHODS)]]
+#: Host reads of a step's hooks (three units, the end of the step after the backward pass), the
+#: most of any rank, as measured when last lowered: one read of the step's finiteness and
+#: statistics together, the agreement on non-finite gradients, and what each method still reads
+#: per unit inside its exchange (``tests/test_host_reads.py`` says what).
+FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 11, "dgc": 11, "gaussiank": 25, "gtopk": 8, "micro": 20,
+                       "exdyna": 20}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
@@ -63,6 +71,18 @@ def test_each_unit_is_the_flat_method_over_the_replicas_bitwise(job, method):
         assert record["mismatches"] == [], (rank, record["mismatches"][:3])
         assert record["steps"] == STEPS and not any(record["abandoned"])
         assert {s["name"] for s in record["stats"]} == set(UNITS) and not any(s["dense"] for s in record["stats"])
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_host_reads_per_step_within_the_budget(job, method):
+    """On the accelerators' paths (run on the CPU) the state's hooks read the host no more than
+    :data:`FSDP_READS_PER_STEP` in every step after the first (which also checks the
+    configuration over the job), and every unit's update and residual are bitwise the
+    definition's, run on the host paths."""
+    for rank, record in enumerate(Observed(job, f"{method}_reads", NP).meta):
+        assert record["mismatches"] == [], (rank, record["mismatches"][:3])
+        print(f"{method} rank {rank}: host reads per step {[len(r) for r in record['reads']]}")
+        assert len(record["reads"]) == 3 and max(map(len, record["reads"][1:])) <= FSDP_READS_PER_STEP[method], record
 
 
 @pytest.mark.parametrize("method", ["topk", "micro"])

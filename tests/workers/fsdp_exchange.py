@@ -20,10 +20,12 @@ each, which must continue bitwise as the first),
 (``reshard_after_forward``), "mixed" (``MixedPrecisionPolicy``: bfloat16 parameters, float32
 reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook), "exponents"
 (instead: :func:`scaled`, a loss scaler's units), "ddp_kept" (instead: :func:`ddp_kept`, the DDP
-hook's ``dense=``), "dense" (``compress_replicas``' argument) with
+hook's ``dense=``), "reads" (the state's hooks on the accelerators' paths, their host reads
+counted per step: :meth:`Checked.count_reads`), "dense" (``compress_replicas``' argument) with
 "kept_units" (the units it keeps dense, whose reference is the dense average over the replicate
 group)}.
 """
+import contextlib
 import importlib
 import io
 import json
@@ -42,6 +44,8 @@ import horovod_sparse.fsdp as hsf
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
+from horovod_sparse.torch_core.selection import accelerator_paths
+from tests.host_reads import HostReads
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients
 
@@ -145,9 +149,34 @@ class Checked:
         def hook(shard):
             given_shard = shard.clone()
             self.inputs.setdefault(name, []).append(given_shard)
-            self.state.exchange(name, shard)
+            with self.counted():
+                self.state.exchange(name, shard)
             self._check(name, given_shard, shard)
         return hook
+
+    def count_reads(self):
+        """Run the state's exchanges and its end of step on the accelerators' paths with their
+        host reads counted (the reference stays on the host paths), into :attr:`reads`, one list
+        per step: the autograd engine runs the hooks outside Python's function modes, so the
+        count is taken inside them."""
+        self.reads = [[]]
+        finish_step = self.state._finish_step
+
+        def counted_finish():
+            with self.counted():
+                finish_step()
+            self.reads.append([])
+
+        self.state._finish_step = counted_finish
+
+    @contextlib.contextmanager
+    def counted(self):
+        if not hasattr(self, "reads"):
+            yield
+            return
+        with accelerator_paths(), HostReads() as host:
+            yield
+        self.reads[-1].extend(host.names)
 
     def _check(self, name, given_shard, result):
         """The definition: the flat method over the replicate group fed this shard + residual."""
@@ -189,6 +218,8 @@ def run(config, mesh, out, index):
     replicate = mesh["replicate"].get_group()
     model, state = build(config, mesh)
     checked = Checked(config, model, state, replicate)
+    if config.get("reads"):
+        checked.count_reads()
     arrays, abandoned, caught_warnings = {}, [], []
     resume_at = config.get("resume_at")
     saved = None
@@ -240,7 +271,7 @@ def run(config, mesh, out, index):
               "kept_dense": g.kept_dense} for g in state.last_stats.groups]
     record = {"mismatches": checked.mismatches, "abandoned": abandoned, "warnings": caught_warnings,
               "stats": stats, "resumed_mismatches": resumed_mismatches, "dcp_resumed_mismatches": dcp_mismatches,
-              "steps": state.steps,
+              "steps": state.steps, "reads": getattr(checked, "reads", [])[:-1],
               "replicate_ranks": dist.get_process_group_ranks(replicate)}
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
