@@ -11,11 +11,14 @@ boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``). ``nu
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from horovod_sparse.torch_core.selection import accelerator_paths
 
 #: The operations counted, by name (see the module docstring).
 READS = {"__bool__", "__int__", "__float__", "__index__", "item", "tolist", "numpy", "cpu", "nonzero", "unique",
@@ -52,6 +55,16 @@ class HostReads(TorchFunctionMode):
         if name == "cpu":
             self._copied = [result]
         return result
+
+
+@contextmanager
+def reads_on_accelerator_paths(into: List[str]) -> Iterator[None]:
+    """Run the block on the accelerators' paths with its host reads counted, their names
+    appended to ``into``: for code the autograd engine runs (hooks), outside the function modes
+    the caller entered, so the count is taken inside it."""
+    with accelerator_paths(), HostReads() as host:
+        yield
+    into.extend(host.names)
 
 
 class DispatchedOps(TorchDispatchMode):

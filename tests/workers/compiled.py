@@ -10,11 +10,12 @@ Each config: ``{"name", "front_end", "method", "steps", "optimize_ddp", "compile
   ``"python_reducer"`` for the refusal);
 - ``compiled_autograd``: the backward pass compiled too.
 
-Both runs start from the same parameters and see the same per-rank batch at every step; each writes its
-parameters after every step (``eager_{step}_{i}``, ``compiled_{step}_{i}``). The record has each
-run's losses and per-step statistics (``(selected, union, dense)`` per group), or the compiled
-run's error (type and message) where it raised.
+Both runs start from the same parameters and see the same per-rank batch at every step; each
+writes its parameters after every step (``eager_{step}_{i}``, ``compiled_{step}_{i}``). The record
+has each run's losses and per-step statistics (``(selected, union, dense)`` per group), or the
+compiled run's error (type and message) where it raised.
 """
+import socket
 from typing import Any, Dict, List, Tuple
 
 import horovod.torch as hvd
@@ -52,10 +53,10 @@ def group_stats(stats: Any) -> List[List[Any]]:
 def train(config: Dict[str, Any], compiled: bool) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
     """``config['steps']`` steps of one run: its parameters after each step and its record."""
     net = model()
-    compression = {"compression": hs.Compression.create(config["method"], **OPTIONS)}
     if config["front_end"] == "horovod":
         optimizer = hs.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.1),
-                                            named_parameters=net.named_parameters(), **compression)
+                                            named_parameters=net.named_parameters(),
+                                            compression=hs.Compression.create(config["method"], **OPTIONS))
         front, engine = net, optimizer
     else:
         front = DistributedDataParallel(net)
@@ -105,8 +106,6 @@ def main() -> None:
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

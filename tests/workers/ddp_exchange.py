@@ -36,8 +36,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
-from horovod_sparse.torch_core.selection import accelerator_paths
-from tests.host_reads import HostReads
+from tests.host_reads import reads_on_accelerator_paths
 from tests.workers.cli import configs_and_out
 from tests.workers.given_gradients import make_params, part_weights, step_gradients
 
@@ -69,16 +68,13 @@ def build(config, params, rank, stats_log=None):
 
 
 def counting(hook, reads):
-    """``hook`` run on the accelerators' paths with its host reads counted (``tests/host_reads.py``),
-    each call's reads' names appended to ``reads``: the autograd engine runs comm hooks outside
-    Python's function modes, so the count is taken inside the hook (the exchange, the end of the
-    step in the last bucket's hook)."""
+    """``hook`` run on the accelerators' paths with its host reads counted
+    (:func:`tests.host_reads.reads_on_accelerator_paths`) into ``reads``: the exchange, and the
+    end of the step in the last bucket's hook."""
     @functools.wraps(hook)
     def counted(state, bucket):
-        with accelerator_paths(), HostReads() as host:
-            future = hook(state, bucket)
-        reads.extend(host.names)
-        return future
+        with reads_on_accelerator_paths(reads):
+            return hook(state, bucket)
 
     return counted
 

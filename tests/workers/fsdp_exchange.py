@@ -44,8 +44,7 @@ import horovod_sparse.fsdp as hsf
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
-from horovod_sparse.torch_core.selection import accelerator_paths
-from tests.host_reads import HostReads
+from tests.host_reads import reads_on_accelerator_paths
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients
 
@@ -156,9 +155,8 @@ class Checked:
 
     def count_reads(self):
         """Run the state's exchanges and its end of step on the accelerators' paths with their
-        host reads counted (the reference stays on the host paths), into :attr:`reads`, one list
-        per step: the autograd engine runs the hooks outside Python's function modes, so the
-        count is taken inside them."""
+        host reads counted (:func:`tests.host_reads.reads_on_accelerator_paths`; the reference
+        stays on the host paths), into :attr:`reads`, one list per step."""
         self.reads = [[]]
         finish_step = self.state._finish_step
 
@@ -169,14 +167,9 @@ class Checked:
 
         self.state._finish_step = counted_finish
 
-    @contextlib.contextmanager
     def counted(self):
-        if not hasattr(self, "reads"):
-            yield
-            return
-        with accelerator_paths(), HostReads() as host:
-            yield
-        self.reads[-1].extend(host.names)
+        """Where :meth:`count_reads` was called, the block's host reads into this step's list."""
+        return reads_on_accelerator_paths(self.reads[-1]) if hasattr(self, "reads") else contextlib.nullcontext()
 
     def _check(self, name, given_shard, result):
         """The definition: the flat method over the replicate group fed this shard + residual."""
