@@ -68,7 +68,7 @@ import horovod_sparse.ddp as hsd
 from benchmarks.models import model_spec
 from benchmarks.results import command_line, write_results
 from benchmarks.wire import Payload, wire_law
-from horovod_sparse.common.cost_model import INDEX_BYTES, VALUE_BYTES, break_even_link
+from horovod_sparse.common.cost_model import BF16_BYTES, INDEX_BYTES, VALUE_BYTES, break_even_link
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.selection import top_k
@@ -465,7 +465,7 @@ def break_even_line(row: Dict[str, Any], parameters: int) -> str:
     kilobytes = (payload["values"] + payload["indices"] + payload["meta"]) / 1e3
     links = ", ".join(f"on {n} ranks {below_link(bw)}" for n, bw in row["bits_per_second"].items())
     return (f"+{row['added_seconds'] * 1e3:.2f} ms a step, {kilobytes:.3g} kB sent per rank ({row['bytes_from']}), "
-            f"dense bf16 {2 * parameters / 1e6:.3g} MB: beats a dense bf16 ring all-reduce {links}")
+            f"dense bf16 {BF16_BYTES * parameters / 1e6:.3g} MB: beats a dense bf16 ring all-reduce {links}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

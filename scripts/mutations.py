@@ -642,7 +642,7 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_host_reads.py"],
       "on an accelerator a rank's non-finite gradient, decided on the device, still enters the residual"),
     M("deferred-nonfinite-decision-ignored", P + "torch_core/finiteness.py",
-      "                 if not (next(read) if isinstance(usable, torch.Tensor) else usable) for name in names]\n",
+      "                 if not (next(values) if isinstance(usable, torch.Tensor) else usable) for name in names]\n",
       "                 if not (True if isinstance(usable, torch.Tensor) else usable) for name in names]\n",
       ["tests/test_host_reads.py"],
       "on an accelerator the finiteness decided on the device is never read: a NaN step is not abandoned"),

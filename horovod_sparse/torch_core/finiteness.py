@@ -49,15 +49,15 @@ class StepFiniteness:
         """Note a decision made elsewhere (a sparse gradient's rows)."""
         self._decisions.append((names, usable))
 
-    def nonfinite(self, read_scalars: ReadScalars = read_scalars) -> List[str]:
+    def nonfinite(self, read: ReadScalars = read_scalars) -> List[str]:
         """The groups of this step whose gradients were not finite on this rank, in launch order
-        (the decisions left on devices read together by ``read_scalars``: one host read per
+        (the decisions left on devices read together by ``read``: one host read per
         device, shared with the step's statistics when the engine's
         :meth:`~horovod_sparse.engine.step.StepEngine.read_with_figures` is given); clears the
         step's decisions."""
         deferred = [usable for _, usable in self._decisions if isinstance(usable, torch.Tensor)]
-        read = iter(read_scalars(deferred))
+        values = iter(read(deferred))
         names = [name for names, usable in self._decisions
-                 if not (next(read) if isinstance(usable, torch.Tensor) else usable) for name in names]
+                 if not (next(values) if isinstance(usable, torch.Tensor) else usable) for name in names]
         self._decisions = []
         return names
