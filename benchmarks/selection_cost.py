@@ -55,9 +55,9 @@ import torch
 
 from horovod_sparse.common.thresholds import as_float32, scan_block_size
 from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState, candidate_budget, reaches_bar
-from horovod_sparse.common.threshold_baselines import hard_threshold
+from horovod_sparse.common.threshold_baselines import DEFAULT_CAPACITY, capacity_count, hard_threshold
 from horovod_sparse.methods.micro.candidates import Candidates
-from horovod_sparse.torch_core.selection import pick, scan, select, top_k
+from horovod_sparse.torch_core.selection import pick, pick_capped, scan, top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.torch import backend
 
@@ -133,12 +133,13 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
     threshold = as_float32(hard_threshold(k))
     scaled = x * (threshold / float(x[exact].abs().min()))  # the fixed threshold selects about k
     block = scan_block_size(density)
+    capacity = capacity_count(DEFAULT_CAPACITY, k, x.numel())
     seconds = time_side_by_side({
         "sum": lambda: x.sum(),
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
         "top_k": lambda: top_k(x, k),
-        "threshold": lambda: select(scaled, threshold, block),
-        "gaussiank": lambda: gaussiank_select(backend, x, k, density),
+        "threshold": lambda: pick_capped(scan(scaled, 0, x.numel(), block), threshold, capacity),
+        "gaussiank": lambda: gaussiank_select(backend, x, k, density, capacity),
     }, repeats)
     row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
     row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})

@@ -14,12 +14,14 @@ import torch
 
 from horovod_sparse.methods.gtopk.butterfly import SparseSet
 from horovod_sparse.common.thresholds import as_float32
-from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
+from horovod_sparse.common.threshold_baselines import gaussian_threshold
+from horovod_sparse.methods.backend import PAD
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.methods.gtopk.exchange import merge
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
+from horovod_sparse.torch_core.selection import accelerator_paths
 from tests.reference_gtopk import merge_sets
 
 BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
@@ -37,26 +39,36 @@ def reference_gaussiank(x: np.ndarray, k: int, density: float):
     then the corrections, each re-selecting from the whole buffer."""
     threshold = gaussian_threshold(float(x.mean(dtype=np.float64)), float(x.std(dtype=np.float64, ddof=1)), density)
     selected = np.flatnonzero(np.abs(x) >= as_float32(threshold))
-    for _ in range(GAUSSIANK_CORRECTIONS):
-        factor = gaussiank_adjustment(len(selected), k)
-        if factor is None:
+    for _ in range(3):
+        if 3 * len(selected) < 2 * k:
+            threshold *= 0.5
+        elif 3 * len(selected) > 4 * k:
+            threshold *= 1.5
+        else:
             break
-        threshold *= factor
         selected = np.flatnonzero(np.abs(x) >= as_float32(threshold))
     return selected, as_float32(threshold)
 
 
-@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("framework,accelerated", PATHS)
 @pytest.mark.parametrize("kind,seed", [("normal", 0), ("normal", 1), ("tied", 2), ("tied", 3)])
-def test_gaussiank_selects_as_its_definition_on_both_backends(framework, kind, seed):
-    """Tied inputs make the count jump across the correction bounds, so the corrections run."""
+@pytest.mark.parametrize("capacity", [50_000, 700, 400])
+def test_gaussiank_selects_as_its_definition_on_both_backends(framework, accelerated, kind, seed, capacity):
+    """Tied inputs make the count jump across the correction bounds, so the corrections run; on
+    the accelerators' paths the corrections are decided on the device. A capacity below the
+    count sends the lowest indices (padded on the accelerators' paths) and counts the rest."""
     B, tensor = BACKENDS[framework]
     x = tied(50_000, seed) if kind == "tied" else np.random.default_rng(seed).standard_normal(50_000).astype(np.float32)
     k, density = 500, 0.01
-    idx, threshold = gaussiank_select(B, tensor(x), k, density)
+    with accelerator_paths() if accelerated else contextlib.nullcontext():
+        capped, threshold = gaussiank_select(B, tensor(x), k, density, capacity)
     expected, expected_threshold = reference_gaussiank(x, k, density)
-    np.testing.assert_array_equal(B.to_numpy(idx), expected)
-    assert threshold == pytest.approx(expected_threshold, rel=1e-5)
+    idx = B.to_numpy(capped.idx)
+    assert capped.padded == accelerated and len(idx) == (capacity if accelerated else min(capacity, len(expected)))
+    np.testing.assert_array_equal(idx[:len(expected)], expected[:capacity])
+    assert (idx[len(expected):] == PAD).all()
+    assert (int(capped.sent), int(capped.overflow)) == (min(capacity, len(expected)), max(0, len(expected) - capacity))
+    assert float(threshold) == pytest.approx(expected_threshold, rel=1e-5)
 
 
 @pytest.mark.parametrize("framework", BACKENDS)
@@ -76,7 +88,6 @@ def test_gtopk_merge_breaks_magnitude_ties_to_the_lower_index_on_both_backends(f
     the k largest, ties to the lower index, as the reference merge, bitwise; and which of the
     first set's indices the merge kept (``isin``). PyTorch's accelerators' paths (a coalesce
     padded to a fixed size, a binary-search ``isin``) too."""
-    from horovod_sparse.torch_core.selection import accelerator_paths
 
     B, tensor = BACKENDS[framework]
     rng = np.random.default_rng(seed)

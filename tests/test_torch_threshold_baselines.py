@@ -9,7 +9,8 @@ from statistics import NormalDist
 import numpy as np
 import pytest
 
-from tests.checks import Observed, assert_conservation, assert_identical_replicas, assert_matches_reference
+from tests.checks import (Observed, assert_conservation, assert_identical_replicas, assert_matches_reference,
+                          raw_group_stream)
 from tests.launch import run_configs
 from tests.reference import allgather_method
 
@@ -22,11 +23,17 @@ def baseline_config(name, method, **options):
             "steps": 10, "seed": 5, "shapes": SHAPES}
 
 
+#: The hard threshold and Gaussian-k send at most ``ceil(capacity * k)`` coordinates (2k unless
+#: set); ``*_capped`` configs set a capacity below ``k``, so that most steps overflow.
+CAPACITY, SMALL_CAPACITY = 2.0, 0.5
 CONFIGS = [
     baseline_config("threshold", "threshold"),
+    baseline_config("threshold_capped", "threshold", capacity=SMALL_CAPACITY),
     baseline_config("dgc", "dgc"),
     baseline_config("dgc_sampled_wide", "dgc", sample_ratio=0.25, max_adaptations=2),
     baseline_config("gaussiank", "gaussiank"),
+    baseline_config("gaussiank_capped", "gaussiank", capacity=SMALL_CAPACITY),
+    baseline_config("dgc_capped", "dgc", capacity=SMALL_CAPACITY),
 ]
 MOMENTUM = {**baseline_config("dgc_momentum", "dgc", momentum=0.9), "groups": "model"}
 
@@ -37,6 +44,17 @@ def f32(value):
 
 def above(x, threshold):
     return np.flatnonzero(np.abs(x) >= np.float32(threshold))
+
+
+def capped(select, capacity=CAPACITY, found=None, density=DENSITY):
+    """``select`` sending its lowest ``ceil(capacity * k)`` indices (at least 1, at most all; k
+    of ``density``); each call's full count is appended to ``found`` when given."""
+    def cut(x, step):
+        idx = select(x, step)
+        if found is not None:
+            found.append(idx.size)
+        return idx[:min(x.size, max(1, math.ceil(capacity * max(1, int(density * x.size)))))]
+    return cut
 
 
 def select_threshold(x, step):
@@ -59,25 +77,48 @@ def select_gaussiank(x, step):
     return idx
 
 
-def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10):
+def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY, found=None):
+    """DGC's selection, sending at most ``ceil(capacity * k)``: the top-k of the capacity's
+    lowest indices when it selected more than 1.3 k; the final count is appended to ``found``
+    when given."""
     k = max(1, int(DENSITY * x.size))
+    room = min(x.size, max(1, math.ceil(capacity * k)))
     stride = max(1, round(1 / sample_ratio))
     offset = step % stride if x.size > stride else 0
     sample = np.sort(np.abs(x[offset::stride]))[::-1]
     threshold = f32(sample[max(1, math.ceil(DENSITY * sample.size)) - 1])
     idx = above(x, threshold)
+    cut = False
     for _ in range(max_adaptations):
-        if idx.size > 1.3 * k:
-            return idx[np.argsort(-np.abs(x[idx]), kind="stable")[:k]]
-        if idx.size >= 0.8 * k:
+        cut = idx.size > 1.3 * k
+        if cut or idx.size >= 0.8 * k:
             break
         threshold = f32(threshold * 0.8)
         idx = above(x, threshold)
-    return idx
+    if found is not None:
+        found.append(idx.size)
+    return idx[:room][np.argsort(-np.abs(x[idx[:room]]), kind="stable")[:k]] if cut else idx[:room]
 
 
-SELECTORS = {"threshold": select_threshold, "dgc": select_dgc, "gaussiank": select_gaussiank,
-             "dgc_sampled_wide": functools.partial(select_dgc, sample_ratio=0.25, max_adaptations=2)}
+SELECTORS = {"threshold": capped(select_threshold), "dgc": select_dgc, "gaussiank": capped(select_gaussiank),
+             "dgc_sampled_wide": functools.partial(select_dgc, sample_ratio=0.25, max_adaptations=2),
+             "threshold_capped": capped(select_threshold, SMALL_CAPACITY),
+             "gaussiank_capped": capped(select_gaussiank, SMALL_CAPACITY),
+             "dgc_capped": functools.partial(select_dgc, capacity=SMALL_CAPACITY)}
+
+
+def counting(method, found, sent):
+    """The ``*_capped`` config's selection of ``method``, appending each call's full count to
+    ``found`` and how many it sent to ``sent``."""
+    def select(x, step):
+        if method == "dgc":
+            idx = select_dgc(x, step, capacity=SMALL_CAPACITY, found=found)
+        else:
+            idx = capped({"threshold": select_threshold, "gaussiank": select_gaussiank}[method], SMALL_CAPACITY,
+                         found)(x, step)
+        sent.append(idx.size)
+        return idx
+    return select
 
 
 def dgc_momentum_reference(grads, momentum=0.9):
@@ -136,3 +177,27 @@ def test_thresholds_and_counts_are_reported(gloo_run):
                     assert group["extra"]["threshold"] == f32(1 / (2 * math.sqrt(k)))
                 if name == "dgc":
                     assert group["selected"] <= 1.3 * k
+
+
+@pytest.mark.parametrize("method", ["threshold", "gaussiank", "dgc"])
+def test_what_overflows_the_capacity_stays_in_the_residual_and_is_counted(gloo_run, method):
+    """With a capacity below k the lowest indices are sent and the rest kept (the reference, the
+    conservation check above), and every rank's statistics count it: ``selected`` the indices
+    sent, ``overflow`` those selected beyond the capacity, per group and step, as the reference
+    finds them."""
+    size, out = gloo_run
+    name = f"{method}_capped"
+    obs, config = Observed(out, name, size), next(c for c in CONFIGS if c["name"] == name)
+    overflowed = 0
+    for members in obs.groups:
+        found, sent = [], []
+        allgather_method(raw_group_stream(config, size, members), counting(method, found, sent))
+        for step in range(config["steps"]):
+            for rank in range(size):
+                group = next(r for r in obs.stats(rank)[step]["groups"] if r["name"] == f"p{members[0]}")
+                count, capacity = found[step * size + rank], min(group["numel"], max(1, math.ceil(
+                    SMALL_CAPACITY * max(1, int(DENSITY * group["numel"])))))
+                expected = (sent[step * size + rank], max(0, count - capacity))
+                assert (group["selected"], group["extra"]["overflow"]) == expected, (members, step, rank)
+                overflowed += count > capacity
+    assert overflowed > config["steps"], f"{name}: the capacity was seldom reached ({overflowed} times)"

@@ -27,8 +27,10 @@ class GroupStats:
         name: group name (the first parameter's name, or ``model`` for the whole model).
         numel: elements in the group.
         target: target count ``k`` (equal to ``numel`` for dense groups).
-        selected: coordinates this rank selected and sent.
+        selected: coordinates this rank selected and sent (beyond a capacity: ``extra["overflow"]``).
         union: distinct coordinates that reached the model (the aggregated update's support).
+            Both may be 0-dim tensors left on a device until the step's figures are read
+            (:func:`read_figures`).
         dense: True when the group went through a dense allreduce (warm-up, small group,
             dense compressor, kept dense).
         kept_dense: True when the group holds parameters the front end's ``dense=`` keeps
@@ -177,20 +179,24 @@ def read_each(scalars: List[Any]) -> List[Any]:
     return [np.asarray(scalar).item() for scalar in scalars]
 
 
+#: The counts of a :class:`GroupStats` that may be left on a device (0-dim tensors) until read.
+COUNTS = ("selected", "union")
+
+
 def read_figures(stats: StepStats, read_scalars: ReadScalars, scalars: Sequence[Any] = ()) -> List[Any]:
     """Read ``scalars`` (what the front end must learn now: its finiteness flags) and every
     figure of ``stats`` not read yet (unions and ``extra`` figures left on a device) in one call
     of ``read_scalars``, so that a step reads its device once however many groups and figures it
     has; the figures go into their groups, ``scalars``' values are returned, in order. Figures a
     group notes later are read by a later call (:func:`finish_step`)."""
-    unread = [(g, None) for g in stats.groups if not isinstance(g.union, int)]
+    unread = [(g, field) for g in stats.groups for field in COUNTS if not isinstance(getattr(g, field), int)]
     unread += [(g, name) for g in stats.groups for name in g.unread]
     if not unread and not scalars:
         return []
-    values = read_scalars([*scalars, *(g.union if name is None else g.unread[name] for g, name in unread)])
+    values = read_scalars([*scalars, *(getattr(g, name) if name in COUNTS else g.unread[name] for g, name in unread)])
     for (group, name), value in zip(unread, values[len(scalars):]):
-        if name is None:
-            group.union = int(value)
+        if name in COUNTS:
+            setattr(group, name, int(value))
         else:
             group.extra[name] = value
     for group in stats.groups:

@@ -9,24 +9,29 @@ hard threshold
     gradient's scale: the failure that MiCRO's controller was designed to fix.
 DGC (Lin et al. 2018)
     The top ``density`` fraction of a strided ~1% sample of ``|x|`` (:func:`dgc_sample`), then
-    bounded refinement (:func:`dgc_adjustment`): more than ``1.3 k`` selected keeps the exact
+    bounded refinement (:data:`DGC_UPPER`, :data:`DGC_LOWER`): more than ``1.3 k`` selected keeps the exact
     top-k of those; fewer than ``0.8 k`` lowers the threshold ×0.8 and selects again, at most
     ``max_adaptations`` times. Optional momentum correction (``momentum > 0``): velocity, not
     gradient, accumulates in the residual, and both are masked where sent.
 Gaussian-k (Shi et al. 2019)
     ``mean(x) + |Phi^-1(density / 2)| std(x)`` (:func:`gaussian_threshold`), then up to three
-    corrections (:func:`gaussiank_adjustment`): fewer than ``2k/3`` selected halves it, more than
-    ``4k/3`` multiplies it by 1.5.
+    corrections (:func:`band_factor`): fewer than ``2k/3`` selected halves it, more than ``4k/3``
+    multiplies it by 1.5.
+
+All three send at most ``capacity`` times ``k`` coordinates per step
+(:class:`CappedOptions`): a payload whose size is known before the step, so that an accelerator
+moves it without reading the selected count on the host. What a threshold selects beyond it
+stays in the residual (error feedback: nothing is lost) and is counted as ``overflow``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Optional, Tuple
+from typing import Sequence, Tuple
 
 from horovod_sparse.common.options import SparsifierOptions
-from horovod_sparse.common.validation import check_fraction, check_int
+from horovod_sparse.common.validation import check_fraction, check_int, check_positive_float
 
 #: DGC's refinement bounds and step (the reference's compress_upper/lower_bound).
 DGC_UPPER, DGC_LOWER = 1.3, 0.8
@@ -35,8 +40,8 @@ GAUSSIANK_CORRECTIONS = 3
 GAUSSIANK_LOW, GAUSSIANK_HIGH = 2.0 / 3.0, 4.0 / 3.0
 GAUSSIANK_RAISE, GAUSSIANK_LOWER = 1.5, 0.5
 
-#: What DGC's refinement says to do next.
-ACCEPT, TOPK, LOWER = "accept", "topk", "lower"
+#: :attr:`CappedOptions.capacity` unless set: twice the target count.
+DEFAULT_CAPACITY = 2.0
 
 
 def hard_threshold(k: int) -> float:
@@ -45,8 +50,33 @@ def hard_threshold(k: int) -> float:
 
 
 @dataclass(frozen=True)
-class DGCOptions(SparsifierOptions):
-    """Options of DGC.
+class CappedOptions(SparsifierOptions):
+    """Options of a method whose selected count varies with the data (a threshold's).
+
+    Attributes:
+        capacity: the most coordinates a rank sends per group and step, as a multiple of the
+            target count ``k`` (:func:`capacity_count`). What the threshold selects beyond it
+            (the selection's highest indices) is not sent: it stays in the residual, sent at a
+            later step, and is counted as the group's ``overflow`` in the statistics. On an
+            accelerator it is the payload's fixed size, so that no count is read on the host
+            and no length is exchanged.
+    """
+
+    capacity: float = DEFAULT_CAPACITY
+
+    def _validate(self) -> None:
+        object.__setattr__(self, "capacity", check_positive_float("capacity", self.capacity))
+
+
+def capacity_count(capacity: float, k: int, numel: int) -> int:
+    """The payload's capacity in coordinates: ``ceil(capacity * k)``, at least 1 and at most
+    the group's ``numel``."""
+    return min(numel, max(1, math.ceil(capacity * k)))
+
+
+@dataclass(frozen=True)
+class DGCOptions(CappedOptions):
+    """Options of DGC (``capacity`` as :class:`CappedOptions`).
 
     Attributes:
         sample_ratio: fraction of ``|x|`` sampled (strided) to estimate the threshold.
@@ -61,6 +91,7 @@ class DGCOptions(SparsifierOptions):
     momentum: float = 0.0
 
     def _validate(self) -> None:
+        super()._validate()
         object.__setattr__(self, "sample_ratio", check_fraction("sample_ratio", self.sample_ratio))
         object.__setattr__(self, "max_adaptations", check_int("max_adaptations", self.max_adaptations))
         momentum = check_fraction("momentum", self.momentum, allow_zero=True)
@@ -82,25 +113,25 @@ def dgc_sample(numel: int, density: float, sample_ratio: float, step: int) -> Tu
     return offset, stride, max(1, math.ceil(density * size))
 
 
-def dgc_adjustment(count: int, k: int) -> str:
-    """DGC's refinement: :data:`TOPK` above ``1.3 k``, :data:`LOWER` (×0.8) below ``0.8 k``,
-    else :data:`ACCEPT`."""
-    if count > DGC_UPPER * k:
-        return TOPK
-    if count < DGC_LOWER * k:
-        return LOWER
-    return ACCEPT
-
-
 def gaussian_threshold(mean: float, std: float, density: float) -> float:
     """Gaussian-k's estimate ``mean + |Phi^-1(density / 2)| std``."""
     return mean + abs(NormalDist().inv_cdf(density / 2.0)) * std
 
 
-def gaussiank_adjustment(count: int, k: int) -> Optional[float]:
-    """Gaussian-k's correction factor: 0.5 below ``2k/3``, 1.5 above ``4k/3``, else None."""
-    if count < GAUSSIANK_LOW * k:
-        return GAUSSIANK_LOWER
-    if count > GAUSSIANK_HIGH * k:
-        return GAUSSIANK_RAISE
-    return None
+def band_factor(count: int, low: float, high: float, below: float, above: float) -> float:
+    """The factor a threshold is multiplied by when it selected ``count`` coordinates: ``below``
+    when ``count < low``, ``above`` when ``count > high``, else 1 (the count is in the band)."""
+    if count < low:
+        return below
+    if count > high:
+        return above
+    return 1.0
+
+
+def first_settled(thresholds: Sequence[float], counts: Sequence[int], low: float, high: float,
+                  checks: int) -> Tuple[float, bool]:
+    """DGC's refinement, read off the thresholds tried in turn and their counts: the first among
+    the first ``checks`` whose count is at least ``low`` (else the last, unchecked), and whether
+    its count exceeds ``high`` (the top-k of its selection is then kept)."""
+    settled = next((j for j in range(min(checks, len(counts))) if counts[j] >= low), len(counts) - 1)
+    return thresholds[settled], settled < checks and counts[settled] > high

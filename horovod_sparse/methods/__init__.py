@@ -13,9 +13,13 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 * selection, ascending int64 indices with ties to the lower index: ``top_k``, ``select``,
   ``scan`` (block maxima, optional moments), ``pick``, ``pick_with_magnitudes``, ``at_least``
   (the histogram controller's candidates, :mod:`horovod_sparse.methods.micro.candidates`);
+* payloads of fixed capacity (a :class:`~horovod_sparse.methods.backend.Capped` selection,
+  padded on an accelerator) and the threshold decisions that stay there: ``pick_capped``,
+  ``count_capped``, ``top_k_capped``, ``reaches``, ``first_settled``, ``band``, ``as_threshold``, ``delivered``,
+  ``unpadded``, ``copy_at``;
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
-  ``splits_to``, ``zero_at``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
+  ``splits_to``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
 * host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
   metadata: ``allgather_array``, ``allgather_bytes``.
 

@@ -16,11 +16,35 @@ Contracts shared by every primitive:
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Optional, Protocol, Sequence, Tuple
 
 import numpy as np
 
 Tensor = Any
+
+#: The index that fills a padded payload's unused rows (:class:`Capped`).
+PAD = -1
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A selection cut to the payload's capacity (:meth:`Backend.pick_capped`).
+
+    Attributes:
+        idx: the selection's lowest indices, ascending, at most the capacity of them; when
+            ``padded``, exactly the capacity, :data:`PAD` after the first ``sent``.
+        sent: how many indices of the selection ``idx`` holds (an int, or a 0-dim tensor left
+            on an accelerator).
+        overflow: how many the selection held beyond the capacity (left in the residual).
+        padded: whether ``idx`` is padded to the capacity (an accelerator: a payload of fixed
+            size, whose count nobody reads on the host).
+    """
+
+    idx: Tensor
+    sent: Any
+    overflow: Any
+    padded: bool
 
 
 class Backend(Protocol):
@@ -82,6 +106,40 @@ class Backend(Protocol):
     def pick(self, scanned: Any, threshold: float) -> Tensor:
         """``|x| >= threshold`` within a scanned slice."""
 
+    def pick_capped(self, scanned: Any, threshold: Any, capacity: Any) -> Capped:
+        """``pick(scanned, threshold)`` cut to its ``capacity`` lowest indices; on an accelerator
+        padded to ``capacity`` (``capacity``: an int, or a scalar tensor while traced)."""
+
+    def count_capped(self, scanned: Any, threshold: Any, capacity: Any) -> Tuple[Any, Optional[Capped]]:
+        """How many ``|x| >= threshold`` the scanned slice holds, and on the host the
+        :meth:`pick_capped` that counted them (on an accelerator None: the count is a 0-dim
+        tensor from one pass, and the pick waits for the threshold the counts settle on)."""
+
+    def reaches(self, count: Any, low: float) -> bool:
+        """Whether a count of :meth:`count_capped`'s kind is at least ``low``, when the host knows
+        it; False for a count left on an accelerator (:meth:`first_settled` decides there)."""
+
+    def first_settled(self, thresholds: Sequence[Any], counts: Sequence[Any], low: float, high: float,
+                      checks: int) -> Tuple[Any, Any]:
+        """Of thresholds tried in turn and their counts (of :meth:`count_capped`'s kind), the
+        first among the first ``checks`` whose count is at least ``low`` (else the last), and
+        whether its count exceeds ``high`` (never for the unchecked last): ``(threshold, cut)``,
+        Python values, or on an accelerator 0-dim tensors left there."""
+
+    def top_k_capped(self, x: Tensor, capped: Capped, k: int, cut: Any) -> Capped:
+        """Where ``cut`` (of :meth:`first_settled`'s kind) holds, the ``k`` largest ``|x|`` among
+        the indices ``capped`` holds (ties to the lower index; its overflow kept), else
+        ``capped``."""
+
+    def band(self, count: Any, low: float, high: float, below: float, above: float) -> Any:
+        """:func:`~horovod_sparse.common.threshold_baselines.band_factor` of ``count`` (of
+        :meth:`count_capped`'s kind): a float, or a 0-dim float64 tensor left on the accelerator."""
+
+    def as_threshold(self, value: Any) -> Any:
+        """:func:`~horovod_sparse.common.thresholds.as_float32` of ``value``: a float, or for a
+        float64 tensor on an accelerator a 0-dim float32 tensor left there (what :meth:`pick`
+        takes)."""
+
     def pick_with_magnitudes(self, scanned: Any, threshold: float) -> Tuple[Tensor, Tensor]:
         """``pick(scanned, threshold)`` and the ``|x|`` at the picked indices."""
 
@@ -104,6 +162,13 @@ class Backend(Protocol):
     def gather(self, x: Tensor, idx: Tensor) -> Tensor:
         """``x[idx]``."""
 
+    def delivered(self, x: Tensor, capped: Capped) -> Tuple[Tensor, Tensor]:
+        """What a rank delivers of ``capped``: ``(index, x[index])``, where a padded row has index
+        0 and value +0.0 (adding it changes nothing)."""
+
+    def unpadded(self, indices: Tensor) -> Tensor:
+        """Gathered indices with the :data:`PAD` rows sent to index 0 (whose values are +0.0)."""
+
     def to_wire(self, values: Tensor, fp16: bool) -> Tensor:
         """Values as they travel: float16 with ``fp16``, bfloat16 as float32, else as they are."""
 
@@ -120,8 +185,9 @@ class Backend(Protocol):
     def scatter_set(self, out: Tensor, idx: Tensor, values: Tensor, scale: float) -> Tensor:
         """``out[idx] = scale * values`` (distinct ``idx``)."""
 
-    def distinct(self, indices: Tensor, numel: int) -> Any:
-        """Number of distinct ``indices`` (all in ``[0, numel)``)."""
+    def distinct(self, indices: Tensor, numel: int, padded: bool = False) -> Any:
+        """Number of distinct ``indices`` (all in ``[0, numel)``, or :data:`PAD` when ``padded``,
+        which is not counted)."""
 
     # -- what gTop-k and DGC need ------------------------------------------------------------
     def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
@@ -149,8 +215,9 @@ class Backend(Protocol):
         may be that very slice of ``out``, changed in place since an earlier ``embed`` of it
         (a residual): then ``out`` is returned as it is, its zeros already there."""
 
-    def zero_at(self, t: Tensor, idx: Tensor) -> Tensor:
-        """``t[idx] = 0``."""
+    def copy_at(self, out: Tensor, capped: Capped, source: Optional[Tensor]) -> Tensor:
+        """``out`` with ``source`` (zeros when None) at the indices ``capped`` holds (its padding
+        writes nothing)."""
 
     def momentum_step(self, x: Tensor, velocity: Optional[Tensor], accumulated: Optional[Tensor],
                       momentum: float) -> Tuple[Tensor, Tensor, Tensor]:

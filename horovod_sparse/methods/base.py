@@ -17,10 +17,11 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
+from horovod_sparse.common.threshold_baselines import capacity_count
 from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.schedule import ConstantDensity
-from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.methods.backend import Backend, Capped, Tensor
 
 #: What an exchange produces: the aggregated update (already scaled) and the new residual.
 Result = Tuple[Tensor, Tensor]
@@ -156,29 +157,46 @@ class Sparsifier:
         rank, on ``like``'s device: a row count every rank knows)."""
         return comm.allgather(self.B.reshape_one(selected, like), "counts", "meta", rows=[1] * comm.size)
 
-    def allgather_exchange(self, x: Tensor, idx: Tensor, comm: Any, fixed_count: Any = None) -> Exchange:
-        """The exchange of Top-k and the threshold baselines: allgather (values, indices),
-        scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``.
+    def capacity(self, numel: int, step: Step) -> Any:
+        """The payload's capacity of a group of ``numel`` elements at ``step``
+        (:func:`~horovod_sparse.common.threshold_baselines.capacity_count` of the options'
+        ``capacity``; see :meth:`per_step`)."""
+        return self.per_step(lambda s: capacity_count(self.options.capacity, self.options.count(numel, s), numel),
+                             step, "int32")
 
-        With ``fixed_count`` every rank is known to send exactly that many coordinates;
-        otherwise the per-rank counts are allgathered too (n integers of metadata), and the
-        indices are said to have as many rows as the values (a communicator that must learn the
-        row counts first learns them once).
+    def allgather_exchange(self, x: Tensor, idx: Union[Tensor, Capped], comm: Any, fixed_count: Any = None) -> Exchange:
+        """The exchange of Top-k and the threshold baselines: allgather (values, indices),
+        scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``, or is a
+        selection cut to a capacity (:class:`~horovod_sparse.methods.backend.Capped`, whose
+        ``overflow`` the statistics count).
+
+        With ``fixed_count`` every rank is known to send exactly that many coordinates, and a
+        padded selection sends exactly its capacity (its padding adds +0.0 at index 0 and is not
+        counted in the union); otherwise the per-rank counts are allgathered too (n integers of
+        metadata), and the indices are said to have as many rows as the values (a communicator
+        that must learn the row counts first learns them once).
         """
         B, numel = self.B, self.B.numel(x)
-        wire = self.to_wire(B.gather(x, idx))
+        capped = idx if isinstance(idx, Capped) else Capped(idx, B.size(idx) if fixed_count is None else fixed_count,
+                                                            0, padded=False)
+        if isinstance(idx, Capped):
+            comm.stats.note("overflow", capped.overflow)
+        if capped.padded:
+            fixed_count = B.numel(capped.idx)
+        index, values = B.delivered(x, capped)
+        wire = self.to_wire(values)
         rows = "selected" if fixed_count is None else [fixed_count] * comm.size
         pendings = [comm.allgather(wire, "values", "values", rows=rows),
-                    comm.allgather(B.wire_index(idx, numel), "indices", "indices", rows=rows)]
-        selected = B.size(idx)
+                    comm.allgather(B.wire_index(capped.idx, numel), "indices", "indices", rows=rows)]
         if fixed_count is None:
-            pendings.append(self.allgather_count(selected, x, comm))
-        comm.stats.selected = selected if fixed_count is None else fixed_count
-        residual = comm.remove_delivered(x, idx, wire)
+            pendings.append(self.allgather_count(capped.sent, x, comm))
+        comm.stats.selected = capped.sent
+        residual = comm.remove_delivered(x, index, wire)
         values, indices, *counts = yield pendings
         with comm.timer("apply"):
             chunk_counts = B.chunk_counts(counts[0] if counts else fixed_count, comm.size, fixed=not counts)
             indices = B.as_index(indices)
-            update = B.scatter_chunks(comm.output(x), indices, values, chunk_counts, comm.scale)
-            comm.stats.union = B.distinct(indices, numel)
+            update = B.scatter_chunks(comm.output(x), B.unpadded(indices) if capped.padded else indices, values,
+                                      chunk_counts, comm.scale)
+            comm.stats.union = B.distinct(indices, numel, padded=capped.padded)
         return update, residual

@@ -3,12 +3,12 @@ momentum correction; exchanged like Top-k."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Tuple
 
 from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.registry import implements
-from horovod_sparse.common.threshold_baselines import ACCEPT, DGC_LOWER, TOPK, DGCOptions, dgc_adjustment, dgc_sample
-from horovod_sparse.methods.backend import Tensor
+from horovod_sparse.common.threshold_baselines import DGC_LOWER, DGC_UPPER, DGCOptions, dgc_sample
+from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
@@ -21,14 +21,43 @@ class MomentumState:
     accumulated: Optional[Any] = None
 
 
+def dgc_select(B: Backend, x: Tensor, options: DGCOptions, step: int, capacity: int) -> Tuple[Capped, Any]:
+    """DGC's selection from the flat ``x`` at ``step``, cut to ``capacity``, and its final
+    threshold. The threshold of the sample (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`)
+    is refined from the counts of one block scan (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`):
+    below ``0.8 k`` it is lowered ×0.8, at most ``max_adaptations`` times; above ``1.3 k`` the
+    top-k of the selection's first ``capacity`` indices is kept
+    (:meth:`~horovod_sparse.methods.backend.Backend.top_k_capped`). On the host the refinement
+    stops at the first count that settles it; on an accelerator every lowered threshold is
+    counted (a pass each) and the first that settles is chosen there
+    (:meth:`~horovod_sparse.methods.backend.Backend.first_settled`): nothing is read on the host."""
+    numel = B.numel(x)
+    k, density = options.count(numel, step), options.density_at(step)
+    offset, stride, count = dgc_sample(numel, density, options.sample_ratio, step)
+    threshold = B.kth_magnitude(x[offset::stride], count)
+    scanned = B.scan(x, 0, numel, scan_block_size(density))
+    found, capped = B.count_capped(scanned, threshold, capacity)
+    thresholds, counts = [threshold], [found]
+    for _ in range(options.max_adaptations):
+        if B.reaches(found, DGC_LOWER * k):  # settled, on the host (on an accelerator: decided below)
+            break
+        threshold = B.scaled_threshold(threshold, DGC_LOWER)
+        found, capped = B.count_capped(scanned, threshold, capacity)
+        thresholds.append(threshold)
+        counts.append(found)
+    threshold, cut = B.first_settled(thresholds, counts, DGC_LOWER * k, DGC_UPPER * k, options.max_adaptations)
+    return B.top_k_capped(x, capped or B.pick_capped(scanned, threshold, capacity), k, cut), threshold
+
+
 @implements("dgc", DGCOptions,
             "sampled threshold with bounded refinement (DGC); allgather like Top-k")
 class DGC(Sparsifier):
-    """DGC's selection per group: threshold = the ``density`` quantile of a strided 1% sample of
-    ``|x|`` (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`); when the exact
-    selection exceeds ``4k/3`` the top-k of it is kept, when it falls below ``2k/3`` the
-    threshold is lowered ×0.8 and the (already scanned) buffer re-selected, at most
-    ``max_adaptations`` times.
+    """DGC's selection per group (:func:`dgc_select`): threshold = the ``density`` quantile of a
+    strided 1% sample of ``|x|`` (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`);
+    when the exact selection exceeds ``1.3 k`` the top-k of it is kept, when it falls below
+    ``0.8 k`` the threshold is lowered ×0.8 and the (already scanned) buffer re-selected, at most
+    ``max_adaptations`` times; at most ``capacity`` coordinates are sent
+    (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`).
 
     With ``momentum=m > 0`` (momentum correction) the residual accumulates the velocity
     ``u = m u + g`` instead of the gradient, and ``u`` and ``v`` are both zeroed where sent
@@ -67,26 +96,14 @@ class DGC(Sparsifier):
     def exchange(self, x: Tensor, comm: Any, state: Optional[MomentumState], step: Step) -> Exchange:
         B, options = self.B, self.options
         numel = B.numel(x)
-        k, density = options.count(numel, step), options.density_at(step)
         if state is not None:
             x, state.velocity, state.accumulated = B.momentum_step(x, state.velocity, state.accumulated,
                                                                    options.momentum)
         with comm.timer("select"):
-            offset, stride, count = dgc_sample(numel, density, options.sample_ratio, step)
-            threshold = B.kth_magnitude(x[offset::stride], count)
-            scanned = B.scan(x, 0, numel, scan_block_size(density))
-            idx = B.pick(scanned, threshold)
-            for _ in range(options.max_adaptations):
-                action = dgc_adjustment(B.size(idx), k)
-                if action == TOPK:
-                    idx = B.gather(idx, B.top_k(B.gather(x, idx), k))  # idx is ascending: ties to the lower index
-                if action in (TOPK, ACCEPT):
-                    break
-                threshold = B.scaled_threshold(threshold, DGC_LOWER)
-                idx = B.pick(scanned, threshold)
+            capped, threshold = dgc_select(B, x, options, step, self.capacity(numel, step))
         comm.stats.note("threshold", threshold)
-        update, residual = yield from self.allgather_exchange(x, idx, comm)
+        update, residual = yield from self.allgather_exchange(x, capped, comm)
         if state is not None:
-            state.velocity = B.zero_at(state.velocity, idx)
-            state.accumulated = B.scatter_set(state.accumulated, idx, B.gather(residual, idx), 1.0)
+            state.velocity = B.copy_at(state.velocity, capped, None)
+            state.accumulated = B.copy_at(state.accumulated, capped, residual)
         return update, residual

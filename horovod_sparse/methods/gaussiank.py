@@ -3,43 +3,55 @@ from __future__ import annotations
 
 from typing import Any, Tuple
 
-from horovod_sparse.common.thresholds import as_float32, scan_block_size
-from horovod_sparse.common.options import SparsifierOptions
+from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.registry import implements
-from horovod_sparse.common.threshold_baselines import GAUSSIANK_CORRECTIONS, gaussian_threshold, gaussiank_adjustment
-from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.common.threshold_baselines import (GAUSSIANK_CORRECTIONS, GAUSSIANK_HIGH, GAUSSIANK_LOW,
+                                                       GAUSSIANK_LOWER, GAUSSIANK_RAISE, CappedOptions,
+                                                       gaussian_threshold)
+from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-def gaussiank_select(B: Backend, x: Tensor, k: int, density: float) -> Tuple[Tensor, float]:
-    """Gaussian-k's selection from the flat ``x``: indices (ascending) of ``|x| >=`` the final
-    threshold, and that threshold (float32). One block scan gives the block maxima and the
-    mean and deviation (``BlockScan.mean_std``); the first threshold and every correction are
-    picks from it."""
+def gaussiank_select(B: Backend, x: Tensor, k: int, density: float, capacity: int) -> Tuple[Capped, Any]:
+    """Gaussian-k's selection from the flat ``x``: ``|x| >=`` the final threshold, cut to
+    ``capacity`` (:meth:`~horovod_sparse.methods.backend.Backend.pick_capped`), and that
+    threshold (float32). One block scan gives the block maxima and the mean and deviation
+    (``BlockScan.mean_std``); the first threshold and every correction count from it
+    (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`). On an accelerator the
+    moments, counts, corrections and threshold stay device tensors (all three corrections run,
+    a settled one changing nothing; nothing is read on the host) and the final threshold is
+    picked once; on the host the corrections stop at the first count within the band, whose
+    pick is the selection."""
     scanned = B.scan(x, 0, B.numel(x), scan_block_size(density), moments=True)
     threshold = gaussian_threshold(*scanned.mean_std(), density)
-    idx = B.pick(scanned, as_float32(threshold))
+    found, capped = B.count_capped(scanned, B.as_threshold(threshold), capacity)
     for _ in range(GAUSSIANK_CORRECTIONS):
-        factor = gaussiank_adjustment(B.size(idx), k)
-        if factor is None:
+        factor = B.band(found, GAUSSIANK_LOW * k, GAUSSIANK_HIGH * k, GAUSSIANK_LOWER, GAUSSIANK_RAISE)
+        if isinstance(factor, float) and factor == 1.0:  # settled, on the host
             break
-        threshold *= factor
-        idx = B.pick(scanned, as_float32(threshold))
-    return idx, as_float32(threshold)
+        threshold = threshold * factor
+        found, capped = B.count_capped(scanned, B.as_threshold(threshold), capacity)
+    threshold = B.as_threshold(threshold)
+    return capped or B.pick_capped(scanned, threshold, capacity), threshold
 
 
-@implements("gaussiank", SparsifierOptions,
+@implements("gaussiank", CappedOptions,
             "threshold mean + z*std with up to 3 corrections; allgather like Top-k")
 class GaussianK(Sparsifier):
     """``|x| >= mean(x) + |Phi^-1(density / 2)| std(x)`` per group, then up to three corrections
-    (×0.5 below ``2k/3`` selected, ×1.5 above ``4k/3``); exchanged like Top-k. One scan serves
-    the statistics and every correction (:func:`gaussiank_select`). Each correction depends on the
-    count the previous threshold selected: a traced TensorFlow step runs the exchange on the host."""
+    (×0.5 below ``2k/3`` selected, ×1.5 above ``4k/3``); exchanged like Top-k, up to the
+    ``capacity`` (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`). One scan
+    serves the statistics and every correction (:func:`gaussiank_select`). Each correction
+    depends on the count the previous threshold selected: a traced TensorFlow step runs the
+    exchange on the host."""
 
+    options: CappedOptions
     host_exchange = True
 
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+        numel = self.B.numel(x)
         with comm.timer("select"):
-            idx, comm.stats.extra["threshold"] = gaussiank_select(self.B, x, self.options.count(self.B.numel(x), step),
-                                                                  self.options.density_at(step))
-        return (yield from self.allgather_exchange(x, idx, comm))
+            capped, threshold = gaussiank_select(self.B, x, self.options.count(numel, step),
+                                                 self.options.density_at(step), self.capacity(numel, step))
+        comm.stats.note("threshold", threshold)
+        return (yield from self.allgather_exchange(x, capped, comm))

@@ -4,25 +4,30 @@ from __future__ import annotations
 from typing import Any
 
 from horovod_sparse.common.thresholds import as_float32
-from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
-from horovod_sparse.common.threshold_baselines import hard_threshold
+from horovod_sparse.common.threshold_baselines import CappedOptions, hard_threshold
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-@implements("threshold", SparsifierOptions,
+@implements("threshold", CappedOptions,
             "fixed threshold 1/(2 sqrt(k)) per group; allgather like Top-k")
 class HardThreshold(Sparsifier):
     """A fixed threshold ``1 / (2 sqrt(k))``, ``k = max(1, int(density * numel))``, never adapted:
-    one O(numel) scan, no sort, and a selected count that drifts with the gradient's scale.
-    Per-rank counts vary, so they are allgathered with the values and indices. Traceable."""
+    one O(numel) scan, no sort, and a selected count that drifts with the gradient's scale, sent
+    up to the ``capacity`` (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`;
+    the rest stays in the residual). Per-rank counts vary, so they are allgathered with the
+    values and indices, except on an accelerator, where every rank sends its capacity.
+    Traceable."""
+
+    options: CappedOptions
 
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
         numel = self.B.numel(x)
         threshold = self.per_step(lambda s: as_float32(hard_threshold(self.options.count(numel, s))), step,
                                   "float64")
         with comm.timer("select"):
-            idx = self.B.select(x, threshold, self.block_size(step))
+            capped = self.B.pick_capped(self.B.scan(x, 0, numel, self.block_size(step)), threshold,
+                                        self.capacity(numel, step))
         comm.stats.extra["threshold"] = threshold
-        return (yield from self.allgather_exchange(x, idx, comm))
+        return (yield from self.allgather_exchange(x, capped, comm))

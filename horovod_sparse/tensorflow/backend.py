@@ -13,7 +13,10 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import (allgather_array, allgather_bytes, allgather_payload,  # noqa: F401
                                                    index_dtype)  # (backend API)
+from horovod_sparse.methods.backend import Capped
 from horovod_sparse.methods.micro import controllers
+from horovod_sparse.common import threshold_baselines
+from horovod_sparse.common.threshold_baselines import band_factor
 from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
@@ -99,6 +102,61 @@ def select(x: tf.Tensor, threshold: Union[float, tf.Tensor], block: int) -> tf.T
     return selection.select(x, threshold)
 
 
+def pick_capped(scanned: selection.BlockScan, threshold: Union[float, tf.Tensor],
+                capacity: Union[int, tf.Tensor]) -> Capped:
+    """Never padded: the payload's length travels with it (traceable: a traced step's counts
+    are tensors)."""
+    idx = pick(scanned, threshold)
+    found = size(idx)
+    if isinstance(found, int) and isinstance(capacity, int):
+        return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
+    capacity = tf.cast(capacity, tf.int64)
+    return Capped(idx[:capacity], tf.minimum(found, capacity), tf.maximum(found - capacity, 0), padded=False)
+
+
+def count_capped(scanned: selection.BlockScan, threshold: float, capacity: int) -> Tuple[int, Capped]:
+    capped = pick_capped(scanned, threshold, capacity)
+    return capped.sent + capped.overflow, capped
+
+
+def reaches(count: int, low: float) -> bool:
+    return count >= low
+
+
+def first_settled(thresholds: Sequence[float], counts: Sequence[int], low: float, high: float,
+                  checks: int) -> Tuple[float, bool]:
+    return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
+
+
+def top_k_capped(x: tf.Tensor, capped: Capped, k: int, cut: bool) -> Capped:
+    if not cut:
+        return capped
+    chosen = tf.gather(capped.idx, top_k(tf.gather(x, capped.idx), k))  # idx is ascending: ties to the lower index
+    return Capped(chosen, size(chosen), capped.overflow, padded=False)
+
+
+def copy_at(out: tf.Tensor, capped: Capped, source: Optional[tf.Tensor]) -> tf.Tensor:
+    idx = capped.idx
+    values = tf.zeros_like(tf.gather(out, idx)) if source is None else tf.gather(source, idx)
+    return tf.tensor_scatter_nd_update(out, tf.expand_dims(idx, 1), values)
+
+
+def band(count: int, low: float, high: float, below: float, above: float) -> float:
+    return band_factor(count, low, high, below, above)
+
+
+def as_threshold(value: float) -> float:
+    return as_float32(value)
+
+
+def delivered(x: tf.Tensor, capped: Capped) -> Tuple[tf.Tensor, tf.Tensor]:
+    return capped.idx, tf.gather(x, capped.idx)
+
+
+def unpadded(indices: tf.Tensor) -> tf.Tensor:
+    return indices  # never padded (pick_capped)
+
+
 def at_least(t: tf.Tensor, threshold: float) -> tf.Tensor:
     return t >= tf.cast(threshold, t.dtype)
 
@@ -140,7 +198,7 @@ def scatter_set(out: tf.Tensor, idx: tf.Tensor, values: tf.Tensor, scale: float)
     return tf.tensor_scatter_nd_update(out, tf.expand_dims(idx, 1), tf.cast(values, out.dtype) * scale)
 
 
-def distinct(indices: tf.Tensor, numel: int) -> Union[int, tf.Tensor]:
+def distinct(indices: tf.Tensor, numel: int, padded: bool = False) -> Union[int, tf.Tensor]:
     return size(tf.unique(indices).y)
 
 
@@ -179,10 +237,6 @@ def splits_to(size: int, target: Optional[int], tensor: tf.Tensor) -> Union[List
 def embed(out: tf.Tensor, lo: int, values: tf.Tensor) -> tf.Tensor:
     total, length = numel(out), numel(values)
     return tf.concat([tf.zeros([lo], out.dtype), values, tf.zeros([total - lo - length], out.dtype)], 0)
-
-
-def zero_at(t: tf.Tensor, idx: tf.Tensor) -> tf.Tensor:
-    return tf.tensor_scatter_nd_update(t, tf.expand_dims(idx, 1), tf.zeros(tf.shape(idx), t.dtype))
 
 
 def momentum_step(x: tf.Tensor, velocity: Optional[tf.Tensor], accumulated: Optional[tf.Tensor],

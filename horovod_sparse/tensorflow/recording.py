@@ -47,8 +47,13 @@ def _map_figures(stats: StepStats, replace: Callable[[Any], Any]) -> None:
 
 
 def _take_tensors(stats: StepStats) -> List[tf.Tensor]:
-    """Replace every tensor figure of ``stats`` by a :class:`_Slot`, in place; return the tensors."""
+    """Replace every tensor figure of ``stats`` by a :class:`_Slot`, in place (the figures a
+    group noted as tensors, ``GroupStats.unread``, go into its ``extra`` first); return the
+    tensors."""
     tensors: List[tf.Tensor] = []
+    for group in stats.groups:
+        group.extra.update(group.unread)
+        group.unread.clear()
 
     def take(value: Any) -> Any:
         if isinstance(value, (tf.Tensor, tf.Variable)):

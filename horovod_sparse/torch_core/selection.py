@@ -22,16 +22,23 @@ k = 25,600, on one CPU thread). Gaussian-k takes its mean and deviation from the
 """
 from __future__ import annotations
 
+import functools
 import math
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from horovod_sparse.common.thresholds import mean_std
 from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
+from horovod_sparse.methods.backend import PAD, Capped
+
+#: A moment of a scan: a float, or a 0-dim float64 tensor left on an accelerator.
+Moment = Union[float, torch.Tensor]
+#: A threshold: a float, or a 0-dim float32 tensor left on an accelerator.
+Threshold = Union[float, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,8 @@ class BlockScan:
         block: block length; the last block is partial when ``block`` does not divide the slice.
         maxima: largest ``|x|`` of each block, in ``x``'s dtype.
         moments: ``(sum x, sum x^2)`` over the slice when the scan was asked for them (double
-            precision sums of single-precision chunk sums, or double ones for float64).
+            precision sums of single-precision chunk sums, or double ones for float64): floats,
+            or on an accelerator 0-dim float64 tensors left there.
     """
 
     x: torch.Tensor
@@ -52,7 +60,13 @@ class BlockScan:
     end: int
     block: int
     maxima: torch.Tensor
-    moments: Optional[Tuple[float, float]] = None
+    moments: Optional[Tuple[Moment, Moment]] = None
+
+    @functools.cached_property
+    def magnitudes(self) -> torch.Tensor:
+        """``|x[start:end]|``, formed once for the accelerators' passes over the slice (a pass
+        is cheap there; a threshold's retries each count from it)."""
+        return self.x[self.start:self.end].abs()
 
     @property
     def full_blocks(self) -> int:
@@ -62,11 +76,19 @@ class BlockScan:
         """The block maxima as a float32 NumPy array (for histograms)."""
         return self.maxima.float().cpu().numpy()
 
-    def mean_std(self) -> Tuple[float, float]:
+    def mean_std(self) -> Tuple[Moment, Moment]:
         """Mean and unbiased standard deviation of the slice, from :attr:`moments`
-        (:func:`horovod_sparse.common.threshold_baselines.mean_std`)."""
+        (:func:`horovod_sparse.common.thresholds.mean_std`; for moments left on an accelerator
+        the same double-precision arithmetic, as 0-dim float64 tensors there)."""
         assert self.moments is not None, "scan(..., moments=True) computes them"
-        return mean_std(*self.moments, self.end - self.start)
+        total, squares = self.moments
+        numel = self.end - self.start
+        if not isinstance(total, torch.Tensor):
+            return mean_std(total, squares, numel)
+        mean = total / numel
+        if numel == 1:
+            return mean, torch.zeros_like(total)
+        return mean, ((squares - total * mean).clamp_min(0.0) / (numel - 1)).sqrt()
 
 
 def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = False) -> BlockScan:
@@ -80,13 +102,17 @@ def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = Fals
     part = x[start:end]
     full = part.numel() // block
     body = part[:full * block]
-    sums = [0.0, 0.0]
+    sums: List[Moment] = [0.0, 0.0]
     accumulator = torch.float64 if x.dtype == torch.float64 else torch.float32
+    device = on_accelerator(x)
 
     def add_moments(values: torch.Tensor, magnitudes: torch.Tensor) -> None:
-        if moments:
-            sums[0] += float(values.sum(dtype=accumulator))
-            sums[1] += float(torch.linalg.vector_norm(magnitudes, dtype=accumulator)) ** 2
+        if moments:  # in double precision, on the host or (a device) as float64 tensors left there
+            total = values.sum(dtype=accumulator)
+            norm = torch.linalg.vector_norm(magnitudes, dtype=accumulator)
+            total, norm = (total.double(), norm.double()) if device else (float(total), float(norm))
+            sums[0] = sums[0] + total
+            sums[1] = sums[1] + norm * norm
 
     if x.is_cuda:
         magnitudes = body.abs()
@@ -109,12 +135,12 @@ def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = Fals
     return BlockScan(x, start, end, block, maxima, (sums[0], sums[1]) if moments else None)
 
 
-def pick(scanned: BlockScan, threshold: float) -> torch.Tensor:
+def pick(scanned: BlockScan, threshold: Threshold) -> torch.Tensor:
     """Indices into ``x`` (int64, ascending) of ``|x| >= threshold`` within the scanned slice."""
     return pick_with_magnitudes(scanned, threshold)[0]
 
 
-def pick_with_magnitudes(scanned: BlockScan, threshold: float,
+def pick_with_magnitudes(scanned: BlockScan, threshold: Threshold,
                          strict: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`pick` and the ``|x|`` of what it picked; ``strict``: ``|x| > threshold`` instead."""
     reaches = torch.gt if strict else torch.ge
@@ -141,13 +167,42 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float,
     return torch.cat(found) + start, torch.cat(found_magnitudes)
 
 
-def device_pick(scanned: BlockScan, threshold: float,
+def device_pick(scanned: BlockScan, threshold: Threshold,
                 reaches: Callable[[torch.Tensor, float], torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`pick_with_magnitudes` in one pass over the slice, for accelerators: the only host
     read is the size of the result."""
-    magnitudes = scanned.x[scanned.start:scanned.end].abs()
+    magnitudes = scanned.magnitudes
     found = torch.nonzero(reaches(magnitudes, threshold)).squeeze(1)
     return found + scanned.start, magnitudes.take(found)
+
+
+def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capped:
+    """:func:`pick` cut to its ``capacity`` lowest indices (:class:`~horovod_sparse.methods.backend.Capped`).
+    On the host the selection is cut after the fact; on an accelerator one pass over the slice
+    writes the first ``capacity`` indices into a payload of that size (``nonzero_static``, padded
+    with :data:`~horovod_sparse.methods.backend.PAD`) and counts the selection on the device:
+    nothing is read on the host."""
+    if not on_accelerator(scanned.x):
+        idx = pick(scanned, threshold)
+        found = idx.numel()
+        return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
+    reaches = scanned.magnitudes >= threshold
+    found = reaches.sum()
+    idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)
+    if scanned.start:
+        idx = torch.where(idx == PAD, idx, idx + scanned.start)
+    return Capped(idx, found.clamp(max=capacity), (found - capacity).clamp_min(0), padded=True)
+
+
+def count_capped(scanned: BlockScan, threshold: Threshold,
+                 capacity: int) -> Tuple[Union[int, torch.Tensor], Optional[Capped]]:
+    """How many ``|x| >= threshold`` the scanned slice holds: on an accelerator a 0-dim int64
+    tensor left there (one pass; no pick), else an int, with the :func:`pick_capped` that
+    counted them."""
+    if on_accelerator(scanned.x):
+        return (scanned.magnitudes >= threshold).sum(), None
+    capped = pick_capped(scanned, threshold, capacity)
+    return capped.sent + capped.overflow, capped
 
 
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:

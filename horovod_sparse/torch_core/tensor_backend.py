@@ -14,16 +14,21 @@ from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tupl
 import numpy as np
 import torch
 
+from horovod_sparse.methods.backend import PAD, Capped
 from horovod_sparse.methods.micro import controllers
+from horovod_sparse.common import threshold_baselines
+from horovod_sparse.common.threshold_baselines import band_factor
 from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
-from horovod_sparse.torch_core.selection import (BlockScan, on_accelerator, pick, pick_with_magnitudes, scan, select,
-                                                 top_k)
+from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_accelerator, pick, pick_capped,
+                                                 pick_with_magnitudes, scan, select, top_k)
 
-__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "at_least", "candidate_bar", "chunk_counts", "clone",
-           "coalesce", "concat", "distinct", "embed", "from_numpy", "from_saved", "gather", "host_call", "index_dtype",
-           "isin", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel", "outside_trace", "pick",
-           "pick_with_magnitudes", "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set",
-           "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "top_k", "wire_index", "zero_at"]
+__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "candidate_bar",
+           "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "delivered", "distinct", "embed",
+           "first_settled", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
+           "local_histogram", "mask", "momentum_step", "numel", "outside_trace", "pick", "pick_capped",
+           "pick_with_magnitudes", "reaches", "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks",
+           "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "top_k", "top_k_capped",
+           "unpadded", "wire_index"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
@@ -92,6 +97,18 @@ def gather(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return x[idx]
 
 
+def delivered(x: torch.Tensor, capped: Capped) -> Tuple[torch.Tensor, torch.Tensor]:
+    if not capped.padded:
+        return capped.idx, x[capped.idx]
+    real = capped.idx != PAD
+    index = capped.idx.clamp_min(0)
+    return index, torch.where(real, x[index], 0.0)
+
+
+def unpadded(indices: torch.Tensor) -> torch.Tensor:
+    return indices.clamp_min(0)
+
+
 def to_wire(values: torch.Tensor, fp16: bool) -> torch.Tensor:
     if fp16:
         return values.to(torch.float16)
@@ -122,17 +139,20 @@ def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scal
     return out.index_copy_(0, idx, values * scale if scale != 1 else values)
 
 
-def distinct(indices: torch.Tensor, numel: int) -> Union[int, torch.Tensor]:
+def distinct(indices: torch.Tensor, numel: int, padded: bool = False) -> Union[int, torch.Tensor]:
     """By sorting when the indices are few, else by marking a buffer's coordinates (one read
     of ``numel`` bytes instead of sorting ``n k`` indices). On an accelerator
     (:func:`~horovod_sparse.torch_core.selection.on_accelerator`) always by marking, and the count
     stays there as a 0-dim tensor, read when the step's statistics settle: the statistic
-    costs no host synchronisation."""
+    costs no host synchronisation. ``padded``: :data:`~horovod_sparse.methods.backend.PAD`
+    rows mark one place past the buffer, not counted."""
     if not on_accelerator(indices) and indices.numel() * UNION_BY_MARKS < numel:
         return int(torch.unique(indices).numel())
-    marks = torch.zeros(numel, dtype=torch.bool, device=indices.device)
+    marks = torch.zeros(numel + padded, dtype=torch.bool, device=indices.device)
+    if padded:
+        indices = torch.where(indices == PAD, numel, indices)
     marks.index_fill_(0, indices, True)  # not marks[indices] = True: that copies True from the host
-    count = marks.sum()
+    count = (marks[:numel] if padded else marks).sum()
     return count if on_accelerator(indices) else int(count)
 
 
@@ -182,9 +202,17 @@ def embed(out: torch.Tensor, lo: int, values: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def zero_at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    t[idx] = 0
-    return t
+def copy_at(out: torch.Tensor, capped: Capped, source: Optional[torch.Tensor]) -> torch.Tensor:
+    idx = capped.idx
+    if not capped.padded:
+        return out.index_fill_(0, idx, 0.0) if source is None else out.index_copy_(0, idx, source[idx])
+    # A padded row writes what the first row writes (with no row sent, ``out[0]`` itself), so
+    # every write to one place writes the same value: deterministic, and no host read.
+    first = idx[:1]
+    index = torch.where(idx == PAD, first.clamp_min(0), idx)
+    written = (idx != PAD).logical_or_(first != PAD)
+    value = torch.zeros_like(out[index]) if source is None else source[index]
+    return out.index_put_((index,), torch.where(written, value, out[index]))
 
 
 def read_scalars(scalars: List[torch.Tensor]) -> List[Union[int, float]]:
@@ -250,6 +278,56 @@ def local_histogram(window: controllers.HistogramWindow, magnitudes: torch.Tenso
     marks = torch.zeros(parts, dtype=torch.int32, device=device)
     marks[rank:rank + 1] = torch.searchsorted(edges, level, right=False)
     return torch.cat([counts, marks])
+
+
+def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
+         above: float) -> Union[float, torch.Tensor]:
+    if not isinstance(count, torch.Tensor):
+        return band_factor(count, low, high, below, above)
+    count = count.double()  # compared exactly, whatever the count; the factors in double precision too
+    return torch.where(count < low, below, torch.where(count > high, above, torch.ones_like(count)))
+
+
+def reaches(count: Union[int, torch.Tensor], low: float) -> bool:
+    return not isinstance(count, torch.Tensor) and count >= low
+
+
+def first_settled(thresholds: Sequence[Union[float, torch.Tensor]], counts: Sequence[Union[int, torch.Tensor]],
+                  low: float, high: float, checks: int) -> Tuple[Union[float, torch.Tensor], Union[bool, torch.Tensor]]:
+    if not isinstance(counts[0], torch.Tensor):
+        return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
+    # Every threshold was counted: the first settled one is chosen on the device.
+    counted = torch.stack(list(counts)).double()
+    settled = counted[:checks] >= low
+    first = torch.where(settled.any(), settled.int().argmax(), len(counts) - 1)
+    found = counted[first]
+    return torch.stack(list(thresholds))[first], (first < checks).logical_and_(found > high)
+
+
+def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:
+    idx = capped.idx
+    if cut is False:  # no refinement ran
+        return capped
+    if not capped.padded:
+        if not cut:
+            return capped
+        chosen = idx[top_k(x[idx], k)]  # idx is ascending: ties to the lower index
+        return Capped(chosen, chosen.numel(), capped.overflow, padded=False)
+    capacity = idx.numel()
+    if k >= capacity:
+        return capped
+    # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude),
+    # padded again, taken where ``cut`` says so: no host read.
+    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], 0.0), k)]
+    chosen = torch.cat([chosen, chosen.new_full((capacity - k,), PAD)])
+    return Capped(torch.where(cut, chosen, idx), torch.where(cut, capped.sent.clamp(max=k), capped.sent),
+                  capped.overflow, padded=True)
+
+
+def as_threshold(value: Union[float, torch.Tensor]) -> Union[float, torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return value.float().clamp_min(SMALLEST_THRESHOLD)
+    return as_float32(value)
 
 
 def scaled_threshold(threshold: Union[float, torch.Tensor], factor: float) -> Union[float, torch.Tensor]:

@@ -10,9 +10,11 @@ itself, through the same code as the hooks (the autograd engine runs hooks outsi
 function modes, where nothing would be counted). A config with ``nan_step`` puts a NaN in rank
 1's first gradient at that step (policy ``"skip"``): the accelerators' paths decide finiteness on
 the device and read it when the step ends; both paths must abandon the step alike (NaN
-aggregates, the same residuals, the same warning). Record per config: the reads' names and the
+aggregates, the same residuals, the same warning). A config may set a method's ``capacity``.
+Record per config: the reads' names and the
 number of operations dispatched (of the last step, a finite one), the number of groups, whether
-both paths agreed and their warnings.
+both paths agreed (statistics' selected and union counts included), their warnings and the
+groups' overflow counts.
 """
 import contextlib
 import math
@@ -53,6 +55,8 @@ def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
     assert opt.last_stats is not None and not any(g.dense for g in opt.last_stats.groups)
     return {"reads": reads.names, "ops": ops.count, "groups": len(opt.groups), "aggregates": aggregates,
             "residuals": list(opt.residuals().values()), "unions": [g.union for g in opt.last_stats.groups],
+            "selected": [g.selected for g in opt.last_stats.groups],
+            "overflow": [g.extra.get("overflow", 0) for g in opt.last_stats.groups],
             "warnings": [str(w.message) for w in caught]}
 
 
@@ -68,9 +72,9 @@ def count(config: Dict[str, Any]) -> Dict[str, Any]:
     agree = (all(same(a, b) for step_a, step_b in zip(device["aggregates"], host["aggregates"])
                  for a, b in zip(step_a, step_b))
              and all(torch.equal(a, b) for a, b in zip(device["residuals"], host["residuals"]))
-             and device["unions"] == host["unions"])
+             and device["unions"] == host["unions"] and device["selected"] == host["selected"])
     return {"reads": device["reads"], "ops": device["ops"], "host_path_reads": len(host["reads"]),
-            "groups": device["groups"],
+            "groups": device["groups"], "overflow": device["overflow"], "host_overflow": host["overflow"],
             "same_as_host_paths": agree, "warnings": device["warnings"], "host_warnings": host["warnings"],
             "abandoned": [bool(step[0].isnan().all()) for step in device["aggregates"]]}
 
