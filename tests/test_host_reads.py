@@ -20,11 +20,11 @@ PER_STEP = 2
 #: Host reads of a step of :data:`SHAPES` per method, the most of either rank (their selections
 #: differ: Gaussian-k's and DGC's retries depend on the data), as measured when last lowered:
 #: :data:`PER_STEP` and, per group, what the method still reads inside its exchange:
-#: MiCRO/ExDyna's candidates and summed histogram (4-5, one histogram round), gTop-k's
-#: ``carried`` sets of a round and its delivered coordinates (2); Top-k, LAGS and the threshold
-#: baselines nothing (payloads of fixed capacity; counts and thresholds on the device).
+#: MiCRO/ExDyna's candidates and summed histogram (4-5, one histogram round); Top-k, LAGS, the
+#: threshold baselines (payloads of fixed capacity; counts and thresholds on the device) and
+#: gTop-k (fixed-size merges; what each rank still carries a mask over its own set) nothing.
 READS_PER_STEP = {method: PER_STEP + groups for method, groups in
-                  {"topk": 0, "lags": 0, "threshold": 0, "dgc": 0, "gaussiank": 0, "gtopk": 6, "micro": 13,
+                  {"topk": 0, "lags": 0, "threshold": 0, "dgc": 0, "gaussiank": 0, "gtopk": 0, "micro": 13,
                    "exdyna": 13}.items()}
 
 #: Operations dispatched (``tests.host_reads.DispatchedOps``) in one step of :data:`SHAPES` on the
@@ -35,7 +35,7 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: went (hard threshold 175, Gaussian-k 212, DGC 255 before): a padded payload, and every
 #: correction or refinement runs on the device, a pass each (Gaussian-k's three, DGC's ten),
 #: where the host stopped at the first settled count.
-OPS_PER_STEP = {"topk": 154, "lags": 154, "threshold": 213, "dgc": 546, "gaussiank": 406, "gtopk": 271, "micro": 214,
+OPS_PER_STEP = {"topk": 154, "lags": 154, "threshold": 213, "dgc": 546, "gaussiank": 406, "gtopk": 268, "micro": 214,
                 "exdyna": 214}
 
 

@@ -199,6 +199,22 @@ class Backend(Protocol):
     def isin(self, values: Tensor, ascending: Tensor) -> Tensor:
         """Mask of the entries of ``values`` present in the ascending ``ascending``."""
 
+    def both(self, a: Tensor, b: Tensor) -> Tensor:
+        """The boolean masks' elementwise and."""
+
+    def kept(self, values: Tensor, keep: Optional[Tensor]) -> Tensor:
+        """``values`` where the boolean ``keep`` holds, +0.0 elsewhere (all of them for None)."""
+
+    def count_true(self, keep: Optional[Tensor], total: Any) -> Any:
+        """How many of ``keep`` hold (``total`` for None): an int, or on an accelerator a 0-dim
+        tensor left there."""
+
+    def to_wire_mask(self, keep: Optional[Tensor], like: Tensor) -> Tensor:
+        """The boolean ``keep`` as it travels (uint8; all ones, one per entry of ``like``, for None)."""
+
+    def from_wire_mask(self, t: Tensor) -> Tensor:
+        """A mask received from :meth:`to_wire_mask` as a boolean mask."""
+
     def concat(self, tensors: Sequence[Tensor]) -> Tensor:
         """The tensors one after the other."""
 

@@ -220,6 +220,31 @@ def mask(t: tf.Tensor, keep: tf.Tensor) -> tf.Tensor:
     return tf.boolean_mask(t, keep)
 
 
+def both(a: tf.Tensor, b: tf.Tensor) -> tf.Tensor:
+    return tf.logical_and(a, b)
+
+
+def kept(values: tf.Tensor, keep: Optional[tf.Tensor]) -> tf.Tensor:
+    return values if keep is None else tf.where(keep, values, tf.zeros_like(values))
+
+
+def count_true(keep: Optional[tf.Tensor], total: Union[int, tf.Tensor]) -> Union[int, tf.Tensor]:
+    if keep is None:
+        return total
+    counted = tf.reduce_sum(tf.cast(keep, tf.int64))
+    return int(counted) if tf.executing_eagerly() else counted
+
+
+def to_wire_mask(keep: Optional[tf.Tensor], like: tf.Tensor) -> tf.Tensor:
+    if keep is None:
+        return tf.ones(tf.shape(like)[:1], tf.uint8)
+    return tf.cast(keep, tf.uint8)
+
+
+def from_wire_mask(t: tf.Tensor) -> tf.Tensor:
+    return tf.cast(t, tf.bool)
+
+
 def concat(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
     return tf.concat(list(tensors), 0)
 

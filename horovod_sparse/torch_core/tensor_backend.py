@@ -22,13 +22,13 @@ from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
 from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_accelerator, pick, pick_capped,
                                                  pick_with_magnitudes, scan, select, top_k)
 
-__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "candidate_bar",
-           "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "delivered", "distinct", "embed",
-           "first_settled", "from_numpy", "from_saved", "gather", "host_call", "index_dtype", "isin", "kth_magnitude",
-           "local_histogram", "mask", "momentum_step", "numel", "outside_trace", "pick", "pick_capped",
-           "pick_with_magnitudes", "reaches", "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks",
-           "scatter_set", "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "top_k", "top_k_capped",
-           "unpadded", "wire_index"]
+__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "both", "candidate_bar",
+           "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "count_true", "delivered",
+           "distinct", "embed", "first_settled", "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call",
+           "index_dtype", "isin", "kept", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel",
+           "outside_trace", "pick", "pick_capped", "pick_with_magnitudes", "reaches", "reshape_one", "saved",
+           "scaled_threshold", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize",
+           "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "unpadded", "wire_index"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``
@@ -182,6 +182,31 @@ def isin(values: torch.Tensor, ascending: torch.Tensor) -> torch.Tensor:
 
 def mask(t: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
     return t[keep]
+
+
+def both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a.logical_and(b)
+
+
+def kept(values: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    return values if keep is None else torch.where(keep, values, 0.0)
+
+
+def count_true(keep: Optional[torch.Tensor], total: int) -> Union[int, torch.Tensor]:
+    if keep is None:
+        return total
+    count = keep.sum()
+    return count if on_accelerator(keep) else int(count)
+
+
+def to_wire_mask(keep: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if keep is None:
+        return torch.ones(like.shape[0], dtype=torch.uint8, device=like.device)
+    return keep.to(torch.uint8)
+
+
+def from_wire_mask(t: torch.Tensor) -> torch.Tensor:
+    return t.bool()
 
 
 def concat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:

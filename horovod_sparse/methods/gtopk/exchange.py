@@ -9,8 +9,9 @@ identical global set ``(idx_g, val_g)`` of exactly ``k`` coordinates and the upd
 ``idx_g, val_g / n``.
 
 Residual (``residual="exact"``): each rank tracks which of its own coordinates still carry its
-value through the merges and removes exactly those; a host also tracks the rank folded into it
-and sends it its delivered indices at fold-out. So nothing is lost, unlike the reference's rule
+value through the merges (a mask over its local set: a fixed size, so nothing is read on the
+host) and removes exactly those; a host also tracks the rank folded into it and sends it that
+mask at fold-out (a byte per coordinate). So nothing is lost, unlike the reference's rule
 (``residual="paper"``), which also removes local values that a merge dropped on the way.
 """
 from __future__ import annotations
@@ -40,9 +41,17 @@ def merge(B: Backend, a: SparseSet, b: SparseSet, k: Any) -> SparseSet:
     return SparseSet(B.gather(idx, keep), B.gather(summed, keep))
 
 
-def carried(B: Backend, indices: Tensor, held: SparseSet) -> Tensor:
-    """The part of ``indices`` still present in ``held``."""
-    return B.mask(indices, B.isin(indices, held.idx))
+#: A rank's own coordinates (its local set's ascending indices) and which of them still carry
+#: its value (a boolean mask over them; None: all of them).
+Tracked = Tuple[Tensor, Optional[Tensor]]
+
+
+def carried(B: Backend, tracked: Tracked, held: SparseSet) -> Tracked:
+    """``tracked`` with what is no longer present in ``held`` no longer carried (a mask of the
+    same, fixed size: nothing is read on the host)."""
+    indices, keep = tracked
+    present = B.isin(indices, held.idx)
+    return indices, present if keep is None else B.both(keep, present)
 
 
 @implements("gtopk", GTopKOptions,
@@ -80,8 +89,9 @@ class GTopK(Sparsifier):
             local_idx = B.top_k(x, k)
             local = SparseSet(local_idx, self.to_wire(B.gather(x, local_idx)))
         held = local
-        # rank -> indices whose value from that rank is still in `held` (self, plus a folded rank).
-        tracked: Dict[int, Tensor] = {comm.rank: local.idx}
+        # rank -> its coordinates and which of them still carry its value into `held` (self, plus a
+        # folded rank).
+        tracked: Dict[int, Tracked] = {comm.rank: (local.idx, None)}
         sent_per_phase: List[Any] = []
         for phase in state:
             sent_before = sum(comm.stats.sent.values())
@@ -95,13 +105,13 @@ class GTopK(Sparsifier):
                 received = SparseSet(B.as_index(outputs[1][0]), outputs[0][0])
                 if phase.adopt:
                     held = received
-                    if exact:
-                        tracked = {comm.rank: B.as_index(outputs[2][0])}
+                    if exact:  # which of this rank's own coordinates its host delivered
+                        tracked = {comm.rank: (local.idx, B.from_wire_mask(outputs[2][0]))}
                     continue
                 if phase.name == FOLD_IN:
-                    tracked[source] = received.idx
+                    tracked[source] = (received.idx, None)
                 held = merge(B, held, received, k)
-                tracked = {rank: carried(B, indices, held) for rank, indices in tracked.items()}
+                tracked = {rank: carried(B, coordinates, held) for rank, coordinates in tracked.items()}
         if self.options.recall_every:
             if step % self.options.recall_every == 0:
                 (total,) = yield [comm.allreduce(B.clone(x), "recall", "meta")]
@@ -109,12 +119,15 @@ class GTopK(Sparsifier):
                     B.to_numpy(held.idx), B.to_numpy(total), B.to_numpy(B.top_k(total, k)))
         with comm.timer("apply"):
             update = B.scatter_set(comm.output(x), held.idx, held.val, comm.scale)
-            delivered = tracked[comm.rank] if exact else carried(B, local.idx, held)
-            residual = comm.remove_delivered(x, delivered, B.mask(local.val, B.isin(local.idx, delivered)))
+            # What this rank delivered leaves its residual: its local values where they were
+            # carried, +0.0 (which changes nothing) where a merge dropped them.
+            _, delivered = tracked[comm.rank] if exact else carried(B, (local.idx, None), held)
+            residual = comm.remove_delivered(x, local.idx, B.kept(local.val, delivered))
         comm.stats.selected = k
         comm.stats.union = B.size(held.idx)
         comm.stats.extra.update(rounds=round_count(comm.size), phases=[p.name for p in state],
-                                bytes_per_round=sent_per_phase, delivered=B.size(delivered))
+                                bytes_per_round=sent_per_phase)
+        comm.stats.note("delivered", B.count_true(delivered, k))
         return update, residual
 
     def _launch_phase(self, phase: Phase, held: SparseSet, tracked: Dict[int, Tensor], numel: int,
@@ -131,9 +144,11 @@ class GTopK(Sparsifier):
                     self._point_to_point(comm, B.wire_index(payload.idx, numel), target, f"{phase.name}.indices",
                                          "indices", received)]
         if phase.adopt and self.options.residual == "exact":
-            delivered = tracked[target] if target is not None else payload.idx
-            pendings.append(self._point_to_point(comm, B.wire_index(delivered, numel), target,
-                                                 f"{phase.name}.delivered", "meta"))
+            # The folded rank's delivered coordinates, as a mask over its own set (k entries, in
+            # the order it sent them at fold-in); an idle rank sends none.
+            indices, keep = tracked[target] if target is not None else (payload.idx, None)
+            pendings.append(self._point_to_point(comm, B.to_wire_mask(keep, indices), target,
+                                                 f"{phase.name}.delivered", "meta", received))
         return pendings
 
     def _point_to_point(self, comm: Any, tensor: Tensor, target: Optional[int], tag: str, kind: str,
