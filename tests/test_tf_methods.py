@@ -16,7 +16,7 @@ from tests.reference_gtopk import gtopk_method
 from tests.reference_partitioned import group_stream, partitioned_reference
 from tests import reference_lags
 from tests.test_torch_lags import LOCAL_COST, MODEL
-from tests.test_torch_threshold_baselines import SELECTORS, capped, dgc_momentum_reference, select_dgc
+from tests.test_torch_threshold_baselines import SELECTORS, dgc_momentum_reference, select_dgc
 
 SHAPES = [[50, 40], [40], [30, 7], [3]]
 NUMEL = sum(int(np.prod(s)) for s in SHAPES)
@@ -105,11 +105,10 @@ def baseline_reference(cfg):
                                 max_adaptations=options["max_adaptations"])
               if "sample_ratio" in options else SELECTORS[method])
     if "density_schedule" in options:
-        early = capped(lambda x, step: np.flatnonzero(
-            np.abs(x) >= np.float32(1.0 / (2.0 * np.sqrt(max(1, int(0.1 * x.size)))))), density=0.1)
-
         def select(x, step, plain=select):
-            return plain(x, step) if step >= 3 else early(x, step)
+            if step >= 3:
+                return plain(x, step)
+            return np.flatnonzero(np.abs(x) >= np.float32(1.0 / (2.0 * np.sqrt(max(1, int(0.1 * x.size))))))
     return functools.partial(allgather_method, select=select)
 
 

@@ -23,8 +23,9 @@ def baseline_config(name, method, **options):
             "steps": 10, "seed": 5, "shapes": SHAPES}
 
 
-#: The hard threshold and Gaussian-k send at most ``ceil(capacity * k)`` coordinates (2k unless
-#: set); ``*_capped`` configs set a capacity below ``k``, so that most steps overflow.
+#: DGC and Gaussian-k send at most ``ceil(capacity * k)`` coordinates (2k unless set; the hard
+#: threshold all it selects unless set); ``*_capped`` configs set a capacity below ``k``, so
+#: that most steps overflow.
 CAPACITY, SMALL_CAPACITY = 2.0, 0.5
 CONFIGS = [
     baseline_config("threshold", "threshold"),
@@ -46,14 +47,14 @@ def above(x, threshold):
     return np.flatnonzero(np.abs(x) >= np.float32(threshold))
 
 
-def capped(select, capacity=CAPACITY, found=None, density=DENSITY):
-    """``select`` sending its lowest ``ceil(capacity * k)`` indices (at least 1, at most all; k
-    of ``density``); each call's full count is appended to ``found`` when given."""
+def capped(select, capacity=CAPACITY, found=None):
+    """``select`` sending its lowest ``ceil(capacity * k)`` indices (at least 1, at most all);
+    each call's full count is appended to ``found`` when given."""
     def cut(x, step):
         idx = select(x, step)
         if found is not None:
             found.append(idx.size)
-        return idx[:min(x.size, max(1, math.ceil(capacity * max(1, int(density * x.size)))))]
+        return idx[:min(x.size, max(1, math.ceil(capacity * max(1, int(DENSITY * x.size)))))]
     return cut
 
 
@@ -100,7 +101,7 @@ def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY
     return idx[:room][np.argsort(-np.abs(x[idx[:room]]), kind="stable")[:k]] if cut else idx[:room]
 
 
-SELECTORS = {"threshold": capped(select_threshold), "dgc": select_dgc, "gaussiank": capped(select_gaussiank),
+SELECTORS = {"threshold": select_threshold, "dgc": select_dgc, "gaussiank": capped(select_gaussiank),
              "dgc_sampled_wide": functools.partial(select_dgc, sample_ratio=0.25, max_adaptations=2),
              "threshold_capped": capped(select_threshold, SMALL_CAPACITY),
              "gaussiank_capped": capped(select_gaussiank, SMALL_CAPACITY),

@@ -18,17 +18,18 @@ Gaussian-k (Shi et al. 2019)
     corrections (:func:`band_factor`): fewer than ``2k/3`` selected halves it, more than ``4k/3``
     multiplies it by 1.5.
 
-All three send at most ``capacity`` times ``k`` coordinates per step
-(:class:`CappedOptions`): a payload whose size is known before the step, so that an accelerator
-moves it without reading the selected count on the host. What a threshold selects beyond it
-stays in the residual (error feedback: nothing is lost) and is counted as ``overflow``.
+All three send at most ``capacity`` times ``k`` coordinates per step (:class:`CappedOptions`:
+2 for DGC and Gaussian-k, none for the hard threshold unless set): a payload whose size is known
+before the step, so that an accelerator moves it without reading the selected count on the host.
+What a threshold selects beyond it stays in the residual (error feedback: nothing is lost) and is
+counted as ``overflow``.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.validation import check_fraction, check_int, check_positive_float
@@ -55,23 +56,33 @@ class CappedOptions(SparsifierOptions):
 
     Attributes:
         capacity: the most coordinates a rank sends per group and step, as a multiple of the
-            target count ``k`` (:func:`capacity_count`). What the threshold selects beyond it
-            (the selection's highest indices) is not sent: it stays in the residual, sent at a
-            later step, and is counted as the group's ``overflow`` in the statistics. On an
-            accelerator it is the payload's fixed size, so that no count is read on the host
-            and no length is exchanged.
+            target count ``k`` (:func:`capacity_count`); None: the whole group (no cap). What
+            the threshold selects beyond it (the selection's highest indices) is not sent: it
+            stays in the residual, sent at a later step, and is counted as the group's
+            ``overflow`` in the statistics. On an accelerator it is the payload's fixed size, so
+            that no count is read on the host and no length is exchanged.
     """
 
-    capacity: float = DEFAULT_CAPACITY
+    capacity: Optional[float] = DEFAULT_CAPACITY
 
     def _validate(self) -> None:
-        object.__setattr__(self, "capacity", check_positive_float("capacity", self.capacity))
+        if self.capacity is not None:
+            object.__setattr__(self, "capacity", check_positive_float("capacity", self.capacity))
 
 
-def capacity_count(capacity: float, k: int, numel: int) -> int:
+@dataclass(frozen=True)
+class HardThresholdOptions(CappedOptions):
+    """Options of the hard threshold: no cap unless ``capacity`` is set (its selected count
+    drifts with the gradient's scale, the flaw it stands for as a baseline; on an accelerator its
+    payload then has the group's size)."""
+
+    capacity: Optional[float] = None
+
+
+def capacity_count(capacity: Optional[float], k: int, numel: int) -> int:
     """The payload's capacity in coordinates: ``ceil(capacity * k)``, at least 1 and at most
-    the group's ``numel``."""
-    return min(numel, max(1, math.ceil(capacity * k)))
+    the group's ``numel`` (all of it for None)."""
+    return numel if capacity is None else min(numel, max(1, math.ceil(capacity * k)))
 
 
 @dataclass(frozen=True)

@@ -5,22 +5,23 @@ from typing import Any
 
 from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.registry import implements
-from horovod_sparse.common.threshold_baselines import CappedOptions, hard_threshold
+from horovod_sparse.common.threshold_baselines import HardThresholdOptions, hard_threshold
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 
 
-@implements("threshold", CappedOptions,
+@implements("threshold", HardThresholdOptions,
             "fixed threshold 1/(2 sqrt(k)) per group; allgather like Top-k")
 class HardThreshold(Sparsifier):
     """A fixed threshold ``1 / (2 sqrt(k))``, ``k = max(1, int(density * numel))``, never adapted:
-    one O(numel) scan, no sort, and a selected count that drifts with the gradient's scale, sent
-    up to the ``capacity`` (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`;
-    the rest stays in the residual). Per-rank counts vary, so they are allgathered with the
+    one O(numel) scan, no sort, and a selected count that drifts with the gradient's scale, all
+    of it sent unless ``capacity`` is set
+    (:class:`~horovod_sparse.common.threshold_baselines.HardThresholdOptions`; the rest then
+    stays in the residual). Per-rank counts vary, so they are allgathered with the
     values and indices, except on an accelerator, where every rank sends its capacity.
     Traceable."""
 
-    options: CappedOptions
+    options: HardThresholdOptions
 
     def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
         numel = self.B.numel(x)
