@@ -639,6 +639,11 @@ MUTATIONS: List[Mutation] = [
       "    count = keep.sum()\n    return int(count)\n",
       ["tests/test_host_reads.py", "-k", "budget and gtopk"],
       "a host read put back into an exchange: gTop-k reads how many of its coordinates it delivered"),
+    M("dgc-capacity-unvalidated", P + "common/threshold_baselines.py",
+      "        super()._validate()\n        object.__setattr__(self, \"sample_ratio\"",
+      "        object.__setattr__(self, \"sample_ratio\"",
+      ["tests/test_common_options.py", "-k", "capacity"],
+      "DGC takes any capacity (zero, negative, a string) without a word"),
     M("capped-overflow-dropped", P + "torch_core/selection.py",
       "        return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)\n",
       "        scanned.x.index_fill_(0, idx[capacity:], 0.0)\n"

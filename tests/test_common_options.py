@@ -29,6 +29,21 @@ def test_other_bad_options_name_the_option(option, value, error):
         registry.make_options("topk", **{option: value})
 
 
+@pytest.mark.parametrize("method", ["threshold", "dgc", "gaussiank"])
+@pytest.mark.parametrize("capacity,error", [(0, ValueError), (-1.0, ValueError), (math.nan, ValueError),
+                                            ("2", TypeError), (True, TypeError)])
+def test_a_bad_capacity_is_refused_naming_it(method, capacity, error):
+    with pytest.raises(error, match="capacity"):
+        registry.make_options(method, capacity=capacity)
+
+
+def test_capacity_defaults_twice_k_except_for_the_hard_threshold():
+    """DGC and Gaussian-k cap their payload at 2k; the hard threshold sends all it selects (None)
+    unless told; a set capacity is kept as a float."""
+    assert [registry.make_options(m).capacity for m in ("dgc", "gaussiank", "threshold")] == [2.0, 2.0, None]
+    assert registry.make_options("threshold", capacity=3).capacity == 3.0
+
+
 def test_unknown_option_lists_the_known_ones():
     with pytest.raises(TypeError, match="options of 'topk' are: density, min_numel"):
         registry.make_options("topk", densty=0.1)
