@@ -55,7 +55,7 @@ import torch
 
 from horovod_sparse.common.thresholds import as_float32, scan_block_size
 from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState, candidate_budget, reaches_bar
-from horovod_sparse.common.threshold_baselines import DEFAULT_CAPACITY, capacity_count, hard_threshold
+from horovod_sparse.common.threshold_baselines import CappedOptions, capacity_count, hard_threshold
 from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch_core.selection import pick, pick_capped, scan, top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
@@ -133,7 +133,7 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
     threshold = as_float32(hard_threshold(k))
     scaled = x * (threshold / float(x[exact].abs().min()))  # the fixed threshold selects about k
     block = scan_block_size(density)
-    capacity = capacity_count(DEFAULT_CAPACITY, k, x.numel())
+    capacity = capacity_count(CappedOptions(density=density), k, x.numel())
     seconds = time_side_by_side({
         "sum": lambda: x.sum(),
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),

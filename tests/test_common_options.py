@@ -7,6 +7,7 @@ import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.grouping import ParamInfo, form_groups, split_evenly
 from horovod_sparse.common.options import target_count
+from horovod_sparse.common.threshold_baselines import capacity_count
 
 
 @pytest.mark.parametrize("density", [0, -0.1, 1.5, math.nan, math.inf])
@@ -37,11 +38,21 @@ def test_a_bad_capacity_is_refused_naming_it(method, capacity, error):
         registry.make_options(method, capacity=capacity)
 
 
+@pytest.mark.parametrize("floor,error", [(0, ValueError), (1.5, TypeError), (True, TypeError)])
+def test_a_bad_capacity_floor_is_refused_naming_it(floor, error):
+    with pytest.raises(error, match="capacity_floor"):
+        registry.make_options("gaussiank", capacity_floor=floor)
+
+
 def test_capacity_defaults_twice_k_except_for_the_hard_threshold():
-    """DGC and Gaussian-k cap their payload at 2k; the hard threshold sends all it selects (None)
-    unless told; a set capacity is kept as a float."""
+    """DGC and Gaussian-k cap their payload at 2k, at least 1024 coordinates (at most the
+    group); the hard threshold sends all it selects (None) unless told."""
     assert [registry.make_options(m).capacity for m in ("dgc", "gaussiank", "threshold")] == [2.0, 2.0, None]
     assert registry.make_options("threshold", capacity=3).capacity == 3.0
+    options = registry.make_options("dgc", density=0.001)
+    assert [capacity_count(options, k, numel) for k, numel in [(1, 1000), (1, 5000), (900, 10 ** 6)]] == [
+        1000, 1024, 1800]
+    assert capacity_count(registry.make_options("threshold"), 1, 5000) == 5000
 
 
 def test_unknown_option_lists_the_known_ones():

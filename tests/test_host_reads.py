@@ -51,7 +51,8 @@ NAN_CONFIGS = [{**c, "name": f"{c['method']}_nan", "steps": 4, "nan_step": NAN_S
                for c in CONFIGS]
 #: The methods whose payload has a capacity, set below k: padded payloads that overflow.
 CAPPED = ["threshold", "gaussiank", "dgc"]
-CAPPED_CONFIGS = [{**c, "name": f"{c['method']}_capped", "options": {**c["options"], "capacity": 0.5}}
+CAPPED_CONFIGS = [{**c, "name": f"{c['method']}_capped", "options": {**c["options"], "capacity": 0.5,
+                                                                      "capacity_floor": 1}}
                   for c in CONFIGS if c["method"] in CAPPED]
 
 job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS)

@@ -26,15 +26,21 @@ def baseline_config(name, method, **options):
 #: DGC and Gaussian-k send at most ``ceil(capacity * k)`` coordinates (2k unless set; the hard
 #: threshold all it selects unless set); ``*_capped`` configs set a capacity below ``k``, so
 #: that most steps overflow.
-CAPACITY, SMALL_CAPACITY = 2.0, 0.5
+CAPACITY, FLOOR, SMALL_CAPACITY = 2.0, 1024, 0.5
+
+
+def room(size, capacity=CAPACITY, floor=FLOOR):
+    """The payload's capacity of a group of ``size``: ``ceil(capacity * k)``, at least ``floor``
+    (the documented ``capacity_floor``), at most the group."""
+    return min(size, max(floor, math.ceil(capacity * max(1, int(DENSITY * size)))))
 CONFIGS = [
     baseline_config("threshold", "threshold"),
-    baseline_config("threshold_capped", "threshold", capacity=SMALL_CAPACITY),
+    baseline_config("threshold_capped", "threshold", capacity=SMALL_CAPACITY, capacity_floor=1),
     baseline_config("dgc", "dgc"),
     baseline_config("dgc_sampled_wide", "dgc", sample_ratio=0.25, max_adaptations=2),
     baseline_config("gaussiank", "gaussiank"),
-    baseline_config("gaussiank_capped", "gaussiank", capacity=SMALL_CAPACITY),
-    baseline_config("dgc_capped", "dgc", capacity=SMALL_CAPACITY),
+    baseline_config("gaussiank_capped", "gaussiank", capacity=SMALL_CAPACITY, capacity_floor=1),
+    baseline_config("dgc_capped", "dgc", capacity=SMALL_CAPACITY, capacity_floor=1),
 ]
 MOMENTUM = {**baseline_config("dgc_momentum", "dgc", momentum=0.9), "groups": "model"}
 
@@ -47,14 +53,14 @@ def above(x, threshold):
     return np.flatnonzero(np.abs(x) >= np.float32(threshold))
 
 
-def capped(select, capacity=CAPACITY, found=None):
+def capped(select, capacity=CAPACITY, found=None, floor=FLOOR):
     """``select`` sending its lowest ``ceil(capacity * k)`` indices (at least 1, at most all);
     each call's full count is appended to ``found`` when given."""
     def cut(x, step):
         idx = select(x, step)
         if found is not None:
             found.append(idx.size)
-        return idx[:min(x.size, max(1, math.ceil(capacity * max(1, int(DENSITY * x.size)))))]
+        return idx[:room(x.size, capacity, floor)]
     return cut
 
 
@@ -78,12 +84,12 @@ def select_gaussiank(x, step):
     return idx
 
 
-def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY, found=None):
+def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY, found=None, floor=FLOOR):
     """DGC's selection, sending at most ``ceil(capacity * k)``: the top-k of the capacity's
     lowest indices when it selected more than 1.3 k; the final count is appended to ``found``
     when given."""
     k = max(1, int(DENSITY * x.size))
-    room = min(x.size, max(1, math.ceil(capacity * k)))
+    cap = room(x.size, capacity, floor)
     stride = max(1, round(1 / sample_ratio))
     offset = step % stride if x.size > stride else 0
     sample = np.sort(np.abs(x[offset::stride]))[::-1]
@@ -98,14 +104,14 @@ def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY
         idx = above(x, threshold)
     if found is not None:
         found.append(idx.size)
-    return idx[:room][np.argsort(-np.abs(x[idx[:room]]), kind="stable")[:k]] if cut else idx[:room]
+    return idx[:cap][np.argsort(-np.abs(x[idx[:cap]]), kind="stable")[:k]] if cut else idx[:cap]
 
 
 SELECTORS = {"threshold": select_threshold, "dgc": select_dgc, "gaussiank": capped(select_gaussiank),
              "dgc_sampled_wide": functools.partial(select_dgc, sample_ratio=0.25, max_adaptations=2),
-             "threshold_capped": capped(select_threshold, SMALL_CAPACITY),
-             "gaussiank_capped": capped(select_gaussiank, SMALL_CAPACITY),
-             "dgc_capped": functools.partial(select_dgc, capacity=SMALL_CAPACITY)}
+             "threshold_capped": capped(select_threshold, SMALL_CAPACITY, floor=1),
+             "gaussiank_capped": capped(select_gaussiank, SMALL_CAPACITY, floor=1),
+             "dgc_capped": functools.partial(select_dgc, capacity=SMALL_CAPACITY, floor=1)}
 
 
 def counting(method, found, sent):
@@ -113,10 +119,10 @@ def counting(method, found, sent):
     ``found`` and how many it sent to ``sent``."""
     def select(x, step):
         if method == "dgc":
-            idx = select_dgc(x, step, capacity=SMALL_CAPACITY, found=found)
+            idx = select_dgc(x, step, capacity=SMALL_CAPACITY, found=found, floor=1)
         else:
             idx = capped({"threshold": select_threshold, "gaussiank": select_gaussiank}[method], SMALL_CAPACITY,
-                         found)(x, step)
+                         found, floor=1)(x, step)
         sent.append(idx.size)
         return idx
     return select
@@ -196,8 +202,7 @@ def test_what_overflows_the_capacity_stays_in_the_residual_and_is_counted(gloo_r
         for step in range(config["steps"]):
             for rank in range(size):
                 group = next(r for r in obs.stats(rank)[step]["groups"] if r["name"] == f"p{members[0]}")
-                count, capacity = found[step * size + rank], min(group["numel"], max(1, math.ceil(
-                    SMALL_CAPACITY * max(1, int(DENSITY * group["numel"])))))
+                count, capacity = found[step * size + rank], room(group["numel"], SMALL_CAPACITY, 1)
                 expected = (sent[step * size + rank], max(0, count - capacity))
                 assert (group["selected"], group["extra"]["overflow"]) == expected, (members, step, rank)
                 overflowed += count > capacity

@@ -43,6 +43,8 @@ GAUSSIANK_RAISE, GAUSSIANK_LOWER = 1.5, 0.5
 
 #: :attr:`CappedOptions.capacity` unless set: twice the target count.
 DEFAULT_CAPACITY = 2.0
+#: :attr:`CappedOptions.capacity_floor` unless set (coordinates).
+DEFAULT_CAPACITY_FLOOR = 1024
 
 
 def hard_threshold(k: int) -> float:
@@ -61,13 +63,18 @@ class CappedOptions(SparsifierOptions):
             stays in the residual, sent at a later step, and is counted as the group's
             ``overflow`` in the statistics. On an accelerator it is the payload's fixed size, so
             that no count is read on the host and no length is exchanged.
+        capacity_floor: the capacity is at least this many coordinates (at most the group's
+            size): in a small group, whose k is 1 or 2, a threshold's whole selection stays
+            within reach (DGC's top-k cut is then the exact top-k), for a few kB of payload.
     """
 
     capacity: Optional[float] = DEFAULT_CAPACITY
+    capacity_floor: int = DEFAULT_CAPACITY_FLOOR
 
     def _validate(self) -> None:
         if self.capacity is not None:
             object.__setattr__(self, "capacity", check_positive_float("capacity", self.capacity))
+        object.__setattr__(self, "capacity_floor", check_int("capacity_floor", self.capacity_floor, minimum=1))
 
 
 @dataclass(frozen=True)
@@ -79,10 +86,12 @@ class HardThresholdOptions(CappedOptions):
     capacity: Optional[float] = None
 
 
-def capacity_count(capacity: Optional[float], k: int, numel: int) -> int:
-    """The payload's capacity in coordinates: ``ceil(capacity * k)``, at least 1 and at most
-    the group's ``numel`` (all of it for None)."""
-    return numel if capacity is None else min(numel, max(1, math.ceil(capacity * k)))
+def capacity_count(options: CappedOptions, k: int, numel: int) -> int:
+    """The payload's capacity in coordinates: ``ceil(capacity * k)``, at least ``capacity_floor``
+    and at most the group's ``numel`` (all of it for a ``capacity`` of None)."""
+    if options.capacity is None:
+        return numel
+    return min(numel, max(options.capacity_floor, math.ceil(options.capacity * k)))
 
 
 @dataclass(frozen=True)

@@ -159,9 +159,9 @@ class Sparsifier:
 
     def capacity(self, numel: int, step: Step) -> Any:
         """The payload's capacity of a group of ``numel`` elements at ``step``
-        (:func:`~horovod_sparse.common.threshold_baselines.capacity_count` of the options'
-        ``capacity``; see :meth:`per_step`)."""
-        return self.per_step(lambda s: capacity_count(self.options.capacity, self.options.count(numel, s), numel),
+        (:func:`~horovod_sparse.common.threshold_baselines.capacity_count` of the options; see
+        :meth:`per_step`)."""
+        return self.per_step(lambda s: capacity_count(self.options, self.options.count(numel, s), numel),
                              step, "int32")
 
     def allgather_exchange(self, x: Tensor, idx: Union[Tensor, Capped], comm: Any, fixed_count: Any = None) -> Exchange:
