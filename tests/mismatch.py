@@ -20,7 +20,8 @@ BASE_OPTIONS = {"density": 0.05, "min_numel": 0}
 ALTERNATIVE = {"density": 0.02, "min_numel": 7, "warmup_steps": 1, "fp16_values": True,
                "density_schedule": "exp_warmup:5", "residual": "paper", "recall_every": 3, "group_size": 100,
                "adaptive": False, "slack": 0.1, "max_density": 0.3, "measure_steps": 2, "controller": "paper",
-               "balancer": "paper", "num_blocks": 64, "sample_ratio": 0.05, "max_adaptations": 3, "momentum": 0.9}
+               "balancer": "paper", "num_blocks": 64, "sample_ratio": 0.05, "max_adaptations": 3, "momentum": 0.9,
+               "capacity": 3.0, "capacity_floor": 64}
 #: (method, option) pairs whose alternative the method refuses outright: nothing to mismatch.
 REFUSED = {("gtopk", "fp16_values")}
 
