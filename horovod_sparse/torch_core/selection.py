@@ -104,13 +104,13 @@ def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = Fals
     body = part[:full * block]
     sums: List[Moment] = [0.0, 0.0]
     accumulator = torch.float64 if x.dtype == torch.float64 else torch.float32
-    device = on_accelerator(x)
+    left_on_device = on_accelerator(x)
 
     def add_moments(values: torch.Tensor, magnitudes: torch.Tensor) -> None:
         if moments:  # in double precision, on the host or (a device) as float64 tensors left there
             total = values.sum(dtype=accumulator)
             norm = torch.linalg.vector_norm(magnitudes, dtype=accumulator)
-            total, norm = (total.double(), norm.double()) if device else (float(total), float(norm))
+            total, norm = (total.double(), norm.double()) if left_on_device else (float(total), float(norm))
             sums[0] = sums[0] + total
             sums[1] = sums[1] + norm * norm
 

@@ -331,11 +331,9 @@ def first_settled(thresholds: Sequence[Union[float, torch.Tensor]], counts: Sequ
 
 def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:
     idx = capped.idx
-    if cut is False:  # no refinement ran
+    if cut is False:  # not cut, decided on the host (on an accelerator ``cut`` is a tensor)
         return capped
     if not capped.padded:
-        if not cut:
-            return capped
         chosen = idx[top_k(x[idx], k)]  # idx is ascending: ties to the lower index
         return Capped(chosen, chosen.numel(), capped.overflow, padded=False)
     capacity = idx.numel()
