@@ -2,7 +2,9 @@
 
 They run the whole exchange with explicit loops over ranks in float32: partition tables and
 ownership, selection by a plain comparison over the owned partition, the union, the sum over
-ranks at the union, the residuals zeroed at the union on every rank. Everything that decides the
+ranks at the union, the residuals zeroed at the union on every rank; a rank whose partition
+selects more than its capacity (``capacity`` times its share ``ceil(k / n)``, at least
+``capacity_floor``) sends its lowest indices only and keeps the rest. Everything that decides the
 selection is written out here from its description (ALGORITHMS.md and the docstrings of
 ``horovod_sparse.methods.micro.controllers``), nothing is imported from the package: the published
 controller, both balancers, and the histogram controller, whose global counts are taken by brute
@@ -48,6 +50,7 @@ class Record:
     threshold: float
     bounds: List[int]
     counts: List[int]
+    overflows: List[int]
 
 
 def _f32(value: float) -> float:
@@ -161,7 +164,8 @@ def _fine_edges(centre: float) -> np.ndarray:
     while offsets[-1] < 4 * OCTAVE_BITS:
         offsets.append(offsets[-1] + max(OCTAVE_BITS // 2048, offsets[-1] // 16))
     middle = int(np.array([centre], dtype=np.float32).view(np.int32)[0])
-    bits = sorted({min(max(middle + sign * o, 1), INF_BITS - 1) for o in offsets for sign in (-1, 1)})
+    middle = min(max(middle, 1 + offsets[-1]), INF_BITS - 1 - offsets[-1])  # shifted to fit the range
+    bits = sorted({middle + sign * o for o in offsets for sign in (-1, 1)})
     return _from_bits(np.array(bits))
 
 
@@ -257,6 +261,10 @@ class PartitionedGroup:
         self.numel, self.ranks = numel, ranks
         self.density = options.get("density", 0.01)
         self.k = max(1, int(self.density * numel))
+        capacity = options.get("capacity", 2.0)
+        share = -(-self.k // ranks)
+        self.capacity = numel if capacity is None else min(numel, max(options.get("capacity_floor", 1024),
+                                                                       math.ceil(capacity * share)))
         self.controller = options.get("controller", "histogram")
         self.balancer = options.get("balancer", "prefix")
         self.table = _Blocks(numel, ranks, options.get("num_blocks", 1024)) if method == "exdyna" else None
@@ -276,8 +284,9 @@ class PartitionedGroup:
             state.threshold = _paper_threshold(state.threshold, state.steps, self.k, sum(state.last_counts),
                                                self.controller == "paper_intent")
             threshold = _f32(state.threshold)
-        selected = [bounds[p] + np.flatnonzero(np.abs(part) >= np.float32(threshold))
-                    for part, p in zip(parts, partitions)]
+        found = [bounds[p] + np.flatnonzero(np.abs(part) >= np.float32(threshold))
+                 for part, p in zip(parts, partitions)]
+        selected = [f[:self.capacity] for f in found]
         union = np.concatenate(selected).astype(np.int64)
         out = np.zeros(numel, dtype=np.float32)
         total = np.zeros(union.size, dtype=np.float32)
@@ -297,7 +306,7 @@ class PartitionedGroup:
                 self.table.pairwise(by_partition, sum(counts))
             else:
                 self.table.prefix(by_partition)
-        return out, Record(threshold, bounds, counts)
+        return out, Record(threshold, bounds, counts, [f.size - s.size for f, s in zip(found, selected)])
 
 
 def partitioned_reference(grads: Sequence[Sequence[np.ndarray]], method: str, options: Dict

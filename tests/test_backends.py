@@ -143,33 +143,143 @@ def test_candidates_filter_to_exactly_the_pick_on_both_backends(framework, dtype
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("budget", [1, 40, 10_000])
 def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
-    """PyTorch's accelerator paths (a bar and a histogram computed on the device, read by no one)
-    give bitwise the host's NumPy results: the candidates' bar, the local histogram in the first
-    step's window and in a fine one around a threshold (every rank's mark), DGC's threshold and
-    its lowered retry. Run on CPU tensors through ``accelerator_paths``."""
+    """PyTorch's accelerator paths (a bar and histograms computed on the device, read by no one)
+    give bitwise the host's NumPy results: the candidates' bar, the local histograms of the
+    coordinates at or above two bars in the first step's window and in a fine one around a
+    threshold, built on the device (every rank's mark), DGC's threshold and its lowered retry.
+    Run on CPU tensors through ``accelerator_paths``."""
     from horovod_sparse.methods.micro.controllers import HistogramWindow
-    from horovod_sparse.torch_core.selection import accelerator_paths
 
     B = torch_backend
     x = tied(20_011, 3) * np.random.default_rng(8).standard_normal(20_011).astype(np.float32)
     buffer = torch.from_numpy(x).to(getattr(torch, dtype))
     scanned = B.scan(buffer, 301, 19_950, 64)
-    host_bar = B.candidate_bar(scanned, budget)
-    host = Candidates.collect(B, scanned, budget)
+    host_bars = [B.candidate_bar(scanned, budget), B.candidate_bar(scanned, 3 * budget)]
+    hosts = [Candidates.collect(B, scanned, b) for b in (budget, 3 * budget)]
     with accelerator_paths():
-        device_bar = B.candidate_bar(scanned, budget)
-        device = Candidates.collect(B, scanned, budget)
-    assert isinstance(host_bar, float)
-    assert float(device_bar) == host_bar and torch.equal(device.indices, host.indices)
+        device_bars = [B.candidate_bar(scanned, b) for b in (budget, 3 * budget)]
+    assert all(isinstance(bar, float) for bar in host_bars) and [float(b) for b in device_bars] == host_bars
+    fine_centre = torch.tensor(0.3, dtype=torch.float32)
     for window in (HistogramWindow.everything(), HistogramWindow.around(0.3)):
         for rank, parts in ((0, 1), (2, 4)):
-            expected = host.local_histogram(window, rank, parts)
+            expected = torch.cat([host.local_histogram(window, rank, parts) for host in hosts])
             with accelerator_paths():
-                computed = device.local_histogram(window, rank, parts)
+                edges = (B.fine_edges(fine_centre) if len(window) != len(HistogramWindow.everything())
+                         else B.window_edges(window, scanned))
+                computed = B.histograms_above(edges, scanned, device_bars, rank, parts)
+            assert torch.equal(edges, torch.from_numpy(window.edges32()))
             assert computed.dtype == expected.dtype == torch.int32 and torch.equal(computed, expected)
-            assert int(expected[len(window) + 1 + rank]) == window.edge_at_or_above(host_bar)
+            assert int(expected[len(window) + 1 + rank]) == window.edge_at_or_above(host_bars[0])
     with accelerator_paths():
         threshold = B.kth_magnitude(buffer[::7], 30)
         lowered = B.scaled_threshold(threshold, 0.8)
     assert isinstance(threshold, torch.Tensor) and float(threshold) == B.kth_magnitude(buffer[::7], 30)
     assert float(lowered) == B.scaled_threshold(B.kth_magnitude(buffer[::7], 30), 0.8)
+
+
+def _converse(plans, convert):
+    """Run every simulated rank's histogram rounds in lockstep, each round's local histograms
+    summed as the allreduce would (``convert``: to what the plans read back); the rounds' tags and
+    every plan's result."""
+    rounds, tags = [next(plan) for plan in plans], []
+    while True:
+        tags.append(rounds[0].tag)
+        assert all(round_.tag == tags[-1] for round_ in rounds)
+        summed = convert(torch.stack([round_.local for round_ in rounds]).sum(0).to(torch.int32))
+        answers = []
+        for plan in plans:
+            try:
+                answers.append(plan.send(summed))
+            except StopIteration as finished:
+                answers.append(finished)
+        if isinstance(answers[0], StopIteration):
+            return tags, [answer.value for answer in answers]
+        rounds = answers
+
+
+def _rounds_on_both_paths(x, k, parts, state):
+    """The histogram controller's threshold for ``parts`` simulated ranks (rank ``r`` owning the
+    ``r``-th equal partition of ``x``), through the host's rounds and through the accelerators'
+    fixed rounds (on the CPU); asserts they agree bitwise (threshold, the state's flags, the
+    rounds named) and returns the host's rounds."""
+    import copy
+
+    from horovod_sparse.methods.micro.controllers import HistogramController, histogram_threshold
+    from horovod_sparse.methods.micro.device_rounds import RoundFlags, device_histogram_threshold, rounds_taken
+    from horovod_sparse.methods.micro.partitions import equal_bounds
+
+    B, bounds = torch_backend, equal_bounds(x.size, parts)
+    scans = [B.scan(torch.from_numpy(x), bounds[p], bounds[p + 1], 32) for p in range(parts)]
+    states = [copy.deepcopy(state) for _ in range(parts)]
+    tags, host = _converse([histogram_threshold(HistogramController(), states[r], k, parts, r, r,
+                                                lambda budget, s=scans[r]: Candidates.collect(B, s, budget))
+                            for r in range(parts)], lambda summed: summed.numpy())
+    with accelerator_paths():
+        _, device = _converse([device_histogram_threshold(B, HistogramController(), state, k, parts, r, r, scans[r])
+                               for r in range(parts)], lambda summed: summed)
+    for rank, ((reading, flags), on_host, settled) in enumerate(zip(device, host, states)):
+        assert float(reading.threshold) == on_host.threshold == settled.threshold, rank
+        assert [bool(f) for f in reading[1:]] == [settled.clamped, settled.short, settled.coarse], rank
+        assert rounds_taken(RoundFlags(*(bool(f) for f in flags))) == on_host.tags == tags, rank
+    return tuple(tags)
+
+
+def test_the_accelerators_histogram_rounds_settle_on_the_hosts_threshold():
+    """The accelerators' histogram rounds (always two allreduces, every reading made on the
+    device and the host's choice among them made there too) settle on bitwise the threshold, the
+    flags and the named rounds the host's conditional rounds do, in every order the host takes
+    them: one round; a fine one after a coarse reading; a wide one after a reading short of k (a
+    partition holding most of the large values), alone or followed by a fine one; and a wide one
+    after a fine reading that stopped short (the first step's window, a bar just below one of its
+    edges and a pile just above it), for 1 to 3 ranks."""
+    from horovod_sparse.methods.micro.controllers import ThresholdState
+
+    seen = set()
+    for seed in range(24):
+        rng = np.random.default_rng(seed)
+        parts, numel, k = 2 + seed % 2, 9000, int(rng.integers(20, 300))
+        x = (rng.standard_normal(numel) * 0.1).astype(np.float32)
+        pile, level = int(rng.integers(k // 2, 3 * k)), rng.uniform(0.2, 0.9)
+        x[rng.choice(numel // parts, pile, replace=False)] = rng.uniform(level, level * 1.02, pile)
+        x[:numel // parts] *= rng.uniform(1, 8)
+        state = ThresholdState(threshold=rng.uniform(0.3, 3) * level, steps=5, last_union=k,
+                               last_counts=[k // parts] * parts)
+        seen.add(_rounds_on_both_paths(x, k, parts, state))
+    spread = np.abs(np.random.default_rng(2).standard_normal(100_000)).astype(np.float32)
+    seen.add(_rounds_on_both_paths(spread, 100, 2, ThresholdState(threshold=float(np.sort(spread)[-100]), steps=5,
+                                                                  last_union=100, last_counts=[50, 50])))
+    x = np.random.default_rng(0).uniform(0, 1e-3, 32_000).astype(np.float32)
+    blocks = np.random.default_rng(1).permutation(1000)
+    x[blocks[:150] * 32 + 5], x[blocks[150:300] * 32 + 7] = np.float32(1.00001), np.float32(0.9999)
+    seen.add(_rounds_on_both_paths(x, 100, 1, ThresholdState()))
+    assert seen == {("histogram",), ("histogram", "histogram.fine"), ("histogram", "histogram.wide"),
+                    ("histogram", "histogram.wide", "histogram.fine"),
+                    ("histogram", "histogram.fine", "histogram.wide")}
+
+
+def test_the_accelerators_reading_of_a_histogram_is_the_hosts():
+    """``read_histograms`` on the device reads bitwise what ``threshold_from_histogram`` reads
+    off the same summed histograms (threshold, outside, short, coarse), whichever way it ends:
+    above the window, at the first or a later rank's bar, interpolated in a bin; and a fine
+    window built on the device from a threshold left there is ``HistogramWindow.around``'s,
+    at the ends of the float32 range too."""
+    from horovod_sparse.methods.micro.controllers import HistogramWindow, threshold_from_histogram
+
+    B, rng, endings = torch_backend, np.random.default_rng(5), set()
+    for window in (HistogramWindow.everything(), HistogramWindow.around(0.01)):
+        edges = torch.from_numpy(window.edges32())
+        for _ in range(150):
+            counts = rng.integers(0, 40, len(window) + 1) * (rng.random(len(window) + 1) < 0.05)
+            marks = rng.integers(0, len(window) + 1, 3) * (rng.random(3) < 0.7)
+            summed = np.concatenate([counts, marks]).astype(np.int32)
+            target = int(rng.integers(1, max(2, counts.sum() + 5)))
+            expected = threshold_from_histogram(window, summed, target)
+            with accelerator_paths():
+                (read,) = B.read_histograms(edges, torch.from_numpy(summed), target, 1)
+            assert (float(read.threshold), bool(read.outside), bool(read.short), bool(read.coarse)) == expected
+            endings.add((expected.outside, expected.short, expected.coarse))
+    assert endings >= {(True, False, False), (False, True, False), (False, False, True), (False, False, False)}
+    for centre in (1e-44, 3e-38, 0.3, 3e38):
+        with accelerator_paths():
+            edges = B.fine_edges(torch.tensor(centre, dtype=torch.float32))
+        assert torch.equal(edges, torch.from_numpy(HistogramWindow.around(centre).edges32()))

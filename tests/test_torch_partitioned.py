@@ -34,6 +34,8 @@ CONFIGS = [
     config("k_below_ranks", "exdyna", density=0.01, shapes=[[10, 10]], options={"balancer": "paper"}),
     config("drain", "exdyna", density=0.2, shapes=[[20, 10], [10]], steps=24, zero_after=4),
     config("burst", "micro", density=0.005, shapes=[[20000]] * 3, steps=6, burst=[4, 0, 1000.0]),
+    config("micro_capped", "micro", options={"capacity": 0.5, "capacity_floor": 1}),
+    config("exdyna_capped", "exdyna", options={"capacity": 0.6, "capacity_floor": 1, "num_blocks": 16}),
 ]
 FP16 = config("fp16_values", "exdyna", options={"num_blocks": 16, "fp16_values": True})
 BY_NAME = {c["name"]: c for c in CONFIGS}
@@ -70,6 +72,7 @@ def test_matches_slow_reference_and_decisions_are_identical_on_every_rank(gloo_r
             assert extra["bounds"] == record.bounds, f"{name}: partition table of rank {rank}, step {step}"
             assert extra["threshold"] == record.threshold, f"{name}: threshold of rank {rank}, step {step}"
             assert extra["counts"] == record.counts, f"{name}: counts seen by rank {rank}, step {step}"
+            assert extra["overflow"] == record.overflows[rank], f"{name}: overflow of rank {rank}, step {step}"
             np.testing.assert_allclose(obs.aggregated(rank, step, members), expected, rtol=1e-5, atol=atol,
                                        err_msg=f"{name}: update of rank {rank} at step {step}")
     for rank in range(size):
@@ -109,6 +112,19 @@ def test_statistics_describe_the_exchange(gloo_run):
         assert set(group["extra"]["select_seconds"]) == {"scan", "histogram", "pick"}
         assert group["sent"]["indices"] == 4 * counts[0] and group["sent"]["values"] == 4 * sum(counts)
         assert group["sent"]["meta"] > 0 and group["collectives"] == 3 + len(group["extra"]["histogram_rounds"])
+
+
+def test_a_capacity_below_the_share_keeps_the_overflow_for_later(gloo_run):
+    """With a capacity below a rank's share of k, ranks select more than they may send: the
+    statistics count it (the reference above says how much, and that it stays in the residual,
+    and nothing is lost), and every rank sends at most its capacity."""
+    size, out = gloo_run
+    for name, capacity in (("micro_capped", 0.5), ("exdyna_capped", 0.6)):
+        k = int(0.05 * sum(math.prod(s) for s in SHAPES))
+        room = math.ceil(capacity * math.ceil(k / size))
+        overflow = [extra["overflow"] for rank in range(size) for extra in extras(Observed(out, name, size), rank)]
+        counts = [max(extra["counts"]) for extra in extras(Observed(out, name, size), 0)]
+        assert sum(overflow) > 0 and max(counts) == room, (name, overflow, counts)
 
 
 def test_histogram_controller_holds_the_target(gloo_run):

@@ -58,12 +58,15 @@ class GroupStats:
     def __post_init__(self) -> None:
         #: Phases timed on a device whose time is known only once its work is done.
         self._pending: List[Tuple[str, Callable[[], float]]] = []
-        #: ``extra`` figures still on a device (0-dim tensors), read when the step finishes.
+        #: ``extra`` figures still on a device (0-dim or 1-D tensors), read when the step finishes.
         self.unread: Dict[str, Any] = {}
+        #: What runs once those figures are read (:meth:`when_read`).
+        self._when_read: List[Callable[["GroupStats"], None]] = []
 
     def note(self, name: str, value: Any) -> None:
-        """Set the figure ``extra[name]``: a Python number, or a 0-dim tensor left on a device,
-        read with the step's other figures (:func:`finish_step`) rather than at once."""
+        """Set the figure ``extra[name]``: a Python number, or a 0-dim tensor (a 1-D one: a list)
+        left on a device, read with the step's other figures (:func:`finish_step`) rather than at
+        once."""
         if isinstance(value, (int, float)):
             self.extra[name] = value
         else:
@@ -78,11 +81,21 @@ class GroupStats:
         a device phase, whose end is known only once the device got there."""
         self._pending.append((phase, seconds))
 
+    def when_read(self, callback: Callable[["GroupStats"], None]) -> None:
+        """Call ``callback(self)`` when the step is finished (:meth:`settle`), its figures read
+        into :attr:`extra`: a method's state decided from figures left on a device (MiCRO's
+        counts and threshold) is updated then, before the next step, without a read of its own."""
+        self._when_read.append(callback)
+
     def settle(self) -> None:
-        """Add the pending device phases' times (waiting for the device where they are not done)."""
+        """Add the pending device phases' times (waiting for the device where they are not done),
+        then run the :meth:`when_read` callbacks, in order."""
         for phase, seconds in self._pending:
             self.add_time(phase, seconds())
         self._pending.clear()
+        callbacks, self._when_read = self._when_read, []
+        for callback in callbacks:
+            callback(self)
 
 
 @dataclass
@@ -176,7 +189,7 @@ ReadScalars = Callable[[List[Any]], List[Any]]
 
 def read_each(scalars: List[Any]) -> List[Any]:
     """:data:`ReadScalars` one at a time."""
-    return [np.asarray(scalar).item() for scalar in scalars]
+    return [np.asarray(scalar).tolist() for scalar in scalars]
 
 
 #: The counts of a :class:`GroupStats` that may be left on a device (0-dim tensors) until read.

@@ -1,8 +1,10 @@
 """PyTorch's backend for the ``torch.distributed`` front end: the primitives of
 :class:`horovod_sparse.methods.backend.Backend`, the tensor ones from
-:mod:`horovod_sparse.torch_core.tensor_backend` and the host collectives over ``torch.distributed``.
+:mod:`horovod_sparse.torch_core.tensor_backend` and :mod:`horovod_sparse.torch_core.histograms` and the
+host collectives over ``torch.distributed``.
 """
 from horovod_sparse.distributed.collectives import allgather_array, allgather_bytes, allgather_payload  # noqa: F401 (backend API)
+from horovod_sparse.torch_core.histograms import *  # noqa: F401,F403 (backend API)
 from horovod_sparse.torch_core.tensor_backend import *  # noqa: F401,F403 (backend API)
 
 name = "ddp"

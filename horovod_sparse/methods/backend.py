@@ -47,6 +47,12 @@ class Capped:
     padded: bool
 
 
+def cut(idx: Any, found: int, capacity: int) -> Capped:
+    """A selection of ``found`` ascending indices known on the host, cut to its ``capacity``
+    lowest (not padded)."""
+    return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
+
+
 class Backend(Protocol):
     """What every front end's backend module provides (module attributes; see the module
     docstring for the shared contracts)."""
@@ -151,9 +157,32 @@ class Backend(Protocol):
         float, or on an accelerator a 0-dim float32 tensor left there (what :meth:`pick` and
         :meth:`local_histogram` take)."""
 
-    def local_histogram(self, window: Any, magnitudes: Tensor, bar: Any, rank: int, parts: int) -> Tensor:
-        """:func:`~horovod_sparse.methods.micro.controllers.local_histogram` as an int32 tensor on
-        ``magnitudes``' device (computed there, without a host read, on an accelerator)."""
+    def local_histogram(self, window: Any, magnitudes: Tensor, bar: float, rank: int, parts: int) -> Tensor:
+        """:func:`~horovod_sparse.methods.micro.controllers.local_histogram` as an int32 tensor
+        (on the host paths)."""
+
+    # -- the histogram controller on an accelerator (a backend whose ``decides_on_device`` is
+    # always False need not provide these; see :mod:`horovod_sparse.methods.micro.device_rounds`)
+    def decides_on_device(self, x: Tensor) -> bool:
+        """Whether work on ``x`` takes the accelerators' paths, where decisions stay tensors on
+        the device until the step's figures are read."""
+
+    def window_edges(self, window: Any, scanned: Any) -> Tensor:
+        """A ``HistogramWindow``'s float32 edges on the scanned buffer's device."""
+
+    def fine_edges(self, threshold: Tensor) -> Tensor:
+        """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim threshold on a device."""
+
+    def histograms_above(self, edges: Tensor, scanned: Any, bars: Sequence[Any], rank: int, parts: int) -> Tensor:
+        """For each bar, ``local_histogram`` of the scanned slice's coordinates at or above it,
+        in the window of ``edges``, one after the other."""
+
+    def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tuple[Any, ...]:
+        """``threshold_from_histogram`` of each of ``count`` summed :meth:`histograms_above`
+        parts, as ``DeviceReading``s left on the device."""
+
+    def choose(self, flag: Tensor, a: Any, b: Any) -> Any:
+        """The ``DeviceReading`` ``a`` where the 0-dim ``flag`` holds, else ``b``."""
 
     # -- gathers, scatters and casts ---------------------------------------------------------
     def clone(self, t: Tensor) -> Tensor:

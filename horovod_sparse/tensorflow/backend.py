@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from horovod_sparse.tensorflow.collectives import (allgather_array, allgather_bytes, allgather_payload,  # noqa: F401
                                                    index_dtype)  # (backend API)
-from horovod_sparse.methods.backend import Capped
+from horovod_sparse.methods.backend import Capped, cut
 from horovod_sparse.methods.micro import controllers
 from horovod_sparse.common import threshold_baselines
 from horovod_sparse.common.threshold_baselines import band_factor
@@ -109,7 +109,7 @@ def pick_capped(scanned: selection.BlockScan, threshold: Union[float, tf.Tensor]
     idx = pick(scanned, threshold)
     found = size(idx)
     if isinstance(found, int) and isinstance(capacity, int):
-        return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
+        return cut(idx, found, capacity)
     capacity = tf.cast(capacity, tf.int64)
     return Capped(idx[:capacity], tf.minimum(found, capacity), tf.maximum(found - capacity, 0), padded=False)
 
@@ -284,6 +284,11 @@ def kth_magnitude(values: tf.Tensor, k: int) -> float:
 
 def scaled_threshold(threshold: float, factor: float) -> float:
     return as_float32(threshold * factor)
+
+
+def decides_on_device(x: tf.Tensor) -> bool:
+    """Never: TensorFlow's decisions are made on the host or traced into the graph."""
+    return False
 
 
 def candidate_bar(scanned: selection.BlockScan, budget: int) -> float:

@@ -33,7 +33,7 @@ import torch
 
 from horovod_sparse.common.thresholds import mean_std
 from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
-from horovod_sparse.methods.backend import PAD, Capped
+from horovod_sparse.methods.backend import PAD, Capped, cut
 
 #: A moment of a scan: a float, or a 0-dim float64 tensor left on an accelerator.
 Moment = Union[float, torch.Tensor]
@@ -184,8 +184,7 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     nothing is read on the host."""
     if not on_accelerator(scanned.x):
         idx = pick(scanned, threshold)
-        found = idx.numel()
-        return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
+        return cut(idx, idx.numel(), capacity)
     reaches = scanned.magnitudes >= threshold
     found = reaches.sum()
     idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)

@@ -23,10 +23,10 @@ from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_acc
                                                  pick_with_magnitudes, scan, select, top_k)
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "both", "candidate_bar",
-           "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "count_true", "delivered",
-           "distinct", "embed", "first_settled", "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call",
-           "index_dtype", "isin", "kept", "kth_magnitude", "local_histogram", "mask", "momentum_step", "numel",
-           "outside_trace", "pick", "pick_capped", "pick_with_magnitudes", "reaches", "reshape_one", "saved",
+           "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "count_true", "decides_on_device",
+           "delivered", "distinct", "embed", "first_settled", "from_numpy", "from_saved", "from_wire_mask", "gather",
+           "host_call", "index_dtype", "isin", "kept", "kth_magnitude", "local_histogram", "mask", "momentum_step",
+           "numel", "outside_trace", "pick", "pick_capped", "pick_with_magnitudes", "reaches", "reshape_one", "saved",
            "scaled_threshold", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to", "synchronize",
            "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "unpadded", "wire_index"]
 
@@ -42,6 +42,10 @@ def numel(x: torch.Tensor) -> int:
 
 def size(t: torch.Tensor) -> int:
     return t.numel()
+
+
+def decides_on_device(x: torch.Tensor) -> bool:
+    return on_accelerator(x)
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -240,18 +244,22 @@ def copy_at(out: torch.Tensor, capped: Capped, source: Optional[torch.Tensor]) -
     return out.index_put_((index,), torch.where(written, value, out[index]))
 
 
-def read_scalars(scalars: List[torch.Tensor]) -> List[Union[int, float]]:
-    """The values of 0-dim tensors left on a device (counts, flags, thresholds), in order: ints
-    for integer and bool tensors, floats for floating ones (exactly: read as float64); one host
-    read per device, however many (:func:`horovod_sparse.common.stats.finish_step`)."""
-    values: List[Union[int, float]] = [0] * len(scalars)
+def read_scalars(scalars: List[torch.Tensor]) -> List[Any]:
+    """The values of tensors left on a device (counts, flags, thresholds), in order: for a 0-dim
+    tensor an int (integer and bool tensors) or a float (floating ones, exactly: read as
+    float64), for a 1-D one a list of them; one host read per device, however many
+    (:func:`horovod_sparse.common.stats.finish_step`)."""
+    values: List[Any] = [0] * len(scalars)
     by_device: dict = {}
     for i, scalar in enumerate(scalars):
         by_device.setdefault(scalar.device, []).append(i)
     for positions in by_device.values():
-        read = torch.stack([scalars[i].reshape(()).to(torch.float64) for i in positions]).tolist()
-        for i, value in zip(positions, read):
-            values[i] = value if scalars[i].is_floating_point() else int(value)
+        read = torch.cat([scalars[i].reshape(-1).to(torch.float64) for i in positions]).tolist()
+        for i in positions:
+            count = scalars[i].numel()
+            kind = float if scalars[i].is_floating_point() else int
+            value = [kind(v) for v in read[:count]]
+            values[i], read = (value if scalars[i].dim() else value[0]), read[count:]
     return values
 
 
@@ -288,21 +296,11 @@ def candidate_bar(scanned: BlockScan, budget: int) -> Union[float, torch.Tensor]
     return torch.kthvalue(maxima, maxima.numel() - budget + 1).values.clamp_min(SMALLEST_THRESHOLD)
 
 
-def local_histogram(window: controllers.HistogramWindow, magnitudes: torch.Tensor, bar: Union[float, torch.Tensor],
-                    rank: int, parts: int) -> torch.Tensor:
-    if not on_accelerator(magnitudes):
-        return from_numpy(controllers.local_histogram(window, to_numpy(magnitudes).astype(np.float32), float(bar),
-                                                      rank, parts), magnitudes)
-    # The same binning on the device: the edges are copied there without waiting for the device.
-    device = magnitudes.device
-    edges = to_device(torch.from_numpy(window.edges32()), device)
-    slots = torch.searchsorted(edges, magnitudes.float(), right=True)
-    counts = torch.zeros(len(window) + 1, dtype=torch.int32, device=device)
-    counts.index_add_(0, slots, torch.ones_like(slots, dtype=torch.int32))
-    level = bar.reshape(1).float() if isinstance(bar, torch.Tensor) else torch.full((1,), bar, device=device)
-    marks = torch.zeros(parts, dtype=torch.int32, device=device)
-    marks[rank:rank + 1] = torch.searchsorted(edges, level, right=False)
-    return torch.cat([counts, marks])
+def local_histogram(window: controllers.HistogramWindow, magnitudes: torch.Tensor, bar: float, rank: int,
+                    parts: int) -> torch.Tensor:
+    """On the host (an accelerator's rounds take :func:`histograms_above` instead)."""
+    return from_numpy(controllers.local_histogram(window, to_numpy(magnitudes).astype(np.float32), float(bar),
+                                                  rank, parts), magnitudes)
 
 
 def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,

@@ -3,8 +3,9 @@
 The method (:mod:`~horovod_sparse.methods.micro.exchange`), its options, per-group state and
 partition tables (:mod:`~horovod_sparse.methods.micro.partitioned`,
 :mod:`~horovod_sparse.methods.micro.partitions`), its threshold controllers
-(:mod:`~horovod_sparse.methods.micro.controllers`) and the histogram controller's candidates
-(:mod:`~horovod_sparse.methods.micro.candidates`).
+(:mod:`~horovod_sparse.methods.micro.controllers`), the histogram controller's candidates
+(:mod:`~horovod_sparse.methods.micro.candidates`) and its rounds on an accelerator
+(:mod:`~horovod_sparse.methods.micro.device_rounds`).
 """
 from horovod_sparse.methods.micro.exchange import ExDyna, Micro
 

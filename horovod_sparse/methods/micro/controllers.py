@@ -37,6 +37,10 @@ Controllers (``controller=`` option):
        it and another allreduce settles it (:func:`histogram_threshold` runs these rounds).
     6. Each rank keeps the candidates at or above the threshold: no further pass.
 
+    On an accelerator the same threshold is reached without reading a histogram on the host:
+    both rounds are always taken and the choice among their readings made on the device
+    (:mod:`~horovod_sparse.methods.micro.device_rounds`).
+
 ``"paper"``
     The published rule of MiCRO/ExDyna, exactly as the authors' code runs it: the first
     threshold is ``1 / (2 sqrt(k))`` (data independent), then with ``ratio = k_prev / k``
@@ -88,6 +92,19 @@ def _fine_offsets() -> np.ndarray:
 
 
 _FINE_OFFSETS = _fine_offsets()
+#: A fine window's edges' offsets from its centre, in float32 bit patterns (increasing).
+FINE_WINDOW_OFFSETS = np.concatenate([-_FINE_OFFSETS[:0:-1], _FINE_OFFSETS])
+#: Edges of every fine window (:meth:`HistogramWindow.around`).
+FINE_EDGES = FINE_WINDOW_OFFSETS.size
+#: The lowest and highest centre of a fine window (bit patterns): its edges then stay within
+#: the positive finite float32 values.
+FINE_CENTRES = (1 + int(_FINE_OFFSETS[-1]), _INF_BITS - 1 - int(_FINE_OFFSETS[-1]))
+
+
+def fine_centre_bits(bits: int) -> int:
+    """The centre (bit pattern) of the fine window around the float32 of bit pattern ``bits``:
+    ``bits`` itself, moved into :data:`FINE_CENTRES`."""
+    return min(max(bits, FINE_CENTRES[0]), FINE_CENTRES[1])
 
 
 def candidate_budget(k: int, parts: int, last_counts: Sequence[int], partition: int, wide: bool = False) -> int:
@@ -157,10 +174,11 @@ class HistogramWindow:
 
     @classmethod
     def around(cls, threshold: float) -> "HistogramWindow":
-        """The fine window centred on ``threshold`` (see the module docstring)."""
-        centre = float32_bits(threshold)
-        bits = np.concatenate([centre - _FINE_OFFSETS[:0:-1], centre + _FINE_OFFSETS])
-        return cls(np.unique(np.clip(bits, 1, _INF_BITS - 1)))
+        """The fine window centred on ``threshold`` (see the module docstring); near either end
+        of the float32 range it is shifted to fit (its edges positive and finite), so every fine
+        window has :data:`FINE_EDGES` edges (an accelerator builds it from a threshold left
+        there, :func:`fine_centre_bits`)."""
+        return cls(fine_centre_bits(float32_bits(threshold)) + FINE_WINDOW_OFFSETS)
 
     @classmethod
     def everything(cls) -> "HistogramWindow":

@@ -16,17 +16,23 @@ from dataclasses import dataclass, field
 from typing import List, Sequence
 
 from horovod_sparse.methods.micro.controllers import CONTROLLERS, ThresholdState
-from horovod_sparse.common.options import SparsifierOptions
+from horovod_sparse.common.threshold_baselines import CappedOptions, capacity_count
 from horovod_sparse.methods.micro.partitions import (BALANCERS, BlockLayout, counts_by_partition, equal_bounds,
                                               pairwise_rebalance, prefix_rebalance)
 from horovod_sparse.common.validation import check_choice, check_int
 
 
 @dataclass(frozen=True)
-class MicroOptions(SparsifierOptions):
+class MicroOptions(CappedOptions):
     """Options of MiCRO (and, with more fields, ExDyna).
 
     Attributes:
+        capacity, capacity_floor: as :class:`~horovod_sparse.common.threshold_baselines.CappedOptions`,
+            with a rank's share of the target, ``ceil(k / n)``, in place of ``k``
+            (:func:`share_capacity`): by default a rank sends at most twice its share (at least
+            1024 coordinates) per group and step; what its partition selects beyond that stays
+            in its residual (``overflow``). On an accelerator every rank sends exactly that
+            many indices, padded, and the values' allreduce runs over ``n`` times that.
         controller: how the threshold is chosen each step: ``"histogram"`` (default: follows
             the current step's gradient through one allreduce of about 1 KB), ``"paper"``
             (the published multiplicative rule) or ``"paper_intent"`` (the same with the
@@ -36,6 +42,7 @@ class MicroOptions(SparsifierOptions):
     controller: str = "histogram"
 
     def _validate(self) -> None:
+        super()._validate()
         check_choice("controller", self.controller, CONTROLLERS)
 
 
@@ -57,6 +64,12 @@ class ExDynaOptions(MicroOptions):
         super()._validate()
         check_choice("balancer", self.balancer, BALANCERS)
         object.__setattr__(self, "num_blocks", check_int("num_blocks", self.num_blocks, minimum=1))
+
+
+def share_capacity(options: MicroOptions, k: int, parts: int, numel: int) -> int:
+    """The most coordinates a rank sends per group and step: :func:`capacity_count` of its share
+    ``ceil(k / parts)`` of the target ``k`` (``numel``: the group's size)."""
+    return capacity_count(options, -(-k // parts), numel)
 
 
 @dataclass
