@@ -30,7 +30,7 @@ def test_other_bad_options_name_the_option(option, value, error):
         registry.make_options("topk", **{option: value})
 
 
-@pytest.mark.parametrize("method", ["threshold", "dgc", "gaussiank"])
+@pytest.mark.parametrize("method", ["threshold", "dgc", "gaussiank", "micro", "exdyna"])
 @pytest.mark.parametrize("capacity,error", [(0, ValueError), (-1.0, ValueError), (math.nan, ValueError),
                                             ("2", TypeError), (True, TypeError)])
 def test_a_bad_capacity_is_refused_naming_it(method, capacity, error):
@@ -53,6 +53,19 @@ def test_capacity_defaults_twice_k_except_for_the_hard_threshold():
     assert [capacity_count(options, k, numel) for k, numel in [(1, 1000), (1, 5000), (900, 10 ** 6)]] == [
         1000, 1024, 1800]
     assert capacity_count(registry.make_options("threshold"), 1, 5000) == 5000
+
+
+def test_micro_and_exdyna_cap_a_rank_at_twice_its_share():
+    """MiCRO and ExDyna cap what a rank sends at twice its share ``ceil(k / n)`` of the target,
+    at least 1024 coordinates (at most the group)."""
+    from horovod_sparse.methods.micro.partitioned import share_capacity
+
+    for method in ("micro", "exdyna"):
+        options = registry.make_options(method, density=0.01)
+        assert (options.capacity, options.capacity_floor) == (2.0, 1024)
+        cases = [(10_000, 4, 10 ** 6), (10_001, 4, 10 ** 6), (100, 2, 10 ** 6), (100, 2, 500)]
+        assert [share_capacity(options, k, n, numel) for k, n, numel in cases] == [5000, 5002, 1024, 500]
+        assert share_capacity(registry.make_options(method, capacity=0.5, capacity_floor=1), 101, 2, 10 ** 6) == 26
 
 
 def test_unknown_option_lists_the_known_ones():
