@@ -24,7 +24,8 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
 * ``syncs``: on CUDA, the host synchronisations of one sparse step of each method, counted by
   ``torch.cuda.set_sync_debug_mode("warn")`` (None on the CPU, which has none to count).
 * ``steps``: a real model (``--model``, ResNet-50 by default; ResNet-20 with ``--quick``) trained
-  through DDP on the device, dense (DDP's own allreduce) and with every method's hook, bf16
+  through DDP on the device, dense (DDP's own allreduce), with what users would pick instead
+  (PyTorch's ``bf16_compress_hook``, on CUDA; PowerSGD at rank 4) and with every method's hook, bf16
   autocast on CUDA: the median step time of ``--train-steps`` steps (device synchronised) and
   its ratio to dense (and dense and Top-k with DDP's ``gradient_as_bucket_view=True``). One
   rank, so the exchange itself is trivial: the figures are what each method adds to a step
@@ -37,10 +38,12 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
 * ``profile``: ``torch.profiler`` over three such steps, dense and with ``--profile``'s method
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
-* ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)`` and the exact
-  top-k of the methods (:func:`horovod_sparse.torch_core.selection.top_k`) over a float32 buffer of
-  ``--numel`` elements at ``k = --density * numel`` (medians of ``--repeats``, each timed with
-  the device synchronised; ratios to the read pass).
+* ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)``, the exact
+  top-k of the methods (:func:`horovod_sparse.torch_core.selection.top_k`) and the selections of
+  the hard threshold, Gaussian-k, DGC and MiCRO as their exchanges run them there (capacity 2k)
+  over float32 buffers of each of ``--numel`` elements (25.6M and 100M) at ``k = density * numel``
+  for each of ``--density`` (0.001 and 0.01) (medians of ``--repeats``, each timed with the
+  device synchronised; ratios to the read pass).
 
 The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``fsdp``,
 ``layout``); the ``syncs``, ``steps``, ``profile`` and ``selection`` figures are measurements to
@@ -71,7 +74,8 @@ from benchmarks.wire import Payload, wire_law
 from horovod_sparse.common.cost_model import BF16_BYTES, INDEX_BYTES, VALUE_BYTES, break_even_link
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.torch_core.buffers import FlatGroup
-from horovod_sparse.torch_core.selection import top_k
+from horovod_sparse.common.thresholds import scan_block_size
+from horovod_sparse.torch_core.selection import accelerator_paths, top_k
 
 SHAPES = [[64, 48], [48], [96, 64], [64], [9]]
 #: Two buckets of about 3,000 float32 elements each for :data:`SHAPES`.
@@ -306,15 +310,70 @@ def timed(work: Callable[[], Any], device: str, repeats: int) -> float:
     return statistics.median(seconds)
 
 
-def selection(device: str, numel: int, density: float, repeats: int) -> Dict[str, Any]:
-    """Read pass, ``torch.topk`` and the methods' exact top-k on the device."""
-    x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
+#: The buffer sizes and densities of the ``selection`` part unless ``--numel`` and ``--density``
+#: say otherwise (issue 43: 25.6M and 100M floats at 0.001 and 0.01; ``--quick``: 1M at 0.001).
+SELECTION_SIZES = (25_600_000, 100_000_000)
+SELECTION_DENSITIES = (0.001, 0.01)
+
+
+def micro_selection(x: torch.Tensor, k: int, density: float, capacity: int) -> Callable[[], Any]:
+    """MiCRO's selection on one rank as its exchange runs it on an accelerator: the scan, the
+    histogram rounds on the device (the one-rank allreduce being the local histogram itself) and
+    the capped pick, from the controller's state after one step at the target."""
+    from horovod_sparse.distributed import backend as B
+    from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState
+    from horovod_sparse.methods.micro.device_rounds import device_histogram_threshold
+
+    def select(state: ThresholdState) -> Tuple[Any, Any]:
+        scanned = B.scan(x, 0, x.numel(), scan_block_size(density))
+        plan = device_histogram_threshold(B, HistogramController(), state, k, 1, 0, 0, scanned)
+        round_ = next(plan)
+        try:
+            while True:
+                round_ = plan.send(round_.local)
+        except StopIteration as finished:
+            reading, _ = finished.value
+        return B.pick_capped(scanned, reading.threshold, capacity), reading.threshold
+
+    _, threshold = select(ThresholdState())
+    steady = ThresholdState(threshold=float(threshold), steps=1, last_union=k, last_counts=[k])
+    return lambda: select(steady)
+
+
+def selection_row(x: torch.Tensor, density: float, device: str, repeats: int) -> Dict[str, Any]:
+    """:func:`selection`'s figures for the buffer ``x`` at ``density``."""
+    from horovod_sparse.common.threshold_baselines import DGCOptions
+    from horovod_sparse.distributed import backend as B
+    from horovod_sparse.methods.dgc import dgc_select
+    from horovod_sparse.methods.gaussiank import gaussiank_select
+
+    numel = x.numel()
     k = max(1, int(density * numel))
-    assert torch.equal(top_k(x, k), torch.topk(x.abs(), k).indices.sort().values), "top_k differs from torch.topk"
-    times = {"sum": timed(lambda: x.sum(), device, repeats),
-             "torch.topk": timed(lambda: torch.topk(x.abs(), k), device, repeats),
-             "top_k": timed(lambda: top_k(x, k), device, repeats)}
-    return {"numel": numel, "k": k, "seconds": times, "ratio_to_sum": {n: t / times["sum"] for n, t in times.items()}}
+    capacity = 2 * k
+    exact = top_k(x, k)
+    assert torch.equal(exact, torch.topk(x.abs(), k).indices.sort().values), "top_k differs from torch.topk"
+    kth = float(x[exact].abs().min())
+    with accelerator_paths():
+        work = {"sum": lambda: x.sum(), "torch.topk": lambda: torch.topk(x.abs(), k),
+                "top_k": lambda: top_k(x, k),
+                "threshold": lambda: B.pick_capped(B.scan(x, 0, numel, scan_block_size(density)), kth, capacity),
+                "gaussiank": lambda: gaussiank_select(B, x, k, density, capacity),
+                "dgc": lambda: dgc_select(B, x, DGCOptions(density=density), 0, capacity),
+                "micro": micro_selection(x, k, density, capacity)}
+        times = {name: timed(run, device, repeats) for name, run in work.items()}
+    return {"numel": numel, "density": density, "k": k, "seconds": times,
+            "ratio_to_sum": {n: t / times["sum"] for n, t in times.items()}}
+
+
+def selection(device: str, sizes: Sequence[int], densities: Sequence[float], repeats: int) -> List[Dict[str, Any]]:
+    """Per buffer size and density, on the device: a read pass, ``torch.topk``, the methods' exact
+    top-k and the threshold family's selections as their exchanges run them on an accelerator
+    (the hard threshold at a threshold that selects about ``k``, Gaussian-k, DGC and MiCRO, each
+    cut to a capacity of ``2k``; the accelerators' paths, forced on a CPU), each as a ratio to
+    the read pass (:func:`selection_row`)."""
+    return [selection_row(torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device), density,
+                          device, repeats)
+            for numel in sizes for density in densities]
 
 
 def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> None:
@@ -337,10 +396,35 @@ class Training:
     parameters: int
 
 
+def _powersgd() -> Tuple[Any, Callable[..., Any]]:
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
+
+    return powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2), \
+        powersgd.powerSGD_hook
+
+
+def _bf16() -> Tuple[Any, Callable[..., Any]]:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    return None, default_hooks.bf16_compress_hook
+
+
+#: What users would pick instead of a sparsifier, as ``(state, hook)`` factories: PyTorch's
+#: bfloat16 all-reduce hook (CUDA only: DDP refuses it elsewhere) and PowerSGD at rank 4 (from its
+#: third step on).
+BASELINE_HOOKS: Dict[str, Callable[[], Tuple[Any, Callable[..., Any]]]] = {"bf16_hook": _bf16,
+                                                                            "powersgd": _powersgd}
+
+
+def baselines(device: str) -> List[str]:
+    """The :data:`BASELINE_HOOKS` that run on ``device``."""
+    return [name for name in BASELINE_HOOKS if device.startswith("cuda") or name != "bf16_hook"]
+
+
 def training(device: str, model: str, batch_size: int, method: str, bucket_view: bool = False) -> Training:
     """Training steps of ``model`` (seeded) through DDP on ``device``, dense (``"dense"``:
-    DDP's own allreduce) or with ``method``'s hook at density 0.001; ``bucket_view``: DDP's
-    ``gradient_as_bucket_view``."""
+    DDP's own allreduce), with a :data:`BASELINE_HOOKS` hook, or with ``method``'s hook at
+    density 0.001; ``bucket_view``: DDP's ``gradient_as_bucket_view``."""
     spec = model_spec(model)
     inputs, targets = (t.to(device) for t in spec.batch(batch_size, spec.default_size,
                                                          torch.Generator().manual_seed(0)))
@@ -348,7 +432,9 @@ def training(device: str, model: str, batch_size: int, method: str, bucket_view:
     net = torch.nn.parallel.DistributedDataParallel(spec.build(spec.default_size).to(device),
                                                     gradient_as_bucket_view=bucket_view)
     state = None
-    if method != "dense":
+    if method in BASELINE_HOOKS:
+        net.register_comm_hook(*BASELINE_HOOKS[method]())
+    elif method != "dense":
         state = hsd.State(compression=hsd.Compression.create(method, density=0.001))
         net.register_comm_hook(state, hsd.hook)
     step = functools.partial(train_step, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
@@ -392,7 +478,8 @@ def step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str
     (``"<name>+view"``)."""
     seconds: Dict[str, float] = {}
     sent: Dict[str, Tuple[Payload, str]] = {}
-    runs = [(m, False) for m in ["dense"] + [m for m in hsd.Compression.names() if m not in ("none", "fp16")]]
+    runs = [(m, False) for m in ["dense", *baselines(device)] + [m for m in hsd.Compression.names()
+                                                                  if m not in ("none", "fp16")]]
     for method, view in runs + [("dense", True), ("topk", True)]:
         run = training(device, model, batch_size, method, view)
         run.step()
@@ -471,8 +558,10 @@ def break_even_line(row: Dict[str, Any], parameters: int) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--numel", type=int, default=25_600_000)
-    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--numel", type=int, nargs="+", default=list(SELECTION_SIZES),
+                        help="the selection part's buffer sizes")
+    parser.add_argument("--density", type=float, nargs="+", default=list(SELECTION_DENSITIES),
+                        help="the selection part's densities")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--amp-steps", type=int, default=16)
     parser.add_argument("--model", default="resnet50", help="the training-step part's model")
@@ -483,7 +572,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--results", default=None)
     args = parser.parse_args(argv)
     if args.quick:
-        args.numel, args.repeats = 1_000_000, 3
+        args.numel, args.density, args.repeats = [1_000_000], [0.001], 3
         args.model, args.batch_size, args.train_steps = "resnet20", 4, 2
     device = args.device
     if device == "cuda":  # set_device needs an index
@@ -523,10 +612,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
     for method, row in train["break_even"].items():
         print(f"break-even {method:10s} {break_even_line(row, train['parameters'])}")
-    sel = results["selection"]
-    figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
-               for name, seconds in sel["seconds"].items()]
-    print(f"selection numel={sel['numel']} k={sel['k']} " + " ".join(figures))
+    for sel in results["selection"]:
+        figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
+                   for name, seconds in sel["seconds"].items()]
+        print(f"selection numel={sel['numel']} density={sel['density']} k={sel['k']} " + " ".join(figures))
     if args.results:
         write_results(args.results, "gpu_check", results, command_line(argv, "benchmarks.gpu_check"))
     ok = (all(row["ok"] for part in ("methods", "amp", "fsdp") for row in results[part].values())

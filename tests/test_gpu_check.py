@@ -37,8 +37,10 @@ def test_gpu_check_cpu_parts(tmp_path):
         assert amp["same_as_stock"] and amp["finite"] and amp["overflows"] >= 2, (method, amp)
     assert results["layout"] == {"strides_kept": True, "equal_to_contiguous": True, "ok": True}
     assert results["syncs"] is None
-    assert set(results["selection"]["seconds"]) == {"sum", "torch.topk", "top_k"}
-    assert set(results["steps"]["seconds"]) == {"dense", *METHODS, "dense+view", "topk+view"}
+    (selection,) = results["selection"]
+    assert (selection["numel"], selection["density"], selection["k"]) == (1_000_000, 0.001, 1000)
+    assert set(selection["seconds"]) == {"sum", "torch.topk", "top_k", "threshold", "gaussiank", "dgc", "micro"}
+    assert set(results["steps"]["seconds"]) == {"dense", "powersgd", *METHODS, "dense+view", "topk+view"}
     assert results["steps"]["model"] == "resnet20"
     assert results["profile"]["method"] == "topk" and len(results["profile"]["added"]) == 20
     check_break_even(results["steps"], result.stdout)
