@@ -23,7 +23,8 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   contiguous run's.
 * ``syncs``: on CUDA, the host synchronisations of one sparse step of each method, counted by
   ``torch.cuda.set_sync_debug_mode("warn")`` (None on the CPU, which has none to count).
-* ``steps``: a real model (``--model``, ResNet-50 by default; ResNet-20 with ``--quick``) trained
+* ``steps``: real models (``--model``: ResNet-50 at batch 64 and a GPT-2-small-sized transformer
+  at batch 8 of 1,024 tokens by default; ResNet-20 with ``--quick``), each trained
   through DDP on the device, dense (DDP's own allreduce), with what users would pick instead
   (PyTorch's ``bf16_compress_hook``, on CUDA; PowerSGD at rank 4) and with every method's hook, bf16
   autocast on CUDA: the median step time of ``--train-steps`` steps (device synchronised) and
@@ -564,8 +565,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="the selection part's densities")
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--amp-steps", type=int, default=16)
-    parser.add_argument("--model", default="resnet50", help="the training-step part's model")
-    parser.add_argument("--batch-size", type=int, default=64, help="the training-step part's batch")
+    parser.add_argument("--model", nargs="+", default=["resnet50", "gpt2small"],
+                        help="the training-step part's models (the first one profiled)")
+    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 8],
+                        help="the training-step part's batch per model")
     parser.add_argument("--train-steps", type=int, default=20, help="timed steps per method")
     parser.add_argument("--profile", default="topk", help="the method whose training steps are profiled")
     parser.add_argument("--quick", action="store_true", help="a small buffer and few repeats (CI)")
@@ -573,7 +576,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.numel, args.density, args.repeats = [1_000_000], [0.001], 3
-        args.model, args.batch_size, args.train_steps = "resnet20", 4, 2
+        args.model, args.batch_sizes, args.train_steps = ["resnet20"], [4], 2
     device = args.device
     if device == "cuda":  # set_device needs an index
         device = f"cuda:{torch.cuda.current_device()}"
@@ -587,8 +590,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "torch": torch.__version__, "methods": check_methods(device),
                "amp": check_amp(device, args.amp_steps), "layout": check_layout(device), "fsdp": check_fsdp(device),
                "syncs": count_syncs(device),
-               "steps": step_times(device, args.model, args.batch_size, args.train_steps),
-               "profile": profile(device, args.model, args.batch_size, args.profile),
+               "steps": [step_times(device, model, batch, args.train_steps)
+                         for model, batch in zip(args.model, args.batch_sizes, strict=True)],
+               "profile": profile(device, args.model[0], args.batch_sizes[0], args.profile),
                "selection": selection(device, args.numel, args.density, args.repeats)}
     dist.destroy_process_group()
     for part in ("methods", "amp", "fsdp"):
@@ -607,11 +611,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for row in prof["added"]:
         print(f"  {row['op'][:60]:60s} calls {row['calls']:+8.1f}  host {row['host_ms']:+8.3f} ms  "
               f"device {row['device_ms']:+8.3f} ms")
-    train = results["steps"]
-    print(f"steps {train['model']} batch={train['batch_size']} " + " ".join(
-        f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
-    for method, row in train["break_even"].items():
-        print(f"break-even {method:10s} {break_even_line(row, train['parameters'])}")
+    for train in results["steps"]:
+        print(f"steps {train['model']} batch={train['batch_size']} " + " ".join(
+            f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
+        for method, row in train["break_even"].items():
+            print(f"break-even {train['model']} {method:10s} {break_even_line(row, train['parameters'])}")
     for sel in results["selection"]:
         figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                    for name, seconds in sel["seconds"].items()]

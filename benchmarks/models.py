@@ -133,6 +133,37 @@ def lstm(vocabulary: int = 10000, hidden: int = 650, layers: int = 2) -> nn.Modu
     return LSTMLanguageModel(vocabulary, hidden, layers)
 
 
+class CausalTransformer(nn.Module):
+    """A GPT-2-style causal language model: token and position embeddings, pre-norm transformer
+    blocks (GELU), a final norm and a decoder tied to the token embedding.
+
+    ``forward(tokens)`` takes ``(batch, steps)`` token ids and returns logits shaped
+    ``(batch, vocabulary, steps)``, which ``cross_entropy(logits, next_tokens)`` takes as is.
+    """
+
+    def __init__(self, vocabulary: int, context: int, width: int, layers: int, heads: int) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocabulary, width)
+        self.positions = nn.Embedding(context, width)
+        block = nn.TransformerEncoderLayer(width, heads, 4 * width, dropout=0.0, activation="gelu",
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(block, layers, enable_nested_tensor=False)
+        self.norm = nn.LayerNorm(width)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        steps = tokens.shape[1]
+        hidden = self.tokens(tokens) + self.positions(torch.arange(steps, device=tokens.device))
+        mask = nn.Transformer.generate_square_subsequent_mask(steps, device=tokens.device)
+        hidden = self.norm(self.blocks(hidden, mask=mask, is_causal=True))
+        return (hidden @ self.tokens.weight.t()).transpose(1, 2)
+
+
+def gpt2_small() -> nn.Module:
+    """A GPT-2-small-sized causal transformer: 12 blocks of width 768, 12 heads, a 50,257-token
+    vocabulary and 1,024 positions (124.4M parameters, GPT-2 small's count)."""
+    return CausalTransformer(50257, 1024, 768, 12, 12)
+
+
 # -- the registry the synthetic benchmarks use -----------------------------------------------------
 Batch = Tuple[torch.Tensor, torch.Tensor]
 
@@ -178,6 +209,8 @@ MODELS: Dict[str, ModelSpec] = {
                      "VGG-like, 26.8M parameters (25.2M in the classifier), communication-heavy"),
     "lstm": ModelSpec(lambda steps: lstm(), _token_sequences(10000), 35,
                       "2-layer LSTM language model, 19.8M parameters, 35-step sequences"),
+    "gpt2small": ModelSpec(lambda steps: gpt2_small(), _token_sequences(50257), 1024,
+                           "GPT-2-small-sized causal transformer, 124.4M parameters, 1024-token sequences"),
 }
 
 

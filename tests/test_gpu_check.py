@@ -40,10 +40,11 @@ def test_gpu_check_cpu_parts(tmp_path):
     (selection,) = results["selection"]
     assert (selection["numel"], selection["density"], selection["k"]) == (1_000_000, 0.001, 1000)
     assert set(selection["seconds"]) == {"sum", "torch.topk", "top_k", "threshold", "gaussiank", "dgc", "micro"}
-    assert set(results["steps"]["seconds"]) == {"dense", "powersgd", *METHODS, "dense+view", "topk+view"}
-    assert results["steps"]["model"] == "resnet20"
+    (steps,) = results["steps"]
+    assert set(steps["seconds"]) == {"dense", "powersgd", *METHODS, "dense+view", "topk+view"}
+    assert steps["model"] == "resnet20"
     assert results["profile"]["method"] == "topk" and len(results["profile"]["added"]) == 20
-    check_break_even(results["steps"], result.stdout)
+    check_break_even(steps, result.stdout)
 
 
 #: Methods whose collectives are one allgather of what each rank sent (benchmarks.wire).
@@ -66,7 +67,7 @@ def check_break_even(steps, stdout):
         sent = payload.values + payload.indices + payload.meta
         assert sent > 0, method
         assert set(row["bits_per_second"]) == {"8", "64"}, method
-        assert f"break-even {method} " in " ".join(stdout.split()), method
+        assert f"break-even {steps['model']} {method} " in " ".join(stdout.split()), method
         for workers, link in row["bits_per_second"].items():
             n = int(workers)
             per_byte = AlphaBeta(0.0, 1.0, n)
