@@ -36,6 +36,9 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   (:func:`horovod_sparse.common.cost_model.break_even_link`), from its added time (its step
   minus the dense step, floored at 0) and the bytes its last step sent, priced by its own
   collectives (:mod:`benchmarks.wire`).
+* ``fsdp_steps``: the first of those models sharded by FSDP2 on a one-rank mesh, plain and with
+  every method through :func:`horovod_sparse.fsdp.compress_replicas`: the median step time and
+  its ratio to the plain one (:func:`fsdp_step_times`).
 * ``profile``: ``torch.profiler`` over three such steps, dense and with ``--profile``'s method
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
@@ -498,6 +501,34 @@ def step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str
             "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}, "break_even": links}
 
 
+def fsdp_step_times(device: str, model: str, batch_size: int, steps: int) -> Dict[str, Any]:
+    """Median seconds per training step of ``model`` sharded by FSDP2 on a one-rank mesh of
+    ``device`` (the root module one unit), plain (``"dense"``) and with every method's
+    :func:`horovod_sparse.fsdp.compress_replicas` on a one-rank replicate group, at density 0.001:
+    what the FSDP2 front end adds to a step (the first two steps not timed)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    import horovod_sparse.fsdp as hsf
+
+    spec = model_spec(model)
+    inputs, targets = (t.to(device) for t in spec.batch(batch_size, spec.default_size,
+                                                         torch.Generator().manual_seed(0)))
+    seconds: Dict[str, float] = {}
+    for method in ["dense"] + [m for m in hsf.Compression.names() if m not in ("none", "fp16")]:
+        torch.manual_seed(0)
+        net = spec.build(spec.default_size).to(device)
+        fully_shard(net, mesh=init_device_mesh(torch.device(device).type, (1,)))
+        if method != "dense":
+            hsf.compress_replicas(net, hsf.Compression.create(method, density=0.001), dist.new_group([0]))
+        step = functools.partial(train_step, net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9),
+                                 inputs, targets)
+        step()
+        seconds[method] = timed(step, device, steps)
+    return {"model": model, "batch_size": batch_size, "seconds": seconds,
+            "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}}
+
+
 #: Training steps profiled per run (after two untimed ones).
 PROFILED_STEPS = 3
 
@@ -592,6 +623,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "syncs": count_syncs(device),
                "steps": [step_times(device, model, batch, args.train_steps)
                          for model, batch in zip(args.model, args.batch_sizes, strict=True)],
+               "fsdp_steps": fsdp_step_times(device, args.model[0], args.batch_sizes[0], args.train_steps),
                "profile": profile(device, args.model[0], args.batch_sizes[0], args.profile),
                "selection": selection(device, args.numel, args.density, args.repeats)}
     dist.destroy_process_group()
@@ -616,6 +648,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             f"{m}={t * 1e3:.1f}ms ({train['ratio_to_dense'][m]:.2f}x)" for m, t in train["seconds"].items()))
         for method, row in train["break_even"].items():
             print(f"break-even {train['model']} {method:10s} {break_even_line(row, train['parameters'])}")
+    fsdp = results["fsdp_steps"]
+    print(f"fsdp steps {fsdp['model']} batch={fsdp['batch_size']} " + " ".join(
+        f"{m}={t * 1e3:.1f}ms ({fsdp['ratio_to_dense'][m]:.2f}x)" for m, t in fsdp["seconds"].items()))
     for sel in results["selection"]:
         figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                    for name, seconds in sel["seconds"].items()]

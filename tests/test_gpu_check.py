@@ -43,6 +43,8 @@ def test_gpu_check_cpu_parts(tmp_path):
     (steps,) = results["steps"]
     assert set(steps["seconds"]) == {"dense", "powersgd", *METHODS, "dense+view", "topk+view"}
     assert steps["model"] == "resnet20"
+    fsdp = results["fsdp_steps"]
+    assert fsdp["model"] == "resnet20" and set(fsdp["seconds"]) == {"dense", *METHODS}
     assert results["profile"]["method"] == "topk" and len(results["profile"]["added"]) == 20
     check_break_even(steps, result.stdout)
 
