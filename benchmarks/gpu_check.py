@@ -4,7 +4,7 @@
     python -m benchmarks.gpu_check --device cpu --quick                     # its CPU parts (CI)
 
 One process, a one-rank ``torch.distributed`` group (NCCL on CUDA, Gloo on CPU), so the method
-code and the DDP hook run on the device as in a job. Five parts, each printed and written to
+code and the DDP hook run on the device as in a job. Its parts, each printed and written to
 ``--results``:
 
 * ``methods``: every method through the DDP comm hook on ``--device`` and on the CPU, on the same
@@ -50,8 +50,8 @@ code and the DDP hook run on the device as in a job. Five parts, each printed an
   device synchronised; ratios to the read pass).
 
 The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``fsdp``,
-``layout``); the ``syncs``, ``steps``, ``profile`` and ``selection`` figures are measurements to
-report.
+``layout``); the ``syncs``, ``steps``, ``fsdp_steps``, ``profile`` and ``selection`` figures are
+measurements to report.
 """
 from __future__ import annotations
 
