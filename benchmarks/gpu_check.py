@@ -375,9 +375,11 @@ def selection(device: str, sizes: Sequence[int], densities: Sequence[float], rep
     (the hard threshold at a threshold that selects about ``k``, Gaussian-k, DGC and MiCRO, each
     cut to a capacity of ``2k``; the accelerators' paths, forced on a CPU), each as a ratio to
     the read pass (:func:`selection_row`)."""
-    return [selection_row(torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device), density,
-                          device, repeats)
-            for numel in sizes for density in densities]
+    rows = []
+    for numel in sizes:
+        x = torch.randn(numel, generator=torch.Generator().manual_seed(0)).to(device)
+        rows += [selection_row(x, density, device, repeats) for density in densities]
+    return rows
 
 
 def train_step(net: torch.nn.Module, opt: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor) -> None:

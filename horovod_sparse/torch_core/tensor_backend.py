@@ -255,11 +255,11 @@ def read_scalars(scalars: List[torch.Tensor]) -> List[Any]:
         by_device.setdefault(scalar.device, []).append(i)
     for positions in by_device.values():
         read = torch.cat([scalars[i].reshape(-1).to(torch.float64) for i in positions]).tolist()
+        start = 0
         for i in positions:
-            count = scalars[i].numel()
             kind = float if scalars[i].is_floating_point() else int
-            value = [kind(v) for v in read[:count]]
-            values[i], read = (value if scalars[i].dim() else value[0]), read[count:]
+            value = [kind(v) for v in read[start:start + scalars[i].numel()]]
+            values[i], start = (value if scalars[i].dim() else value[0]), start + scalars[i].numel()
     return values
 
 
