@@ -30,7 +30,8 @@ from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.model_state import ModelState, Record
 from horovod_sparse.engine.step import EngineSteps, StepEngine
-from horovod_sparse.fsdp.checkpoint import rank_entry, record_of_rank, unit_group
+from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
+from horovod_sparse.fsdp.checkpoint import unit_group
 from horovod_sparse.fsdp.units import ShardGroup, fill_gradients, hook_units, replicate_group_given
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness
@@ -173,7 +174,7 @@ class State(EngineSteps):
         and mesh (``dcp.load`` calls it with what ``dcp.save`` kept). Residuals and method states
         are taken as the units' hooks come (a shard of another size raises ``ValueError`` then,
         another job size at once); tensors go to the shards' device."""
-        self._saved = record = record_of_rank(state_dict)
+        self._saved = record = state_of_this_rank(state_dict, "the replicas' state", "ranks and mesh")
         self._groups.clear()
         self._model.states.clear()
         if self.sparse and record.get("method") is not None:

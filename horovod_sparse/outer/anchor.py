@@ -1,0 +1,62 @@
+"""Where every replica started the current round: the parameters of the last outer step.
+
+A round's pseudo-gradient is ``anchor - θ`` (what the inner steps moved, with DiLoCo's sign: a
+descent direction, as a gradient is), and an outer step starts from the anchor again: every
+replica resets to it, the outer optimizer applies the averaged pseudo-gradient, and the result
+is the next anchor. One flat buffer per group, each parameter's slice laid out as the parameter
+is in memory (:meth:`~horovod_sparse.torch_core.buffers.FlatGroup.views`).
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from horovod_sparse.torch_core.buffers import FlatGroup
+
+
+class Anchor:
+    """The anchor of each of ``groups`` (the parameters' values when it is built).
+
+    Args:
+        groups: the front end's groups, every parameter in exactly one.
+    """
+
+    def __init__(self, groups: Sequence[FlatGroup]) -> None:
+        self.groups = list(groups)
+        self.flat: List[torch.Tensor] = [
+            torch.empty(g.numel, dtype=g.dtype, device=g.params[0].device) for g in self.groups]
+        self.take()
+
+    @torch.no_grad()
+    def take(self) -> None:
+        """Make the parameters' current values the anchor (after an outer step, or the first)."""
+        for group, flat in zip(self.groups, self.flat):
+            for view, p in zip(group.views(flat), group.params):
+                view.copy_(p)
+
+    @torch.no_grad()
+    def pseudo_gradient(self, index: int) -> torch.Tensor:
+        """Group ``index``'s pseudo-gradient ``anchor - θ``, flat (a new tensor)."""
+        group = self.groups[index]
+        delta = self.flat[index].clone()
+        for view, p in zip(group.views(delta), group.params):
+            view.sub_(p)
+        return delta
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Put every parameter back at the anchor (the start of an outer step, or of an
+        abandoned round's replacement)."""
+        for group, flat in zip(self.groups, self.flat):
+            for view, p in zip(group.views(flat), group.params):
+                p.copy_(view)
+
+    def load(self, saved: Sequence[torch.Tensor]) -> None:
+        """Take a checkpoint's anchors (:attr:`flat`'s, in group order), copied to the groups' devices."""
+        if [s.numel() for s in saved] != [f.numel() for f in self.flat]:
+            raise ValueError(f"checkpoint does not match the model: its anchors have {[s.numel() for s in saved]} "
+                             f"elements per group, the model's groups {[f.numel() for f in self.flat]}; load the "
+                             "state saved with this model")
+        for flat, s in zip(self.flat, saved):
+            flat.copy_(s.reshape(-1))

@@ -1,0 +1,154 @@
+"""Worker (``torchrun``): outer steps (``horovod_sparse.outer``) on known per-rank gradients, with
+what every round did written out for ``tests/test_outer.py``'s written-out reference.
+
+The model's gradient is what the worker passes (``loss = sum(p * g)``, with
+``tests.workers.given_gradients``); each rank starts from its own parameters (seeded by rank), so
+taking rank 0's at construction is seen. The inner optimizer is SGD (lr 0.1, momentum 0.9 unless
+``inner_momentum`` says) recording the parameters after each of its steps, so the reference knows
+each rank's parameters at the end of every round.
+
+Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed", "shapes",
+"outer" ("diloco": the default outer optimizer; "sgd1": SGD lr 1, no momentum, whose step is an
+exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
+"every_of_rank", "sync_at_end"}:
+
+- ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
+  ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
+  load of ``{"outer": outer}`` (a ``Stateful``) in a shared folder, into a fresh model, inner optimizer and
+  ``OuterSteps`` (built from other parameters), and training goes on;
+- ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that inner step;
+- ``every_of_rank``: ``{rank: every}`` replacing ``every`` on that rank (construction must raise
+  the same error everywhere);
+- ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step.
+
+Records per closed round ``j``: ``theta_{j}_{i}`` (this rank's parameter i at the round's end,
+before the exchange), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups),
+``param_{j}_{i}`` (after the outer step), ``residual_{j}_{i}``; ``start_{i}`` (the parameters
+after construction); the JSON record: each round's statistics, the inner step it closed at, errors.
+"""
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+import horovod_sparse.outer as hso
+from tests.workers.cli import configs_and_out
+from tests.workers.given_gradients import make_params, step_gradients
+
+
+class Given(torch.nn.Module):
+    """``loss = sum(p * g)``: the gradient of every parameter is the ``g`` passed."""
+
+    def __init__(self, params):
+        super().__init__()
+        self.params = torch.nn.ParameterList(params)
+
+    def forward(self, grads):
+        return sum((p * g).sum() for p, g in zip(self.params, grads))
+
+
+class RecordingSGD(torch.optim.SGD):
+    """SGD keeping the parameters after its last step (:attr:`last`)."""
+
+    def step(self, closure=None):
+        result = super().step(closure)
+        self.last = [p.detach().clone() for group in self.param_groups for p in group["params"]]
+        return result
+
+
+def build(config, rank, seed):
+    params = make_params(config["shapes"], seed, torch.float32)
+    model = Given(params)
+    inner = RecordingSGD(model.parameters(), lr=0.1, momentum=config.get("inner_momentum", 0.9))
+    outer_opt = torch.optim.SGD(model.parameters(), lr=1.0) if config.get("outer") == "sgd1" else None
+    every = config.get("every_of_rank", {}).get(str(rank), config["every"])
+    compression = (hso.Compression.none if config["method"] == "none"
+                   else hso.Compression.create(config["method"], **config.get("options", {})))
+    outer = hso.OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
+                           nonfinite=config.get("nonfinite", "default"))
+    return model, inner, outer
+
+
+def resumed(config, outer, rank, out: Path):
+    """A fresh model, inner optimizer and OuterSteps continuing from ``outer``'s saved state."""
+    if config.get("resume_via") == "dcp":
+        folder = out / f"{config['name']}.dcp"
+        dcp.save({"outer": outer}, checkpoint_id=str(folder))
+        model, inner, fresh = build(config, rank, config["seed"] + 100 + rank)
+        dcp.load({"outer": fresh}, checkpoint_id=str(folder))
+        return model, inner, fresh
+    buffer = io.BytesIO()
+    torch.save(outer.state_dict(), buffer)
+    buffer.seek(0)
+    saved = torch.load(buffer, weights_only=True)
+    model, inner, fresh = build(config, rank, config["seed"] + 100 + rank)
+    fresh.load_state_dict(saved)
+    return model, inner, fresh
+
+
+def run(config, out: Path):
+    rank = dist.get_rank()
+    arrays, rounds, errors = {}, [], []
+    try:
+        model, inner, outer = build(config, rank, config["seed"] + rank)
+    except ValueError as error:
+        errors.append([-1, str(error)])
+        write(out, config, rank, arrays, rounds, errors)
+        return
+    arrays.update({f"start_{i}": p.detach().double().numpy().copy() for i, p in enumerate(model.params)})
+
+    def record_round(step, theta):
+        j = len(rounds)
+        for i, (group, p) in enumerate(zip(outer.groups, model.params)):
+            arrays[f"theta_{j}_{i}"] = theta[i].double().numpy()
+            arrays[f"param_{j}_{i}"] = p.detach().double().numpy().copy()
+            if group.output is not None:
+                arrays[f"agg_{j}_{i}"] = group.output.double().numpy().copy()
+            if group.residual is not None:
+                arrays[f"residual_{j}_{i}"] = group.residual.double().numpy().copy()
+        rounds.append({"step": step, "stats": outer.last_stats.as_dict()})
+
+    for step in range(config["steps"]):
+        if step == config.get("resume_at"):
+            model, inner, outer = resumed(config, outer, rank, out)
+        grads = step_gradients(list(model.params), config["seed"], step, rank)
+        if config.get("nan_at") == [step, rank]:
+            grads[0] = grads[0] * float("nan")
+        model(grads).backward()
+        closed = outer.steps
+        try:
+            outer.step()
+        except FloatingPointError as error:
+            errors.append([step, str(error)])
+        outer.zero_grad()
+        if outer.steps != closed:
+            record_round(step, inner.last)
+    if config.get("sync_at_end"):
+        theta = [p.detach().clone() for p in model.params]
+        outer.sync()
+        record_round(config["steps"], theta)
+    write(out, config, rank, arrays, rounds, errors)
+
+
+def write(out, config, rank, arrays, rounds, errors):
+    np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
+    (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
+        {"rounds": rounds, "errors": errors, "horovod_imported": "horovod" in sys.modules}))
+
+
+def main() -> None:
+    configs, out = configs_and_out()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    for config in configs:
+        run(config, out)
+    hso.exit_job()
+
+
+if __name__ == "__main__":
+    main()
