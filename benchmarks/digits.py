@@ -49,8 +49,9 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import digits_report, scaling
-from benchmarks.digits_training import (EPOCH_PREFIX, LOCAL, MERGECOMP, Recorder, add_arguments, groups_argument,
-                                       TWO_TIER, horovodrun, parse_configuration, process_sets, search_summary)
+from benchmarks.digits_training import (EPOCH_PREFIX, LOCAL, MERGECOMP, OUTER, Recorder, add_arguments,
+                                       groups_argument, TWO_TIER, horovodrun, parse_configuration, process_sets,
+                                       search_summary)
 from benchmarks.netem import rate_bits
 from benchmarks.results import Progress, command_line, read_results, write_results
 from benchmarks.tiers import placement
@@ -130,9 +131,14 @@ def parser() -> argparse.ArgumentParser:
                    help="every method is trained at each of these densities")
     p.add_argument("--mergecomp", nargs="*", default=["topk"],
                    help="methods also trained with groups='mergecomp' (--mergecomp alone: none)")
+    p.add_argument("--outer", type=int, nargs="*", default=[10],
+                   help="H values: --outer-methods also trained in outer steps of H inner steps (horovod_sparse.outer; "
+                        "PyTorch only; --outer alone: none)")
+    p.add_argument("--outer-methods", nargs="+", default=["none", "topk"],
+                   help="configurations trained in outer steps: none (DiLoCo) and methods, at the first --densities")
     p.add_argument("--compressors", nargs="+",
-                   help="explicit configurations SPEC[@GROUPS], e.g. none topk:density=0.01@mergecomp "
-                        "(replaces --methods/--densities/--mergecomp; dense is always trained)")
+                   help="explicit configurations SPEC[@GROUPS] or SPEC+outer=H, e.g. none topk:density=0.01@mergecomp "
+                        "none+outer=10 (replaces --methods/--densities/--mergecomp/--outer; dense is always trained)")
     p.add_argument("--link", type=link_rate, default="1gbit",
                    help="your cluster's link rate, as tc writes it (1gbit, 25gbit, 100mbit)")
     p.add_argument("--workers", type=int, default=8, help="your cluster's worker count")
@@ -144,6 +150,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="also measure every configuration on an emulated 1 Gbit/s cluster (root)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
+    p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     add_arguments(p, seeds=[0], epochs=8, name="digits")
     return p
 
@@ -151,7 +158,8 @@ def parser() -> argparse.ArgumentParser:
 def configurations(args: argparse.Namespace) -> List[str]:
     """The job's configurations, in training order: compute-only, dense, then the methods, each
     followed by its two-tier twin (:data:`TWO_TIER`) when the hosts make one
-    (:func:`two_tier_hosts`) or ``--compressors`` asks for it."""
+    (:func:`two_tier_hosts`) or ``--compressors`` asks for it, then (PyTorch) the outer steps
+    (:data:`OUTER`: ``--outer-methods`` at every ``--outer`` H)."""
     if args.compressors:
         chosen = [c for c in args.compressors if c != "none"]
     else:
@@ -160,11 +168,15 @@ def configurations(args: argparse.Namespace) -> List[str]:
         chosen = [f"{m}:density={d}" for m in args.methods or available_methods()
                   for d in args.densities]
         chosen += [f"{m}:density={d}@mergecomp" for m in args.mergecomp for d in args.densities]
+        if args.framework == "torch":
+            chosen += [f"{m if m == 'none' else f'{m}:density={args.densities[0]}'}{OUTER}{every}"
+                       for every in args.outer for m in args.outer_methods]
     # A two-tier configuration is reported against its flat twin: the twin always trains too.
     asked = {c.removesuffix(TWO_TIER) for c in chosen if c.endswith(TWO_TIER)}
     flat = dict.fromkeys(c.removesuffix(TWO_TIER) for c in chosen)
     return [LOCAL, "none", *(tier for c in flat
-                             for tier in ([c, c + TWO_TIER] if two_tier_hosts(args) or c in asked else [c]))]
+                             for tier in ([c, c + TWO_TIER] if (two_tier_hosts(args) or c in asked) and OUTER not in c
+                                          else [c]))]
 
 
 # -- the job's ranks --------------------------------------------------------------------------------------
@@ -180,13 +192,17 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
     for seed in args.seeds:
         job = DigitsJob(configuration.spec, hidden=args.hidden, lr=args.lr, batch_size=args.batch_size,
                         model_seed=seed, split_seed=0, groups=groups_argument(configuration.groups),
-                        hierarchical=configuration.two_tier)
+                        hierarchical=configuration.two_tier, every=configuration.every)
         search = getattr(job.opt, "mergecomp", None)
         settled = search is None
         loss = 0.0
+        rounds = 0
         start = time.perf_counter()
         for step in job.steps(args.epochs, order_seed=seed * 1000 + hvd.rank()):
-            recorder.step(step.epoch, time.perf_counter() - start, getattr(job.opt, "last_stats", None), settled)
+            stats = getattr(job.opt, "last_stats", None)
+            if configuration.every is not None:  # a round's statistics, once: at the step that closed it
+                stats, rounds = (stats if job.opt.steps != rounds else None), job.opt.steps
+            recorder.step(step.epoch, time.perf_counter() - start, stats, settled)
             loss += float(step.loss)
             if step.step == job.steps_per_epoch - 1:
                 recorder.end_epoch(seed, step.epoch, loss / job.steps_per_epoch)
@@ -210,6 +226,12 @@ def run_worker(args: argparse.Namespace) -> None:
 
         hvd.init(process_sets=process_sets(args.compressors))
         torch.set_num_threads(1)
+        if any(OUTER in label for label in args.compressors):
+            import torch.distributed as dist
+
+            # Outer steps run on torch.distributed: a Gloo group of the same ranks beside Horovod's.
+            store = dist.FileStore(str(args.store), hvd.size())
+            dist.init_process_group("gloo", store=store, rank=hvd.rank(), world_size=hvd.size())
         rows = [train(label, args) for label in args.compressors]
         rank = hvd.rank()
     if rank == 0:
@@ -218,8 +240,9 @@ def run_worker(args: argparse.Namespace) -> None:
 
 # -- the driver -----------------------------------------------------------------------------------------
 def worker_argv(args: argparse.Namespace, configs: Sequence[str], results: Path) -> List[str]:
-    """The command line of the job's ranks."""
+    """The command line of the job's ranks (their ``torch.distributed`` store beside ``results``)."""
     return [sys.executable, "-m", "benchmarks.digits", "--worker", "--results", str(results),
+            "--store", str(results.with_suffix(".store")),
             "--framework", args.framework, "--compressors", *configs, "--seeds", *map(str, args.seeds),
             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
             "--hidden", str(args.hidden)]
@@ -256,12 +279,13 @@ def run_jobs(args: argparse.Namespace, configs: Sequence[str]) -> Tuple[List[Dic
                    hosts=",".join(f"{host}:{slots}" for host, slots in args.hosts))
         if not args.emulate:
             return read_results(local), None
-        from benchmarks.netem import EmulatedCluster, run_horovod
+        from benchmarks.netem import IFACE, EmulatedCluster, run_horovod
 
         emulated = Path(tmp, "emulated.json")
         where = f"emulated {digits_report.rate_name(digits_report.EMULATED_RATE)}"
         with EmulatedCluster(args.np, digits_report.EMULATED_RATE, workers_per_host=emulated_per_host(args)) as cluster:
-            run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout, partial(follow, where))
+            run_horovod(cluster, worker_argv(args, configs, emulated), args.timeout, partial(follow, where),
+                        extra_env={"GLOO_SOCKET_IFNAME": IFACE})  # the outer steps' Gloo on the shaped link
         return read_results(local), read_results(emulated)
 
 

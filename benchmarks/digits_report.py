@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from benchmarks import plots, scaling
-from benchmarks.digits_training import LOCAL, TWO_TIER
+from benchmarks.digits_training import LOCAL, OUTER, TWO_TIER
 from benchmarks.netem import rate_bits
 from benchmarks.tiers import tier_bytes
 from benchmarks.wire import wire_law
@@ -217,6 +217,13 @@ def legend(report: Report, job: str, local_work: str) -> str:
             f"Two-tier rows ({TWO_TIER.lstrip('+')}: hierarchical=True, dense inside a host, the method across "
             "hosts) ran on the job's hosts: kB/step is what a worker sent across hosts, node kB what it sent inside "
             "its host (the reduce-scatter and allgather of the buffer).")
+    if any(row.get("every") for row in report.rows):
+        paragraphs.append(
+            f"Outer rows ({OUTER.strip('+=')}=H: horovod_sparse.outer on torch.distributed, in the same job) take H "
+            "local SGD steps without exchange, then exchange the round's pseudo-gradient (none: dense, DiLoCo; a "
+            "method: sparse, with error feedback) and apply it with DiLoCo's Nesterov SGD: kB/step, collectives and "
+            "local work are a round's divided by H, the union density a round's, the measured step the mean (not "
+            "the median) over the steps.")
     if report.emulated is not None:
         paragraphs.append(f"Emulated: the median step of the same job run across network namespaces joined by "
                           f"{rate_name(EMULATED_RATE)} links shaped with tc (benchmarks.netem), beside the "

@@ -41,6 +41,10 @@ MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
 #: The suffix of a main-job configuration that runs the two-tier exchange (``hierarchical=True``:
 #: dense inside a host, the method across hosts), e.g. ``topk:density=0.01+two-tier``.
 TWO_TIER = "+two-tier"
+#: The suffix of a main-job configuration trained in outer steps of H inner steps
+#: (``horovod_sparse.outer``, DiLoCo: ``none+outer=10``; a method on the pseudo-gradients:
+#: ``topk:density=0.01+outer=10``), on ``torch.distributed`` beside the Horovod job's own collectives.
+OUTER = "+outer="
 #: The DDP configuration with PyTorch's PowerSGD hook (:class:`DdpExchange`).
 POWERSGD = "powersgd"
 
@@ -135,8 +139,9 @@ class Recorder:
 
     def step(self, epoch: int, seconds: float, stats: Optional[StepStats], settled: bool = True) -> None:
         """One training step of ``epoch`` (0-based) took ``seconds``; ``stats`` is the
-        optimizer's ``last_stats`` (None without exchange); ``settled`` is False while the step
-        belonged to a search (MergeComp's), which then does not count either."""
+        optimizer's ``last_stats`` (None without exchange; for outer steps, the round's, given at
+        the step that closed it only); ``settled`` is False while the step belonged to a search
+        (MergeComp's), which then does not count either."""
         if epoch >= self.epochs // 2 and settled:
             self.step_seconds.append(seconds)
             if stats is not None:
@@ -167,11 +172,27 @@ class Recorder:
                                "(MergeComp's search ran past it): train more epochs")
         configuration = parse_configuration(self.label)
         name, options = parse_spec(configuration.spec)
+        every = configuration.every
+        # An outer row's steps are H - 1 without exchange and one with: their mean is its step.
+        step = np.mean if every else np.median
+        stats = summarize_stats(self.stats, parameters)
         return {"label": self.label, "compressor": name, "options": options, "groups": configuration.groups,
-                "hierarchical": configuration.two_tier,
+                "hierarchical": configuration.two_tier, "every": every,
                 "accuracy": float(np.mean(self.accuracies)), "accuracies": self.accuracies,
-                "step_seconds": float(np.median(self.step_seconds)), "stats": summarize_stats(self.stats, parameters),
+                "step_seconds": float(step(self.step_seconds)), "stats": per_step(stats, every) if every else stats,
                 "parameters": parameters, "workers": workers, **extra}
+
+
+def per_step(summary: Dict[str, Any], every: int) -> Dict[str, Any]:
+    """A summary of outer rounds (:func:`benchmarks.synthetic.summarize_stats` of each round's
+    statistics) per inner step: bytes, collectives and seconds divided by the ``every`` steps of a
+    round (what the round cost, spread over it); densities as they are (a round's)."""
+    if not summary:
+        return summary
+    return {**summary, "bytes_sent": summary["bytes_sent"] / every, "bytes_received": summary["bytes_received"] / every,
+            "bytes_sent_by_kind": {k: v / every for k, v in summary["bytes_sent_by_kind"].items()},
+            "collectives": summary["collectives"] / every,
+            "seconds": {phase: v / every for phase, v in summary["seconds"].items()}}
 
 
 def scaled_sgd(model: Any, lr: float, workers: int) -> Any:
@@ -273,18 +294,24 @@ def _counted_powersgd(exchange: DdpExchange, bucket):
 
 
 class Configuration(NamedTuple):
-    """A main-job configuration ``SPEC[@GROUPS][+two-tier]`` taken apart: the compressor ``spec``
-    (``name:key=value,...``, or :data:`LOCAL`), the optimizer's ``groups`` (None: Horovod's own
-    grouping) and whether it asks for the two-tier exchange (``hierarchical=True``)."""
+    """A main-job configuration ``SPEC[@GROUPS][+two-tier]`` or ``SPEC+outer=H`` taken apart: the
+    compressor ``spec`` (``name:key=value,...``, or :data:`LOCAL`), the optimizer's ``groups``
+    (None: Horovod's own grouping), whether it asks for the two-tier exchange
+    (``hierarchical=True``) and the inner steps of its outer steps (:data:`OUTER`; None: per step)."""
 
     spec: str
     groups: Optional[str]
     two_tier: bool
+    every: Optional[int] = None
 
 
 def parse_configuration(label: str) -> Configuration:
     """The :class:`Configuration` of a main-job label, e.g. ``topk:density=0.01@mergecomp+two-tier``
-    -> ``("topk:density=0.01", "mergecomp", True)``."""
+    -> ``("topk:density=0.01", "mergecomp", True, None)``, ``none+outer=10`` -> ``("none", None,
+    False, 10)``."""
+    spec, outer, every = label.partition(OUTER)
+    if outer:
+        return Configuration(spec, None, False, int(every))
     two_tier = label.endswith(TWO_TIER)
     spec, _, groups = label[:len(label) - len(TWO_TIER) if two_tier else None].partition("@")
     return Configuration(spec, groups or None, two_tier)
@@ -324,7 +351,9 @@ class DigitsJob:
     rank), this rank's shard of the training set, the MLP initialised with ``model_seed`` (the same
     on every rank, and broadcast from rank 0) and its optimizer. In a Horovod job (call after
     ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec``, ``groups`` and
-    ``hierarchical``; with
+    ``hierarchical``; with ``every`` (call after ``dist.init_process_group``) it is trained in
+    outer steps of ``every`` inner :func:`scaled_sgd` steps (``horovod_sparse.outer.OuterSteps``
+    with compressor ``spec``, DiLoCo's outer optimizer); with
     ``ddp`` (call after ``dist.init_process_group``) the model is trained as
     ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
     (:class:`DdpExchange`, kept in ``exchange``) and :func:`scaled_sgd` steps it; ``groups`` must
@@ -333,7 +362,8 @@ class DigitsJob:
     """
 
     def __init__(self, spec: str, *, hidden: int, lr: float, batch_size: int, model_seed: int, split_seed: int,
-                 groups: Any = None, hierarchical: bool = False, ddp: bool = False) -> None:
+                 groups: Any = None, hierarchical: bool = False, ddp: bool = False,
+                 every: Optional[int] = None) -> None:
         import torch
 
         from benchmarks.data import digits_split, shard
@@ -342,7 +372,18 @@ class DigitsJob:
         self.model = seeded(digits_mlp, model_seed, hidden)
         #: The DDP job's exchange (``ddp``), else None.
         self.exchange: Optional[DdpExchange] = None
-        if ddp:
+        if every is not None:
+            import torch.distributed as dist
+
+            import horovod_sparse.outer as hso
+            from horovod_sparse.common.registry import parse_spec
+
+            self.rank, self.size = dist.get_rank(), dist.get_world_size()
+            name, options = parse_spec(spec)
+            compression = hso.Compression.none if name == "none" else hso.Compression.create(name, **options)
+            self.opt = hso.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every)
+            self.network = self.model
+        elif ddp:
             import torch.distributed as dist
 
             if groups is not None or hierarchical:

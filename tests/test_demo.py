@@ -22,6 +22,8 @@ import pytest
 from benchmarks import digits_report, scaling
 from benchmarks.digits_report import CLUSTERS, Report
 from benchmarks.netem import rate_bits
+from benchmarks.digits import parser as digits_parser
+from benchmarks.digits_training import OUTER
 from benchmarks.synthetic import available_methods
 from benchmarks.wire import wire_law
 from horovod_sparse.common.cost_model import break_even_link
@@ -72,11 +74,19 @@ def torch_demo(tmp_path_factory):
     return result, out, json.loads((out / "digits.json").read_text())["results"]
 
 
-def test_every_method_and_mergecomp_is_in_the_table(torch_demo):
+def outer_labels() -> List[str]:
+    """The outer-step rows ``make demo`` trains by default (``--outer``, ``--outer-methods``)."""
+    defaults = digits_parser().parse_args([])
+    return [f"{m if m == 'none' else f'{m}:density={DENSITY}'}{OUTER}{every}"
+            for every in defaults.outer for m in defaults.outer_methods]
+
+
+def test_every_method_mergecomp_and_the_outer_steps_are_in_the_table(torch_demo):
     result, _, _ = torch_demo
     rows = table_rows(result.stdout)
     expected = ["none", *(f"{m}:density={DENSITY}" for m in available_methods()),
-                f"topk:density={DENSITY}@mergecomp"]
+                f"topk:density={DENSITY}@mergecomp", *outer_labels()]
+    assert "none+outer=10" in expected
     assert sorted(rows) == sorted(expected)
     assert "measured on this machine, 2 workers" in result.stdout
     assert "projected: ms per step (speed-up over dense)" in result.stdout
@@ -106,8 +116,13 @@ def test_bytes_follow_the_density(torch_demo):
         stats = measured[label]["stats"]
         assert float(row["kb"]) == pytest.approx(stats["bytes_sent"] / 1e3, abs=0.006)
         assert float(row["reduction"]) == pytest.approx(4 * parameters / stats["bytes_sent"], rel=0.01, abs=0.06)
-        if label == "none":
+        every = measured[label]["every"]
+        if label.startswith("none"):  # DiLoCo: every parameter once a round
+            assert stats["bytes_sent"] == 4 * parameters / (every or 1), label
             continue
+        if every:  # a round's figures spread over its steps: a tenth of the per-step row's
+            per_step = measured[label.removesuffix(f"{OUTER}{every}")]["stats"]
+            assert stats["bytes_sent"] <= per_step["bytes_sent"] / every * 1.5, label
         # Each rank sends at most the union's coordinates, a value and an index each, plus metadata.
         kinds = stats["bytes_sent_by_kind"]
         assert 0 < kinds["values"] <= 4 * stats["union_density"] * parameters * 1.01, label
