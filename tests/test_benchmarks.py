@@ -615,3 +615,53 @@ def test_node_collectives_times_the_inside_tier_beside_the_allreduce(tmp_path):
         assert ar["tier_over_allreduce"] == pytest.approx((rs["seconds"] + ag["seconds"]) / ar["seconds"])
         assert re.search(rf"^ +{ar['megabytes']:.2f} allreduce +{1e3 * ar['seconds']:.2f} .* "
                          rf"{ar['tier_over_allreduce']:.2f}$", text, re.M)
+
+
+# -- outer steps against per-step exchange -------------------------------------------------------------------
+def test_outer_steps_benchmark_end_to_end(tmp_path):
+    """``benchmarks.outer_steps`` on this machine's loopback (``--rates local``), both tasks at a
+    tiny size: every configuration's row, their bytes (plain DDP every parameter every step, dense
+    DiLoCo every parameter once a round, a method on the pseudo-gradients fewer), the comparisons
+    against dense DDP, the JSON and the figures."""
+    result = run([sys.executable, "-m", "benchmarks.outer_steps", "--rates", "local", "--steps", "10", "--eval-every",
+                  "5", "--every", "5", "--methods", "topk", "--outer-methods", "topk", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "outer_steps.json").read_text())["results"]
+    labels = ["ddp none", "ddp topk", "outer none H=5", "outer topk H=5"]
+    assert [(r["task"], r["label"]) for r in rows] == [(t, label) for t in ("lm", "digits") for label in labels]
+    for r in rows:
+        assert [p["step"] for p in r["curve"]] == [5, 10] and r["final"] == r["curve"][-1]["value"]
+        assert f"| {r['task']} | local | {r['label']} | {r['final']:.4g} |" in result.stdout
+        dense = 4 * r["parameters"]
+        by_label = {x["label"]: x for x in rows if x["task"] == r["task"]}
+        if r["label"] == "ddp none":
+            assert r["bytes"] == 10 * dense and r["time_fraction"] == 1.0
+        elif r["label"] == "outer none H=5":
+            assert r["bytes"] == 2 * dense
+        elif r["label"] == "outer topk H=5":
+            assert 0 < r["bytes"] < by_label["outer none H=5"]["bytes"] / 10
+            assert "dense_diloco_at_bytes" in r
+    assert rows[0]["metric"] == "validation loss" and rows[-1]["metric"] == "test accuracy (%)"
+    for name in ("lm_seconds", "lm_bytes", "digits_seconds", "digits_bytes"):
+        assert (tmp_path / f"outer_steps_{name}.png").read_bytes()[:8] == PNG
+
+
+def test_outer_steps_comparisons_and_refusals():
+    """Seconds to dense DDP's final metric are read at the first evaluation that reaches it (a loss
+    at or below, an accuracy at or above), dense DiLoCo's metric at a row's bytes at its last
+    evaluation within them; evaluations that fall inside a round are refused."""
+    from benchmarks.outer_steps import add_comparisons, main
+
+    def row(label, kind, method, every, curve, metric="validation loss"):
+        points = [{"step": 10 * (i + 1), "seconds": s, "bytes": b, "value": v} for i, (s, b, v) in enumerate(curve)]
+        return {"label": label, "kind": kind, "method": method, "every": every, "task": "lm", "rate": "x",
+                "metric": metric, "curve": points, "seconds": points[-1]["seconds"], "bytes": points[-1]["bytes"],
+                "final": points[-1]["value"]}
+
+    rows = add_comparisons([row("ddp none", "ddp", "none", None, [(2.0, 100, 3.0), (4.0, 200, 2.0)]),
+                            row("outer none H=10", "outer", "none", 10, [(1.0, 50, 2.5), (2.0, 100, 2.0)]),
+                            row("outer topk H=10", "outer", "topk", 10, [(1.0, 5, 2.9), (2.0, 60, 2.4)])])
+    assert [r["to_dense_ddp"] for r in rows] == [4.0, 2.0, None]
+    assert [r["time_fraction"] for r in rows] == [1.0, 0.5, None]
+    assert rows[2]["dense_diloco_at_bytes"] == 2.5 and "dense_diloco_at_bytes" not in rows[1]
+    with pytest.raises(SystemExit):
+        main(["--rates", "local", "--every", "10", "--eval-every", "15"])
