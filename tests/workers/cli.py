@@ -30,6 +30,22 @@ def write_record(out: Path, name: str, rank: int, arrays: Dict[str, Any], record
     (out / f"{name}.rank{rank}.json").write_text(json.dumps(record))
 
 
+def torchrun_main(run: Any) -> None:
+    """A ``torchrun`` worker's main: ``run(config, out)`` for every config on a Gloo group of the
+    job (one thread per rank), then :func:`horovod_sparse.ddp.exit_job`."""
+    import torch
+    import torch.distributed as dist
+
+    from horovod_sparse.ddp import exit_job
+
+    configs, out = configs_and_out()
+    dist.init_process_group("gloo")
+    torch.set_num_threads(1)
+    for config in configs:
+        run(config, out)
+    exit_job()
+
+
 def init_torch_worker(reproducible_sums: bool = False) -> None:
     """``hvd.init()`` for a PyTorch worker, one thread (several workers share the cores); with
     ``reproducible_sums`` Horovod's tensor fusion is off (a fused buffer's boundaries depend on

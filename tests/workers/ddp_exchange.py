@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
 from tests.host_reads import reads_on_accelerator_paths
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import torchrun_main
 from tests.workers.given_gradients import make_params, part_weights, step_gradients
 
 
@@ -143,14 +143,5 @@ def run(config, out: Path):
          "reads": reads, "horovod_imported": "horovod" in sys.modules}))
 
 
-def main() -> None:
-    configs, out = configs_and_out()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    for config in configs:
-        run(config, out)
-    hsd.exit_job()
-
-
 if __name__ == "__main__":
-    main()
+    torchrun_main(run)

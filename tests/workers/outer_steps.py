@@ -37,7 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import horovod_sparse.outer as hso
-from tests.workers.cli import configs_and_out
+from tests.workers.cli import torchrun_main
 from tests.workers.given_gradients import make_params, step_gradients
 
 
@@ -141,14 +141,5 @@ def write(out, config, rank, arrays, rounds, errors):
         {"rounds": rounds, "errors": errors, "horovod_imported": "horovod" in sys.modules}))
 
 
-def main() -> None:
-    configs, out = configs_and_out()
-    dist.init_process_group("gloo")
-    torch.set_num_threads(1)
-    for config in configs:
-        run(config, out)
-    hso.exit_job()
-
-
 if __name__ == "__main__":
-    main()
+    torchrun_main(run)
