@@ -315,7 +315,8 @@ def top_k_chunks(x: tf.Tensor, chunk: int, k: int, k_last: int) -> tf.Tensor:
             parts.append(tf.reshape(order + tf.range(0, full * chunk, chunk, dtype=tf.int64)[:, None], [-1]))
     if k_last:
         parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
-    return tf.concat(parts, 0) if parts else tf.zeros([0], tf.int64)
+    # The count is static (top_k's traced result is not): the quantizer and the packing need it.
+    return tf.reshape(tf.concat(parts, 0), [full * k + k_last]) if parts else tf.zeros([0], tf.int64)
 
 
 def _sum(values: tf.Tensor) -> tf.Tensor:
