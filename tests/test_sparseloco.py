@@ -7,6 +7,7 @@ the multi-process matrices run it through every front end."""
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import torch
 
 from horovod_sparse.common import registry
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.methods.sparseloco import chunk_counts, quantize
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
@@ -58,6 +60,14 @@ def test_count_is_the_sum_over_the_chunks(numel, chunk, density, expected):
     assert registry.create("torch", "sparseloco", chunk_size=chunk, density=density).count(numel, 3) == expected
     full, k, last, k_last = chunk_counts(density, numel, chunk)
     assert full * k + k_last == expected and full * chunk + last == numel
+
+
+def test_the_engines_plan_targets_the_chunked_count():
+    """What the front ends use as the group's target: 129 for 8193 elements (chunks of 4096, 4096
+    and 1), where a density over the whole group would give 128."""
+    method = registry.create("torch", "sparseloco", min_numel=0)
+    plan, stats = StepEngine(method, SimpleNamespace(sparse=True), None, None).plan("g", 8193, dense_step=False)
+    assert plan.sparse and plan.target == stats.target == 129 != int(8193 / 64)
 
 
 def buffer(numel: int, seed: int) -> np.ndarray:
