@@ -31,6 +31,7 @@ BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backen
     ("chunk_size", 64.0, TypeError, "chunk_size must be an integer"),
     ("bits", 3, ValueError, "bits must be one of 1, 2, 4, 8"),
     ("bits", True, ValueError, "bits must be one of"),
+    ("bits", 2.0, ValueError, "bits must be one of"),
     ("quantization_range", 0.0, ValueError, "quantization_range must be a finite number > 0"),
     ("quantization_range", -6.0, ValueError, "quantization_range"),
     ("density_schedule", "piecewise:0.1@3", ValueError, "give density_schedule=None"),

@@ -52,7 +52,7 @@ class SparseLoCoOptions(SparsifierOptions):
 
     def _validate(self) -> None:
         object.__setattr__(self, "chunk_size", check_int("chunk_size", self.chunk_size, minimum=1))
-        if self.bits is not None and (isinstance(self.bits, bool) or self.bits not in BITS):
+        if self.bits is not None and (type(self.bits) is not int or self.bits not in BITS):  # not True, not 2.0
             raise ValueError(f"bits must be one of {', '.join(map(str, BITS))} (codes that fill a byte), or None "
                              f"to send the values unquantized; got {self.bits!r}; for example bits=2")
         object.__setattr__(self, "quantization_range",
