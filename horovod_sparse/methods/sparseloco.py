@@ -4,7 +4,6 @@ CCLoco's statistical quantizer, with error feedback (the quantization error stay
 residual)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -134,8 +133,3 @@ class SparseLoCo(Sparsifier):
             update = B.scatter_chunks(comm.output(x), indices, values, B.chunk_counts(m, n, fixed=True), comm.scale)
             comm.stats.union = B.distinct(indices, numel)
         return update, residual
-
-
-def packed_bytes(count: int, bits: int) -> int:
-    """Bytes of ``count`` codes of ``bits`` bits packed ``8 // bits`` to a byte."""
-    return math.ceil(count * bits / 8)
