@@ -30,10 +30,13 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
         if k >= chunk:
             parts.append(torch.arange(full * chunk, device=x.device))
         else:
+            # Each row's k-th largest magnitude, then all above it and the first of those equal
+            # to it (ties to the lower index): exactly k a row, so a fixed-size compaction.
             rows = flat[:full * chunk].reshape(full, chunk).abs()
-            # A stable sort by descending magnitude puts the lower index first among ties.
-            order = torch.sort(rows, dim=1, descending=True, stable=True).indices[:, :k].sort(dim=1).values
-            parts.append((order + torch.arange(0, full * chunk, chunk, device=x.device).unsqueeze(1)).reshape(-1))
+            kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+            above, tied = rows > kth, rows == kth
+            keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+            parts.append(torch.nonzero_static(keep.reshape(-1), size=full * k).reshape(-1))
     if k_last:
         parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
