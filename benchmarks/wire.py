@@ -67,6 +67,7 @@ def _butterfly(ab: AlphaBeta, p: Payload, per_node: int = 1) -> float:
 WIRE: Dict[str, Callable[..., float]] = {
     "none": _dense, "fp16": _dense,
     "topk": _allgather, "threshold": _allgather, "dgc": _allgather, "gaussiank": _allgather, "lags": _allgather,
+    "sparseloco": _allgather,
     "micro": _partitioned, "exdyna": _partitioned,
     "gtopk": _butterfly,
 }

@@ -5,8 +5,8 @@ coordinate that carries over from one grouping to the next, and each group's met
 which restarts when the grouping changes.
 
 Each group's sparse step is one of the independent per-method references (``tests.reference``,
-``tests.reference_gtopk``, ``tests.reference_partitioned``, the threshold baselines' NumPy
-selections), fed the same gradients, in float32.
+``tests.reference_gtopk``, ``tests.reference_partitioned``, ``tests.reference_sparseloco``, the
+threshold baselines' NumPy selections), fed the same gradients, in float32.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 from tests.reference import allgather_step, topk_indices
 from tests.reference_gtopk import gtopk_step
 from tests.reference_partitioned import PartitionedGroup
+from tests.reference_sparseloco import DEFAULTS as SPARSELOCO_DEFAULTS, sparseloco_step
 from tests.test_torch_threshold_baselines import DENSITY as BASELINE_DENSITY, SELECTORS
 
 #: ``exchange(xs, step)``: one sparse step of a group on the ranks' float32 buffers ``xs = e + g``
@@ -28,7 +29,7 @@ Members = List[int]
 
 def group_exchange(method: str, options: Dict, numel: int, ranks: int) -> GroupExchange:
     """A fresh reference of ``method`` (with ``options``) for a group of ``numel`` elements."""
-    density = options.get("density", 0.01)
+    density = options.get("density", SPARSELOCO_DEFAULTS["density"] if method == "sparseloco" else 0.01)
     k, scale = max(1, int(density * numel)), np.float32(1.0 / ranks)
     if options.get("density_schedule") is not None:
         raise NotImplementedError("the grouping reference takes a constant density")
@@ -42,6 +43,8 @@ def group_exchange(method: str, options: Dict, numel: int, ranks: int) -> GroupE
         return functools.partial(allgather_step, select=SELECTORS[method], scale=scale)
     if method == "gtopk":
         return lambda xs, step: gtopk_step(xs, k, scale, options.get("residual", "exact"))
+    if method == "sparseloco":
+        return functools.partial(sparseloco_step, options=options, scale=scale)
     if method in ("micro", "exdyna"):
         group = PartitionedGroup(method, options, numel, ranks)
         return lambda xs, step: group.exchange(xs, step)[0]

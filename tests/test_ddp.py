@@ -20,7 +20,7 @@ from tests.launch import rank_records, run_configs, worker_env
 from tests.workers.own_collectives import DELIVER_ALL
 
 SHAPES = [[30, 20], [20], [40, 30], [30], [7]]
-METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags"]
+METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags", "sparseloco"]
 #: DDP's own averaging (against Horovod's Compression.none / fp16), and its relative tolerance
 #: against Horovod's: the same roundings in another order (float32), float16 roundings (fp16).
 DENSE = {"none": 1e-6, "fp16": 4e-3}
@@ -61,7 +61,7 @@ READS = [{**c, "name": c["name"] + "_reads", "reads": []} for c in PARITY[:len(M
 #: together, the agreement on non-finite gradients, and what each method still reads per bucket
 #: inside its exchange (``tests/test_host_reads.py`` says what).
 DDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussiank": 2, "gtopk": 2, "micro": 2,
-                      "exdyna": 2}
+                      "exdyna": 2, "sparseloco": 2}
 
 
 @pytest.fixture(scope="module")

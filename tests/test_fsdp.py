@@ -48,7 +48,7 @@ CONFIGS += [{**c, "name": c["name"] + "_reads", "steps": 3, "resume_at": None, "
 #: statistics together, the agreement on non-finite gradients, and what each method still reads
 #: per unit inside its exchange (``tests/test_host_reads.py`` says what).
 FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussiank": 2, "gtopk": 2, "micro": 2,
-                       "exdyna": 2}
+                       "exdyna": 2, "sparseloco": 2}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},

@@ -14,6 +14,7 @@ from tests.test_tf_topk import launcher
 from tests.reference import allgather_method, topk_indices
 from tests.reference_gtopk import gtopk_method
 from tests.reference_partitioned import group_stream, partitioned_reference
+from tests.reference_sparseloco import sparseloco_method
 from tests import reference_lags
 from tests.test_torch_lags import LOCAL_COST, MODEL
 from tests.test_torch_threshold_baselines import SELECTORS, dgc_momentum_reference, select_dgc
@@ -121,12 +122,28 @@ def partitioned_reference_of(cfg):
     return reference
 
 
+#: SparseLoCo eager and traced (its exchange is traced into the graph), chunks shorter than the
+#: groups (the model's 2253 elements: 35 chunks of 64 and one of 13), 1, 2 and 8 bits and unquantized.
+SPARSELOCO = [config("sparseloco_eager", "sparseloco", 0.05, groups="model", options={"chunk_size": 64}),
+              config("sparseloco_function", "sparseloco", 0.1, api="tape_function",
+                     options={"chunk_size": 64, "bits": 1}),
+              config("sparseloco_keras_function", "sparseloco", 0.05, api="keras_function",
+                     options={"chunk_size": 300, "bits": 8}),
+              config("sparseloco_unquantized_function", "sparseloco", 0.05, api="tape_function",
+                     options={"chunk_size": 100, "bits": None})]
+
+
+def sparseloco_reference(cfg):
+    return lambda grads: sparseloco_method(grads, cfg["options"])
+
+
 REFERENCES = {c["name"]: gtopk_reference(c) for c in GTOPK}
+REFERENCES.update({c["name"]: sparseloco_reference(c) for c in SPARSELOCO})
 REFERENCES["gtopk_schedule_function"] = gtopk_reference(GTOPK[3], piecewise_k(0.1, 3))
 REFERENCES.update({c["name"]: topk_reference(c) for c in LAGS})
 REFERENCES.update({c["name"]: partitioned_reference_of(c) for c in PARTITIONED})
 REFERENCES.update({c["name"]: baseline_reference(c) for c in BASELINES})
-CONFIGS = GTOPK + LAGS + LAGS_ADAPTIVE + PARTITIONED + BASELINES
+CONFIGS = GTOPK + LAGS + LAGS_ADAPTIVE + PARTITIONED + BASELINES + SPARSELOCO
 #: Conservation is checked against the raw streams: not for a silenced rank (its reference
 #: check covers updates and residuals exactly), gTop-k's lossy "paper" residual, or DGC's
 #: momentum correction (its residual holds velocity, not gradient).

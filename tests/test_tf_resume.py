@@ -37,6 +37,7 @@ OPTIONS = {
         "exdyna": {"density": 0.05, "min_numel": 0, "num_blocks": 64},
         "dgc": {"density": 0.05, "min_numel": 0, "momentum": 0.9},
         "gaussiank": {"density": 0.05, "min_numel": 0, "warmup_steps": 6},
+        "sparseloco": {"density": 0.05, "min_numel": 0, "chunk_size": 64},
     },
     "tape_function": {
         "topk": {"density": 0.05, "min_numel": 0, "warmup_steps": 6},
@@ -47,6 +48,7 @@ OPTIONS = {
         "exdyna": {"density": 0.05, "min_numel": 0, "num_blocks": 32},
         "dgc": {"density": 0.05, "min_numel": 0, "momentum": 0.5, "sample_ratio": 0.25},
         "gaussiank": {"density": 0.05, "min_numel": 0, "fp16_values": True},
+        "sparseloco": {"density": 0.05, "min_numel": 0, "chunk_size": 50, "bits": 4},
     },
     "keras": {
         "topk": {"density": 0.05, "min_numel": 0, "density_schedule": "exp_warmup:3"},
@@ -57,6 +59,7 @@ OPTIONS = {
         "exdyna": {"density": 0.05, "balancer": "paper"},
         "dgc": {"density": 0.05, "min_numel": 0, "momentum": 0.9, "density_schedule": "exp_warmup:3"},
         "gaussiank": {"density": 0.05, "min_numel": 0, "warmup_steps": 6},
+        "sparseloco": {"density": 0.05, "bits": None},
     },
 }
 CONFIGS = [{"name": f"{api}_{method}", "api": api, "method": method, "options": options, "half": HALF}

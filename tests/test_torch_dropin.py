@@ -11,7 +11,7 @@ from tests.checks import assert_trains_beside_own_collectives
 from tests.launch import job_fixture, rank_records
 from tests.workers.own_collectives import DELIVER_ALL
 
-METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags"]
+METHODS = ["topk", "threshold", "dgc", "gaussiank", "micro", "exdyna", "gtopk", "lags", "sparseloco"]
 SPARSE = {"density": 0.1, "min_numel": 0}
 FULL = {"density": 1.0, "min_numel": 0}
 

@@ -47,6 +47,8 @@ CONFIGS = [
     {"name": "micro", "method": "micro", "options": {"density": 0.05, "controller": "paper"}},
     {"name": "exdyna", "method": "exdyna", "options": {"density": 0.05}},
     {"name": "gtopk", "method": "gtopk", "options": {"density": 0.05}},
+    # chunks of 256: the 1920-element group is cut into 7 full chunks and a last one of 128
+    {"name": "sparseloco", "method": "sparseloco", "options": {"density": 0.05, "chunk_size": 256}},
     # t_comp measured over steps 1-2: the adaptive densities apply from step 3, before the save
     {"name": "lags", **LAGS, "options": {**LAGS_OPTIONS, "measure_steps": 2}},
     # measured over steps 1-8: the save falls in the middle of the measurement

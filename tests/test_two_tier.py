@@ -39,6 +39,7 @@ CONFIGS = [
     {**config("micro", "micro"), "groups": "model", "resume_at": 1, "flat_steps": 2},
     {**config("exdyna", "exdyna", num_blocks=4), "groups": "model", "resume_at": 1},
     config("lags", "lags", adaptive=False, group_size=100),
+    config("sparseloco", "sparseloco", chunk_size=64),
     {**config("topk_nan", "topk", steps=4), "nan_at": [2, 1]},
     {**config("micro_nan", "micro", steps=4), "groups": "model", "nan_at": [1, 3]},
 ]
@@ -52,10 +53,11 @@ LARGE = [{"name": f"{method}_large", "method": method, "shapes": [[20000]] * 3, 
           "options": {"density": 0.005, "min_numel": 0, **options}, "burst": [BURST_STEP, 0, 100.0],
           **({"groups": "model"} if method in ("micro", "exdyna") else {})}
          for method, options in [("topk", {}), ("threshold", {}), ("gaussiank", {}), ("dgc", {"momentum": 0.9}),
-                                 ("gtopk", {}), ("micro", {}), ("exdyna", {}), ("lags", {"adaptive": False})]]
+                                 ("gtopk", {}), ("micro", {}), ("exdyna", {}), ("lags", {"adaptive": False}),
+                                 ("sparseloco", {"chunk_size": 4096})]]
 CONFIGS += LARGE
 NAMES = [c["name"] for c in CONFIGS]
-DDP_METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags"]
+DDP_METHODS = ["topk", "gtopk", "micro", "exdyna", "dgc", "gaussiank", "threshold", "lags", "sparseloco"]
 #: DDP's first step is dense (its buckets are final after it): the Horovod side warms up as long.
 DDP_OPTIONS = {"density": 0.05, "min_numel": 0, "warmup_steps": 1}
 #: How the TensorFlow side runs each method: eagerly through the tape, and for some traced too

@@ -23,6 +23,9 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
   ``splits_to``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
+* chunked selection and quantized values (:mod:`horovod_sparse.methods.sparseloco`):
+  ``top_k_chunks``, ``float32``, ``moments``, ``level_codes``, ``bin_means``, ``dequantize``,
+  ``pack_codes``, ``unpack_codes``;
 * host collectives, for measurements (:mod:`horovod_sparse.common.measurements`) and rare
   metadata: ``allgather_array``, ``allgather_bytes``.
 
@@ -34,4 +37,4 @@ and timed in the group's statistics), ``output(x)`` (the zeroed update buffer), 
 
 Importing this package registers every method.
 """
-from horovod_sparse.methods import dgc, gaussiank, gtopk, lags, micro, threshold, topk  # noqa: F401
+from horovod_sparse.methods import dgc, gaussiank, gtopk, lags, micro, sparseloco, threshold, topk  # noqa: F401

@@ -218,6 +218,47 @@ class Backend(Protocol):
         """Number of distinct ``indices`` (all in ``[0, numel)``, or :data:`PAD` when ``padded``,
         which is not counted)."""
 
+    # -- chunked selection and quantized values (SparseLoCo) -----------------------------------
+    def top_k_chunks(self, x: Tensor, chunk: int, k: int, k_last: int) -> Tensor:
+        """The ``k`` largest ``|x|`` of each full chunk of ``chunk`` consecutive elements of the flat
+        ``x`` and the ``k_last`` largest of the shorter chunk that ends it (when ``numel`` is not a
+        multiple of ``chunk``), ties to the lower index: ascending int64 indices, ``numel // chunk * k
+        + k_last`` of them (``k <= chunk``, ``k_last`` at most the last chunk's length). ``x`` must
+        hold no NaN."""
+
+    def float32(self, t: Tensor) -> Tensor:
+        """``t`` as float32 (rounded to nearest from float64; exact from float16 and bfloat16)."""
+
+    def moments(self, values: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean = sum(v)
+        / m``, ``std = sqrt(sum(c * c)) / sqrt(m - 1)`` with ``c = v - mean`` (0 for ``m <= 1``;
+        ``sqrt(m - 1)`` rounded to float32), each sum added to zero in the order of the values on a
+        CPU, every step in float32."""
+
+    def level_codes(self, centred: Tensor, scale: Tensor, levels: int) -> Tensor:
+        """uint8 codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
+        even) of float32 ``centred``, with the 1-element ``scale`` taken as 1 where it is 0 or not
+        finite."""
+
+    def bin_means(self, values: Tensor, codes: Tensor, levels: int) -> Tensor:
+        """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b`` (their
+        sum, added to zero in the order of the values on a CPU, divided by their count; 0 when there
+        is none): a float32 tensor of ``levels`` values."""
+
+    def dequantize(self, codes: Tensor, tables: Tensor, count: int) -> Tensor:
+        """Rows of ``count`` codes each, one table of ``levels + 1`` float32 per row (the level's
+        value, then the row's shift): ``table[code] + table[levels]`` for each code, float32, in the
+        order of ``codes``."""
+
+    def pack_codes(self, codes: Tensor, bits: int) -> Tensor:
+        """uint8 codes below ``2**bits`` (``bits`` in 1, 2, 4, 8) packed ``8 // bits`` to a byte: code
+        ``i`` in byte ``i // (8 // bits)`` at bit ``(i % (8 // bits)) * bits``, the unused high bits
+        of the last byte 0; ``ceil(m * bits / 8)`` uint8 for ``m`` codes."""
+
+    def unpack_codes(self, packed: Tensor, bits: int, count: int) -> Tensor:
+        """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
+        ``count`` per row, in row order)."""
+
     # -- what gTop-k and DGC need ------------------------------------------------------------
     def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
         """The distinct ``idx`` in ascending order and the sum of ``values`` at each (added to

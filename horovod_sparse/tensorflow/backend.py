@@ -298,3 +298,75 @@ def candidate_bar(scanned: selection.BlockScan, budget: int) -> float:
 def local_histogram(window: controllers.HistogramWindow, magnitudes: tf.Tensor, bar: float, rank: int,
                     parts: int) -> tf.Tensor:
     return tf.constant(controllers.local_histogram(window, to_numpy(magnitudes).astype(np.float32), bar, rank, parts))
+
+
+# -- chunked selection and quantized values (SparseLoCo; contracts in methods.backend) ----------
+def top_k_chunks(x: tf.Tensor, chunk: int, k: int, k_last: int) -> tf.Tensor:
+    """Traceable (static shapes): ``tf.math.top_k`` puts the lower index first among ties."""
+    flat = tf.reshape(x, [-1])
+    full = numel(flat) // chunk
+    parts = []
+    if full and k:
+        if k >= chunk:
+            parts.append(tf.range(full * chunk, dtype=tf.int64))
+        else:
+            rows = tf.abs(tf.reshape(flat[:full * chunk], [full, chunk]))
+            order = tf.sort(tf.cast(tf.math.top_k(rows, k, sorted=True).indices, tf.int64), axis=1)
+            parts.append(tf.reshape(order + tf.range(0, full * chunk, chunk, dtype=tf.int64)[:, None], [-1]))
+    if k_last:
+        parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
+    # The count is static (top_k's traced result is not): the quantizer and the packing need it.
+    return tf.reshape(tf.concat(parts, 0), [full * k + k_last]) if parts else tf.zeros([0], tf.int64)
+
+
+def _sum(values: tf.Tensor) -> tf.Tensor:
+    """The 1-element sum of ``values``, added in order (one segment: the CPU kernel adds the
+    values to it one after the other)."""
+    return tf.math.unsorted_segment_sum(values, tf.zeros(tf.shape(values), tf.int32), 1)
+
+
+def moments(values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+    m = numel(values)
+    mean = _sum(values) / tf.constant([m], tf.float32)
+    if m <= 1:
+        return mean, tf.zeros([1], tf.float32)
+    centred = values - mean
+    return mean, tf.sqrt(_sum(centred * centred)) / tf.constant([np.sqrt(m - 1)], tf.float32)
+
+
+def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:
+    scale = tf.where(tf.math.is_finite(scale) & tf.not_equal(scale, 0.0), scale, tf.ones_like(scale))
+    return tf.cast(tf.clip_by_value(tf.round(centred / scale + levels // 2), 0.0, levels - 1.0), tf.uint8)
+
+
+def bin_means(values: tf.Tensor, codes: tf.Tensor, levels: int) -> tf.Tensor:
+    index = tf.cast(codes, tf.int32)
+    sums = tf.math.unsorted_segment_sum(values, index, levels)
+    counts = tf.cast(tf.math.bincount(index, minlength=levels, maxlength=levels), values.dtype)
+    return tf.where(counts > 0, sums / tf.maximum(counts, 1.0), tf.zeros_like(sums))
+
+
+def dequantize(codes: tf.Tensor, tables: tf.Tensor, count: int) -> tf.Tensor:
+    codes = tf.reshape(tf.cast(codes, tf.int32), [-1, count])  # rows: static or not (a traced allgather's)
+    tables = tf.reshape(tables, [tf.shape(codes)[0], -1])
+    return tf.reshape(tf.gather(tables[:, :-1], codes, batch_dims=1) + tables[:, -1:], [-1])
+
+
+def pack_codes(codes: tf.Tensor, bits: int) -> tf.Tensor:
+    per = 8 // bits
+    m = numel(codes)
+    nbytes = -(-m // per)
+    padded = tf.reshape(tf.pad(tf.cast(codes, tf.int32), [[0, nbytes * per - m]]), [nbytes, per])
+    return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(padded, tf.range(0, 8, bits)), axis=1), tf.uint8)
+
+
+def unpack_codes(packed: tf.Tensor, bits: int, count: int) -> tf.Tensor:
+    per = 8 // bits
+    nbytes = -(-count // per)
+    shifted = tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, nbytes, 1]), tf.range(0, 8, bits))
+    codes = tf.bitwise.bitwise_and(shifted, 2 ** bits - 1)
+    return tf.cast(tf.reshape(tf.reshape(codes, [-1, nbytes * per])[:, :count], [-1]), tf.uint8)
+
+
+def float32(t: tf.Tensor) -> tf.Tensor:
+    return tf.cast(t, tf.float32)

@@ -1,0 +1,135 @@
+"""SparseLoCo's selection (arXiv 2508.15706; the authors' reference optimizer is CCLoco): top-k
+within fixed-size chunks of ``g+e``, the selected values quantized to ``2**bits`` levels by
+CCLoco's statistical quantizer, with error feedback (the quantization error stays in the
+residual)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, List, Optional, Tuple
+
+import numpy as np
+
+from horovod_sparse.common.options import SparsifierOptions, target_count
+from horovod_sparse.common.registry import implements
+from horovod_sparse.common.validation import check_int, check_positive_float
+from horovod_sparse.methods.backend import Backend, Tensor
+from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+
+#: The code widths a byte holds a whole number of (``8 // bits`` codes per byte).
+BITS = (1, 2, 4, 8)
+
+
+def chunk_counts(density: float, numel: int, chunk_size: int) -> Tuple[int, int, int, int]:
+    """How a group of ``numel`` elements is cut: ``(full, k, last, k_last)``: ``full`` chunks of
+    ``chunk_size`` keep ``k`` each, and a shorter last chunk of ``last`` elements (0: none) keeps
+    ``k_last``; a chunk of ``L`` elements keeps ``min(L, max(1, int(density * L)))``."""
+    full, last = divmod(numel, chunk_size)
+    return (full, min(chunk_size, target_count(density, chunk_size)), last,
+            min(last, target_count(density, last)) if last else 0)
+
+
+@dataclass(frozen=True)
+class SparseLoCoOptions(SparsifierOptions):
+    """Options of SparseLoCo's selection. The defaults are the paper's: 64 of every 4096
+    coordinates (``density = 1/64``), 2-bit values over 6 standard deviations.
+
+    Attributes:
+        chunk_size: the chunk length: each chunk of ``chunk_size`` consecutive elements of a
+            group's flat buffer (the last one may be shorter) keeps its own top
+            ``max(1, int(density * L))``.
+        bits: the width of a quantized value's code (1, 2, 4 or 8: ``2**bits`` levels, ``8 // bits``
+            codes per byte on the wire); None sends the values unquantized (as they are, or float16
+            with ``fp16_values``).
+        quantization_range: the quantizer's range in standard deviations of the selected values
+            (the levels are ``quantization_range * std / 2**bits`` apart).
+    """
+
+    density: float = 1 / 64
+    chunk_size: int = 4096
+    bits: Optional[int] = 2
+    quantization_range: float = 6.0
+
+    def _validate(self) -> None:
+        object.__setattr__(self, "chunk_size", check_int("chunk_size", self.chunk_size, minimum=1))
+        if self.bits is not None and (type(self.bits) is not int or self.bits not in BITS):  # not True, not 2.0
+            raise ValueError(f"bits must be one of {', '.join(map(str, BITS))} (codes that fill a byte), or None "
+                             f"to send the values unquantized; got {self.bits!r}; for example bits=2")
+        object.__setattr__(self, "quantization_range",
+                           check_positive_float("quantization_range", self.quantization_range))
+        if self.density_schedule is not None:
+            raise ValueError("sparseloco keeps a fixed count per chunk (every rank knows every rank's count "
+                             f"from the group's size): density_schedule={self.density_schedule!r} is not "
+                             "supported; give density_schedule=None")
+
+    def count(self, numel: int, step: Optional[int] = None) -> int:
+        """The sum over the group's chunks of what each keeps (:func:`chunk_counts`)."""
+        full, k, last, k_last = chunk_counts(self.density, numel, self.chunk_size)
+        return full * k + k_last
+
+
+def quantize(B: Backend, values: Tensor, bits: int, spread: float) -> Tuple[Tensor, Tensor]:
+    """CCLoco's statistical quantizer of ``m`` float32 ``values``: ``(codes, table)``.
+
+    ``shift = mean(v)``, ``c = v - shift``, ``std = ||c|| / sqrt(m - 1)`` (0 for ``m <= 1``),
+    ``scale = spread * std / 2**bits`` (1 where that is 0 or not finite), ``code = clamp(round(c /
+    scale + 2**bits // 2), 0, 2**bits - 1)``; the ``table`` holds the mean of ``c`` over each code's
+    values (0 for an empty one), then ``shift``: ``2**bits + 1`` float32 values. A value is
+    delivered as ``table[code] + shift`` (:meth:`~horovod_sparse.methods.backend.Backend.dequantize`).
+    """
+    bins = 2 ** bits
+    shift, std = B.moments(values)
+    centred = values - shift
+    codes = B.level_codes(centred, std * np.float32(spread) / np.float32(bins), bins)
+    return codes, B.concat([B.bin_means(centred, codes, bins), shift])
+
+
+@implements("sparseloco", SparseLoCoOptions,
+            "top-k within fixed chunks (64 of 4096), values quantized to 2**bits levels; allgather, fixed count")
+class SparseLoCo(Sparsifier):
+    """SparseLoCo's selection: each chunk of ``chunk_size`` consecutive elements of ``x = g + e``
+    keeps its ``max(1, int(density * L))`` largest ``|x|`` (ties to the lower index:
+    :meth:`~horovod_sparse.methods.backend.Backend.top_k_chunks`), so every rank's count is known
+    from the group's size (:meth:`SparseLoCoOptions.count`): no count is exchanged and nothing is
+    read on the host.
+
+    With ``bits``, each rank quantizes its ``m`` selected values (:func:`quantize`, in float32: a
+    float16 or bfloat16 group's values are cast to float32 first, and the residual subtracts the
+    dequantized values rounded to the group's dtype, so that rounding stays in the residual too)
+    and allgathers its indices, its codes packed ``8 // bits`` to a byte
+    (:meth:`~horovod_sparse.methods.backend.Backend.pack_codes`: ``ceil(m * bits / 8)`` bytes, the
+    ``values`` bytes) and its table (``2**bits + 1`` float32, the ``meta`` bytes). Every rank
+    unpacks and dequantizes every rank's values with that rank's table, scatter-adds them in rank
+    order and scales by ``comm.scale``. The residual is ``x`` minus the dequantized values at the
+    selected indices: the quantization error is kept, nothing is lost. With ``bits=None`` the
+    values travel as Top-k's do. Traceable.
+    """
+
+    options: SparseLoCoOptions
+
+    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+        B, options = self.B, self.options
+        numel = B.numel(x)
+        full, k, last, k_last = chunk_counts(options.density, numel, options.chunk_size)
+        m = full * k + k_last
+        with comm.timer("select"):
+            idx = B.top_k_chunks(x, options.chunk_size, k, k_last)
+        if options.bits is None:
+            return (yield from self.allgather_exchange(x, idx, comm, fixed_count=m))
+        with comm.timer("quantize"):
+            codes, table = quantize(B, B.float32(B.gather(x, idx)), options.bits, options.quantization_range)
+            delivered = B.dequantize(codes, table, m)
+            packed = B.pack_codes(codes, options.bits)
+        n = comm.size
+        pendings: List[Any] = [
+            comm.allgather(packed, "codes", "values", rows=[B.numel(packed)] * n),
+            comm.allgather(table, "tables", "meta", rows=[B.numel(table)] * n),
+            comm.allgather(B.wire_index(idx, numel), "indices", "indices", rows=[m] * n)]
+        comm.stats.selected = m
+        residual = comm.remove_delivered(x, idx, delivered)
+        packed, tables, indices = yield pendings
+        with comm.timer("apply"):
+            values = B.dequantize(B.unpack_codes(packed, options.bits, m), tables, m)
+            indices = B.as_index(indices)
+            update = B.scatter_chunks(comm.output(x), indices, values, B.chunk_counts(m, n, fixed=True), comm.scale)
+            comm.stats.union = B.distinct(indices, numel)
+        return update, residual

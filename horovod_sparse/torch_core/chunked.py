@@ -1,0 +1,101 @@
+"""PyTorch's primitives of chunked selection and quantized values
+(:class:`horovod_sparse.methods.backend.Backend`: ``top_k_chunks``, ``moments``, ``level_codes``,
+``bin_means``, ``dequantize``, ``pack_codes``, ``unpack_codes``, ``float32``), for SparseLoCo
+(:mod:`horovod_sparse.methods.sparseloco`). Nothing here reads a value on the host: on a device
+every shape follows from the arguments' shapes and Python ints.
+
+Sums are added to zero one value after the other, in the order of the values (an ``index_add_``
+into one place per bin, which runs in that order on a CPU), so a loop over the values in float32
+gives the same bits; on a GPU the order is the device's (each rank's table still travels with
+its codes, so every rank dequantizes alike).
+"""
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+
+from horovod_sparse.torch_core.selection import top_k
+
+__all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "top_k_chunks",
+           "unpack_codes"]
+
+
+def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tensor:
+    flat = x.reshape(-1)
+    full = flat.numel() // chunk
+    parts = []
+    if full and k:
+        if k >= chunk:
+            parts.append(torch.arange(full * chunk, device=x.device))
+        else:
+            # Each row's k-th largest magnitude, then all above it and the first of those equal
+            # to it (ties to the lower index): exactly k a row, so a fixed-size compaction.
+            rows = flat[:full * chunk].reshape(full, chunk).abs()
+            kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+            above, tied = rows > kth, rows == kth
+            keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+            parts.append(torch.nonzero_static(keep.reshape(-1), size=full * k).reshape(-1))
+    if k_last:
+        parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
+
+
+def _sum(values: torch.Tensor) -> torch.Tensor:
+    """The 1-element sum of ``values``, added in order (see the module docstring)."""
+    return values.new_zeros(1).index_add_(0, torch.zeros_like(values, dtype=torch.int64), values)
+
+
+def _constant(value: float, like: torch.Tensor) -> torch.Tensor:
+    return torch.full((1,), value, dtype=torch.float32, device=like.device)  # a fill: no copy from the host
+
+
+def moments(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    m = values.numel()
+    mean = _sum(values) / _constant(m, values)
+    if m <= 1:
+        return mean, values.new_zeros(1)
+    centred = values - mean
+    return mean, _sum(centred * centred).sqrt() / _constant(math.sqrt(m - 1), values)
+
+
+def level_codes(centred: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
+    scale = torch.where(torch.isfinite(scale) & (scale != 0), scale, 1.0)
+    return (centred / scale + levels // 2).round_().clamp_(0, levels - 1).to(torch.uint8)
+
+
+def bin_means(values: torch.Tensor, codes: torch.Tensor, levels: int) -> torch.Tensor:
+    index = codes.long()
+    sums = values.new_zeros(levels).index_add_(0, index, values)
+    counts = values.new_zeros(levels).index_add_(0, index, torch.ones_like(values))  # bincount reads a max on a GPU
+    return torch.where(counts > 0, sums / counts.clamp_min(1), 0.0)
+
+
+def dequantize(codes: torch.Tensor, tables: torch.Tensor, count: int) -> torch.Tensor:
+    codes = codes.reshape(-1, count).long()
+    tables = tables.reshape(codes.shape[0], -1)
+    return (tables[:, :-1].gather(1, codes) + tables[:, -1:]).reshape(-1)
+
+
+def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
+    return torch.arange(0, 8, bits, dtype=torch.int32, device=like.device)
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    per = 8 // bits
+    nbytes = -(-codes.numel() // per)
+    padded = torch.zeros(nbytes * per, dtype=torch.int32, device=codes.device)
+    padded[:codes.numel()] = codes
+    return (padded.reshape(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
+    per = 8 // bits
+    nbytes = -(-count // per)
+    codes = (packed.reshape(-1, nbytes, 1).to(torch.int32) >> _shifts(bits, packed)) & (2 ** bits - 1)
+    return codes.reshape(-1, nbytes * per)[:, :count].reshape(-1).to(torch.uint8)
+
+
+def float32(t: torch.Tensor) -> torch.Tensor:
+    return t.float()

@@ -1,0 +1,100 @@
+"""Slow reference of SparseLoCo's selection (tests only), written from its definition in
+docs/methods.md with loops over chunks, values and ranks, in float32 (NumPy scalars: every
+operation rounds to float32, in the order written here), so the results match the workers' bit
+for bit on a CPU.
+
+* chunk ``c`` of length ``L`` (``chunk_size`` consecutive elements, the last one may be shorter)
+  keeps its ``min(L, max(1, int(density * L)))`` largest ``|x|``, ties to the lower index;
+* each rank's ``m`` selected values ``v``: ``shift = mean(v)``, ``c = v - shift``, ``std = ||c|| /
+  sqrt(m - 1)`` (0 for ``m <= 1``), ``scale = range * std / 2**bits`` (1 when 0 or not finite),
+  ``code = clamp(round(c / scale + 2**bits // 2), 0, 2**bits - 1)``, ``lookup[b]`` the mean of the
+  ``c`` with code ``b`` (0 for none); delivered: ``lookup[code] + shift``;
+* the update adds every rank's delivered values at its indices, times ``1/n``, rank after rank;
+  each residual loses what its rank delivered.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+F = np.float32
+#: The method's defaults (the paper's settings).
+DEFAULTS = {"density": 1 / 64, "chunk_size": 4096, "bits": 2, "quantization_range": 6.0}
+
+
+def chunk_select(x: np.ndarray, density: float, chunk_size: int) -> List[int]:
+    """The selected indices of the flat ``x``, ascending."""
+    chosen: List[int] = []
+    for start in range(0, x.size, chunk_size):
+        length = min(chunk_size, x.size - start)
+        keep = min(length, max(1, int(density * length)))
+        by_magnitude = sorted(range(start, start + length), key=lambda i: (-abs(float(x[i])), i))
+        chosen.extend(sorted(by_magnitude[:keep]))
+    return chosen
+
+
+def add_in_order(values: Sequence[np.float32]) -> np.float32:
+    total = F(0)
+    for v in values:
+        total = F(total + v)
+    return total
+
+
+def quantize(values: Sequence[np.float32], bits: int, spread: float) -> Tuple[List[int], List[np.float32]]:
+    """``(codes, table)``: the table holds the ``2**bits`` level values and then the shift."""
+    m, bins = len(values), 2 ** bits
+    shift = F(add_in_order(values) / F(m))
+    centred = [F(v - shift) for v in values]
+    std = F(F(np.sqrt(add_in_order([F(c * c) for c in centred]))) / F(math.sqrt(m - 1))) if m > 1 else F(0)
+    scale = F(F(std * F(spread)) / F(bins))
+    if scale == 0 or not np.isfinite(scale):
+        scale = F(1)
+    codes = [int(min(max(np.round(F(F(c / scale) + F(bins // 2))), 0), bins - 1)) for c in centred]
+    table = []
+    for level in range(bins):
+        members = [c for c, code in zip(centred, codes) if code == level]
+        table.append(F(add_in_order(members) / F(len(members))) if members else F(0))
+    return codes, table + [shift]
+
+
+def delivered(x: np.ndarray, options: Dict) -> Tuple[List[int], List[np.float32]]:
+    """What one rank delivers from its buffer ``x``: its indices and the values it sends."""
+    o = {**DEFAULTS, **options}
+    idx = chunk_select(x, o["density"], o["chunk_size"])
+    values = [F(x[i]) for i in idx]
+    if o["bits"] is None:
+        return idx, values
+    codes, table = quantize(values, o["bits"], o["quantization_range"])
+    return idx, [F(table[code] + table[-1]) for code in codes]
+
+
+def sparseloco_step(xs: List[np.ndarray], step: int, options: Dict, scale: np.float32) -> np.ndarray:
+    """One exchange on the ranks' float32 buffers ``xs = e + g`` (each changed in place into its
+    residual); returns the update."""
+    out = np.zeros_like(xs[0])
+    for x in xs:
+        idx, values = delivered(x, options)
+        for i, v in zip(idx, values):
+            out[i] = F(out[i] + F(scale * v))
+            x[i] = F(x[i] - v)
+    return out
+
+
+def packed_size(count: int, bits: int) -> int:
+    """Bytes of ``count`` codes of ``bits`` bits, ``8 // bits`` to a byte."""
+    return -(-count * bits // 8)
+
+
+def sparseloco_method(grads: Sequence[Sequence[np.ndarray]],
+                      options: Dict) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Error feedback over the steps of one group (``grads[t][r]``: rank r's flat gradient at step
+    t): (the update of each step, each rank's final residual)."""
+    ranks = len(grads[0])
+    residuals = [np.zeros(grads[0][0].size, np.float32) for _ in range(ranks)]
+    updates = []
+    for per_rank in grads:
+        residuals = [residuals[r] + per_rank[r].astype(np.float32) for r in range(ranks)]
+        updates.append(sparseloco_step(residuals, 0, options, F(1.0 / ranks)))
+    return updates, residuals
