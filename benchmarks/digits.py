@@ -134,7 +134,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--outer", type=int, nargs="*", default=[10],
                    help="H values: --outer-methods also trained in outer steps of H inner steps (horovod_sparse.outer; "
                         "PyTorch only; --outer alone: none)")
-    p.add_argument("--outer-methods", nargs="+", default=["none", "topk"],
+    p.add_argument("--outer-methods", nargs="+", default=["none", "topk", "sparseloco"],
                    help="configurations trained in outer steps: none (DiLoCo) and methods, at the first --densities")
     p.add_argument("--compressors", nargs="+",
                    help="explicit configurations SPEC[@GROUPS] or SPEC+outer=H, e.g. none topk:density=0.01@mergecomp "
