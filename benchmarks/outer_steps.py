@@ -36,18 +36,16 @@ from benchmarks.results import RESULTS_DIR, command_line, write_results
 
 LOCAL = "local"
 WORKER_OPTIONS = ("--tasks", "--steps", "--eval-every", "--every", "--methods", "--outer-methods", "--density",
-                  "--sparse-outer", "--lr", "--batch-size", "--digits-batch-size", "--seed", "--torchft")
+                  "--sparse-outer", "--lr", "--batch-size", "--digits-batch-size", "--seed")
 
 
-def worker_argv(args: argparse.Namespace) -> List[str]:
-    """The worker's command line: this module in ``--worker`` mode with the run's options."""
-    argv = [sys.executable, "-m", "benchmarks.outer_steps", "--worker"]
+def worker_argv(args: argparse.Namespace, torchft: bool) -> List[str]:
+    """The worker's command line: this module in ``--worker`` mode with the run's options, for the
+    job of torchft's DiLoCo (``torchft``) or the job of every other configuration."""
+    argv = [sys.executable, "-m", "benchmarks.outer_steps", "--worker", *(["--torchft"] if torchft else [])]
     for option in WORKER_OPTIONS:
         value = getattr(args, option[2:].replace("-", "_"))
-        if isinstance(value, bool):
-            argv += [option] if value else []
-        else:
-            argv += [option, *map(str, value if isinstance(value, list) else [value])]
+        argv += [option, *map(str, value if isinstance(value, list) else [value])]
     return argv
 
 
@@ -62,13 +60,15 @@ def run_rate(rate: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
             print(f"  {rate:>8} {row['task']:>6} {row['label']:<24} {row['metric']} {row['final']:.4g} "
                   f"in {row['seconds']:.1f} s, {row['bytes'] / 1e6:.2f} MB", flush=True)
 
+    jobs = [worker_argv(args, torchft=False)] + ([worker_argv(args, torchft=True)] if args.torchft else [])
     if rate == LOCAL:
-        torchrun(args.workers, worker_argv(args), on_line)
-    else:
-        with EmulatedCluster(workers=args.workers, rate=rate) as cluster:
-            output = run_torch_distributed(cluster, worker_argv(args))
-        for line in output.stdout[0].splitlines():
-            on_line(line)
+        for argv in jobs:
+            torchrun(args.workers, argv, on_line)
+        return rows
+    with EmulatedCluster(workers=args.workers, rate=rate) as cluster:
+        for argv in jobs:
+            for line in run_torch_distributed(cluster, argv).stdout[0].splitlines():
+                on_line(line)
     return rows
 
 

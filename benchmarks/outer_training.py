@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Tuple
 
@@ -113,12 +114,14 @@ class TorchftDiloco:
             TorchftDiloco.lighthouse = LighthouseServer(bind=f"[::]:{LIGHTHOUSE_PORT}", min_replicas=size)
         dist.barrier()
         port = TORCHFT_STORE_PORT + index * size + rank  # ranks may share a host
-        self.store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+        # The quorum hands the first replica's store address to the others: this host's own address.
+        address = socket.gethostbyname(socket.gethostname())
+        self.store = dist.TCPStore(address, port, is_master=True, wait_for_workers=False)
         timeout = datetime.timedelta(seconds=120)
         self.manager = Manager(pg=ProcessGroupGloo(timeout=timeout), min_replica_size=size, load_state_dict=None,
                                state_dict=None, replica_id=f"replica{rank}-{index}", rank=0, world_size=1,
                                lighthouse_addr=f"http://{os.environ['MASTER_ADDR']}:{LIGHTHOUSE_PORT}",
-                               store_addr="127.0.0.1", store_port=port, use_async_quorum=False, timeout=timeout,
+                               store_addr=address, store_port=port, use_async_quorum=False, timeout=timeout,
                                quorum_timeout=timeout, init_sync=False)  # every rank builds the same model
         outer = torch.optim.SGD(model.parameters(), **hso.DILOCO_OUTER)
         self.diloco = DiLoCo(self.manager, [model], inner, outer, sync_every=every)
@@ -216,13 +219,15 @@ def train(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Dict[
 def configurations(methods: List[str], outer_methods: List[str], every: List[int],
                    torchft: bool = False) -> List[Dict[str, Any]]:
     """Per-step DDP (dense, then ``methods``), then at every H of ``every`` outer steps (dense
-    DiLoCo, then ``outer_methods``) and, with ``torchft``, torchft's DiLoCo; each with its ``label``."""
-    configs = [{"kind": "ddp", "method": m, "label": f"ddp {m}"} for m in ["none", *methods]]
-    for h in every:
+    DiLoCo, then ``outer_methods``); with ``torchft``, torchft's DiLoCo at every H instead (a job
+    of its own: a failure of torchft's quorum loses none of the others' rows). Each with its
+    ``label`` and ``index``."""
+    if torchft:
+        configs = [{"kind": "torchft", "method": "none", "every": h, "label": f"torchft diloco H={h}"} for h in every]
+    else:
+        configs = [{"kind": "ddp", "method": m, "label": f"ddp {m}"} for m in ["none", *methods]]
         configs += [{"kind": "outer", "method": m, "every": h, "label": f"outer {m} H={h}"}
-                    for m in ["none", *outer_methods]]
-        if torchft:
-            configs.append({"kind": "torchft", "method": "none", "every": h, "label": f"torchft diloco H={h}"})
+                    for h in every for m in ["none", *outer_methods]]
     return [{**c, "index": i} for i, c in enumerate(configs)]
 
 
@@ -256,7 +261,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--digits-batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--torchft", action="store_true",
-                        help="also train torchft's DiLoCo (dense) at every H, the anchor (pip install torchft)")
+                        help="also train torchft's DiLoCo (dense) at every H, the anchor, in a job of its own after "
+                             "the others (pip install torchft)")
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
