@@ -221,7 +221,8 @@ def legend(report: Report, job: str, local_work: str) -> str:
         paragraphs.append(
             f"Outer rows ({OUTER.strip('+=')}=H: horovod_sparse.outer on torch.distributed, in the same job) take H "
             "local SGD steps without exchange, then exchange the round's pseudo-gradient (none: dense, DiLoCo; a "
-            "method: sparse, with error feedback) and apply it with DiLoCo's Nesterov SGD: kB/step, collectives and "
+            "method: sparse, with error feedback) and apply it (DiLoCo's Nesterov SGD; with a method SGD at lr 1, "
+            "SparseLoCo's, the residual carrying what was not sent): kB/step, collectives and "
             "local work are a round's divided by H, the union density a round's, the measured step the mean (not "
             "the median) over the steps.")
     if report.emulated is not None:

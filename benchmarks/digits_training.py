@@ -353,7 +353,8 @@ class DigitsJob:
     ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec``, ``groups`` and
     ``hierarchical``; with ``every`` (call after ``dist.init_process_group``) it is trained in
     outer steps of ``every`` inner :func:`scaled_sgd` steps (``horovod_sparse.outer.OuterSteps``
-    with compressor ``spec``, DiLoCo's outer optimizer); with
+    with compressor ``spec``; outside, DiLoCo's Nesterov SGD for ``none``, SGD at lr 1 for a
+    method, as SparseLoCo); with
     ``ddp`` (call after ``dist.init_process_group``) the model is trained as
     ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
     (:class:`DdpExchange`, kept in ``exchange``) and :func:`scaled_sgd` steps it; ``groups`` must
@@ -381,7 +382,10 @@ class DigitsJob:
             self.rank, self.size = dist.get_rank(), dist.get_world_size()
             name, options = parse_spec(spec)
             compression = hso.Compression.none if name == "none" else hso.Compression.create(name, **options)
-            self.opt = hso.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every)
+            # DiLoCo's Nesterov SGD outside for the dense rounds, SparseLoCo's SGD at lr 1 for a method's.
+            outer = None if name == "none" else torch.optim.SGD(self.model.parameters(), lr=1.0)
+            self.opt = hso.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every,
+                                      outer_optimizer=outer)
             self.network = self.model
         elif ddp:
             import torch.distributed as dist

@@ -15,10 +15,11 @@ standard library's sources (validation loss) and the main job's digits MLP (test
 The table (per task and rate): the final metric, training seconds (the evaluations excluded),
 payload MB a worker sent, the seconds to reach per-step dense DDP's final metric (``-`` when
 never reached at an evaluation) and that time as a fraction of dense DDP's; for outer rows with a
-method, dense DiLoCo's metric (same H) when it had sent no more bytes (its last evaluation within
-the row's bytes; ``-`` when it had not finished a round by then). Writes ``<out>/<name>.json`` and
-``<out>/<name>_<task>.png`` (the metric against seconds and against bytes, one panel per rate).
-``--worker`` is the mode the job's ranks run in.
+method, dense DiLoCo's final metric at the same H and how many times the row's bytes it sent.
+Writes ``<out>/<name>.json`` and
+``<out>/<name>_<task>_seconds.png`` and ``..._bytes.png`` (the metric against training seconds and
+against MB sent, one panel per rate); ``--report FILE`` prints the table and draws the figures of
+such a file again. ``--worker`` is the mode the job's ranks run in.
 """
 from __future__ import annotations
 
@@ -80,27 +81,21 @@ def reached(row: Dict[str, Any], target: float, lower_is_better: bool) -> Option
     return None
 
 
-def at_bytes(row: Dict[str, Any], budget: float) -> Optional[float]:
-    """``row``'s metric at its last evaluation within ``budget`` bytes, None if none."""
-    within = [p["value"] for p in row["curve"] if p["bytes"] <= budget]
-    return within[-1] if within else None
-
-
 def add_comparisons(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each row with ``to_dense_ddp`` (seconds to dense DDP's final metric), ``time_fraction``
-    (that over dense DDP's seconds) and, for outer rows with a method, ``dense_diloco_at_bytes``."""
+    (that over dense DDP's seconds) and, for outer rows with a method, ``dense_diloco_final`` and
+    ``bytes_ratio`` (dense DiLoCo's final metric, and its bytes over the row's, at the same H)."""
     out = []
     for row in rows:
         same = [r for r in rows if r["rate"] == row["rate"] and r["task"] == row["task"]]
         dense = next(r for r in same if r["label"] == "ddp none")
-        lower = row["metric"].endswith("loss")
-        seconds = reached(row, dense["final"], lower)
+        seconds = reached(row, dense["final"], row["metric"].endswith("loss"))
         extra: Dict[str, Any] = {"to_dense_ddp": seconds,
                                  "time_fraction": None if seconds is None else seconds / dense["seconds"]}
         if row["kind"] == "outer" and row["method"] != "none":
             diloco = next(r for r in same
                           if r["kind"] == "outer" and r["method"] == "none" and r["every"] == row["every"])
-            extra["dense_diloco_at_bytes"] = at_bytes(diloco, row["bytes"])
+            extra.update(dense_diloco_final=diloco["final"], bytes_ratio=diloco["bytes"] / row["bytes"])
         out.append({**row, **extra})
     return out
 
@@ -112,13 +107,13 @@ def _cell(value: Optional[float], fmt: str) -> str:
 def table(rows: Sequence[Dict[str, Any]]) -> str:
     """The markdown table of :func:`add_comparisons`' rows."""
     lines = ["| task | link | configuration | final | seconds | MB sent / worker | s to dense DDP's final "
-             "| fraction of dense DDP's time | dense DiLoCo at these bytes |",
+             "| fraction of dense DDP's time | dense DiLoCo, same H: final, its MB / these |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        versus = "-" if "dense_diloco_final" not in r else f"{r['dense_diloco_final']:.4g}, {r['bytes_ratio']:.0f}x"
         lines.append(f"| {r['task']} | {r['rate']} | {r['label']} | {r['final']:.4g} | {r['seconds']:.1f} | "
                      f"{r['bytes'] / 1e6:.3g} | {_cell(r['to_dense_ddp'], '.1f')} | "
-                     f"{_cell(r['time_fraction'], '.3f')} | "
-                     f"{_cell(r.get('dense_diloco_at_bytes'), '.4g')} |")
+                     f"{_cell(r['time_fraction'], '.3f')} | {versus} |")
     return "\n".join(lines)
 
 
@@ -147,11 +142,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="outer_steps")
+    parser.add_argument("--report", type=Path,
+                        help="a result file this benchmark wrote: print its table and draw its figures again, "
+                             "without training")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_arguments(parser, args)
     if args.worker:
         run_worker(args)
+        return
+    if args.report is not None:
+        rows = add_comparisons(json.loads(args.report.read_text())["results"])
+        print(table(rows))
+        for written in plot(rows, args.out, args.name):
+            print(f"wrote {written}")
         return
     rows: List[Dict[str, Any]] = []
     for rate in args.rates:

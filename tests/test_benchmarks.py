@@ -639,7 +639,8 @@ def test_outer_steps_benchmark_end_to_end(tmp_path):
             assert r["bytes"] == 2 * dense
         elif r["label"] == "outer topk H=5":
             assert 0 < r["bytes"] < by_label["outer none H=5"]["bytes"] / 10
-            assert "dense_diloco_at_bytes" in r
+            assert r["bytes_ratio"] == by_label["outer none H=5"]["bytes"] / r["bytes"]
+            assert r["dense_diloco_final"] == by_label["outer none H=5"]["final"]
     assert rows[0]["metric"] == "validation loss" and rows[-1]["metric"] == "test accuracy (%)"
     for name in ("lm_seconds", "lm_bytes", "digits_seconds", "digits_bytes"):
         assert (tmp_path / f"outer_steps_{name}.png").read_bytes()[:8] == PNG
@@ -647,8 +648,8 @@ def test_outer_steps_benchmark_end_to_end(tmp_path):
 
 def test_outer_steps_comparisons_and_refusals():
     """Seconds to dense DDP's final metric are read at the first evaluation that reaches it (a loss
-    at or below, an accuracy at or above), dense DiLoCo's metric at a row's bytes at its last
-    evaluation within them; evaluations that fall inside a round are refused."""
+    at or below, an accuracy at or above), an outer row with a method is set beside dense DiLoCo at
+    its H; evaluations that fall inside a round are refused."""
     from benchmarks.outer_steps import add_comparisons, main
 
     def row(label, kind, method, every, curve, metric="validation loss"):
@@ -662,6 +663,7 @@ def test_outer_steps_comparisons_and_refusals():
                             row("outer topk H=10", "outer", "topk", 10, [(1.0, 5, 2.9), (2.0, 60, 2.4)])])
     assert [r["to_dense_ddp"] for r in rows] == [4.0, 2.0, None]
     assert [r["time_fraction"] for r in rows] == [1.0, 0.5, None]
-    assert rows[2]["dense_diloco_at_bytes"] == 2.5 and "dense_diloco_at_bytes" not in rows[1]
+    assert (rows[2]["dense_diloco_final"], rows[2]["bytes_ratio"]) == (2.0, 100 / 60)
+    assert "dense_diloco_final" not in rows[1]
     with pytest.raises(SystemExit):
         main(["--rates", "local", "--every", "10", "--eval-every", "15"])
