@@ -898,6 +898,11 @@ MUTATIONS: List[Mutation] = [
       "return scaling.predict_step(flat, compute, links.with_workers(workers))",
       ["tests/test_demo.py", "-k", "says_when_to_turn_it_on"],
       "--gpus-per-node leaves flat rows projected as if every worker had a link of its own"),
+    M("digits-outer-round-bytes-per-step", "benchmarks/digits_training.py",
+      '"bytes_sent": summary["bytes_sent"] / every,',
+      '"bytes_sent": summary["bytes_sent"],',
+      ["tests/test_demo.py", "-k", "bytes_follow"],
+      "an outer row's kB/step is a whole round's: the table and projection charge every step a round's exchange"),
 ]
 
 
