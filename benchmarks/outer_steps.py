@@ -68,8 +68,7 @@ def run_rate(rate: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
         return rows
     with EmulatedCluster(workers=args.workers, rate=rate) as cluster:
         for argv in jobs:
-            for line in run_torch_distributed(cluster, argv).stdout[0].splitlines():
-                on_line(line)
+            run_torch_distributed(cluster, argv, on_line=on_line)
     return rows
 
 
