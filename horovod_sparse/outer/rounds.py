@@ -135,6 +135,7 @@ class OuterSteps(EngineSteps):
         engine = self._engine
         size, rank = self.process_group.size(), self.process_group.rank()
         device = self.groups[0].params[0].device
+        self.process_group.follow(self.groups[0].params[0])  # NCCL: host payloads to the model's device
         flights = [self._start(group, size, rank, device) for group in self.groups]
         updates = [engine.finish_one(flight) for flight in flights]
         nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
