@@ -53,7 +53,79 @@ def cut(idx: Any, found: int, capacity: int) -> Capped:
     return Capped(idx[:capacity], min(found, capacity), max(0, found - capacity), padded=False)
 
 
-class Backend(Protocol):
+class DeviceRounds(Protocol):
+    """The histogram controller's primitives on an accelerator, part of :class:`Backend` (a
+    backend whose ``decides_on_device`` is always False provides that method alone; see
+    :mod:`horovod_sparse.methods.micro.device_rounds`)."""
+
+    def decides_on_device(self, x: Tensor) -> bool:
+        """Whether work on ``x`` takes the accelerators' paths, where decisions stay tensors on
+        the device until the step's figures are read."""
+
+    def window_edges(self, window: Any, scanned: Any) -> Tensor:
+        """A ``HistogramWindow``'s float32 edges on the scanned buffer's device."""
+
+    def fine_edges(self, threshold: Tensor) -> Tensor:
+        """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim threshold on a device."""
+
+    def histograms_above(self, edges: Tensor, scanned: Any, bars: Sequence[Any], rank: int, parts: int) -> Tensor:
+        """For each bar, ``local_histogram`` of the scanned slice's coordinates at or above it,
+        in the window of ``edges``, one after the other."""
+
+    def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tuple[Any, ...]:
+        """``threshold_from_histogram`` of each of ``count`` summed :meth:`histograms_above`
+        parts, as ``DeviceReading``s left on the device."""
+
+    def choose(self, flag: Tensor, a: Any, b: Any) -> Any:
+        """The ``DeviceReading`` ``a`` where the 0-dim ``flag`` holds, else ``b``."""
+
+
+class ChunkedValues(Protocol):
+    """SparseLoCo's primitives, part of :class:`Backend`: top-k within chunks and values
+    quantized to levels, packed on the wire (:mod:`horovod_sparse.methods.sparseloco`)."""
+
+    def top_k_chunks(self, x: Tensor, chunk: int, k: int, k_last: int) -> Tensor:
+        """The ``k`` largest ``|x|`` of each full chunk of ``chunk`` consecutive elements of the flat
+        ``x`` and the ``k_last`` largest of the shorter chunk that ends it (when ``numel`` is not a
+        multiple of ``chunk``), ties to the lower index: ascending int64 indices, ``numel // chunk * k
+        + k_last`` of them (``k <= chunk``, ``k_last`` at most the last chunk's length). ``x`` must
+        hold no NaN."""
+
+    def float32(self, t: Tensor) -> Tensor:
+        """``t`` as float32 (rounded to nearest from float64; exact from float16 and bfloat16)."""
+
+    def moments(self, values: Tensor) -> Tuple[Tensor, Tensor]:
+        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean = sum(v)
+        / m``, ``std = sqrt(sum(c * c)) / sqrt(m - 1)`` with ``c = v - mean`` (0 for ``m <= 1``;
+        ``sqrt(m - 1)`` rounded to float32), each sum added to zero in the order of the values on a
+        CPU, every step in float32."""
+
+    def level_codes(self, centred: Tensor, scale: Tensor, levels: int) -> Tensor:
+        """uint8 codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
+        even) of float32 ``centred``, with the 1-element ``scale`` taken as 1 where it is 0 or not
+        finite."""
+
+    def bin_means(self, values: Tensor, codes: Tensor, levels: int) -> Tensor:
+        """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b`` (their
+        sum, added to zero in the order of the values on a CPU, divided by their count; 0 when there
+        is none): a float32 tensor of ``levels`` values."""
+
+    def dequantize(self, codes: Tensor, tables: Tensor, count: int) -> Tensor:
+        """Rows of ``count`` codes each, one table of ``levels + 1`` float32 per row (the level's
+        value, then the row's shift): ``table[code] + table[levels]`` for each code, float32, in the
+        order of ``codes``."""
+
+    def pack_codes(self, codes: Tensor, bits: int) -> Tensor:
+        """uint8 codes below ``2**bits`` (``bits`` in 1, 2, 4, 8) packed ``8 // bits`` to a byte: code
+        ``i`` in byte ``i // (8 // bits)`` at bit ``(i % (8 // bits)) * bits``, the unused high bits
+        of the last byte 0; ``ceil(m * bits / 8)`` uint8 for ``m`` codes."""
+
+    def unpack_codes(self, packed: Tensor, bits: int, count: int) -> Tensor:
+        """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
+        ``count`` per row, in row order)."""
+
+
+class Backend(DeviceRounds, ChunkedValues, Protocol):
     """What every front end's backend module provides (module attributes; see the module
     docstring for the shared contracts)."""
 
@@ -161,29 +233,6 @@ class Backend(Protocol):
         """:func:`~horovod_sparse.methods.micro.controllers.local_histogram` as an int32 tensor
         (on the host paths)."""
 
-    # -- the histogram controller on an accelerator (a backend whose ``decides_on_device`` is
-    # always False need not provide these; see :mod:`horovod_sparse.methods.micro.device_rounds`)
-    def decides_on_device(self, x: Tensor) -> bool:
-        """Whether work on ``x`` takes the accelerators' paths, where decisions stay tensors on
-        the device until the step's figures are read."""
-
-    def window_edges(self, window: Any, scanned: Any) -> Tensor:
-        """A ``HistogramWindow``'s float32 edges on the scanned buffer's device."""
-
-    def fine_edges(self, threshold: Tensor) -> Tensor:
-        """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim threshold on a device."""
-
-    def histograms_above(self, edges: Tensor, scanned: Any, bars: Sequence[Any], rank: int, parts: int) -> Tensor:
-        """For each bar, ``local_histogram`` of the scanned slice's coordinates at or above it,
-        in the window of ``edges``, one after the other."""
-
-    def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tuple[Any, ...]:
-        """``threshold_from_histogram`` of each of ``count`` summed :meth:`histograms_above`
-        parts, as ``DeviceReading``s left on the device."""
-
-    def choose(self, flag: Tensor, a: Any, b: Any) -> Any:
-        """The ``DeviceReading`` ``a`` where the 0-dim ``flag`` holds, else ``b``."""
-
     # -- gathers, scatters and casts ---------------------------------------------------------
     def clone(self, t: Tensor) -> Tensor:
         """A copy of ``t`` that writes to either leave the other unchanged."""
@@ -217,47 +266,6 @@ class Backend(Protocol):
     def distinct(self, indices: Tensor, numel: int, padded: bool = False) -> Any:
         """Number of distinct ``indices`` (all in ``[0, numel)``, or :data:`PAD` when ``padded``,
         which is not counted)."""
-
-    # -- chunked selection and quantized values (SparseLoCo) -----------------------------------
-    def top_k_chunks(self, x: Tensor, chunk: int, k: int, k_last: int) -> Tensor:
-        """The ``k`` largest ``|x|`` of each full chunk of ``chunk`` consecutive elements of the flat
-        ``x`` and the ``k_last`` largest of the shorter chunk that ends it (when ``numel`` is not a
-        multiple of ``chunk``), ties to the lower index: ascending int64 indices, ``numel // chunk * k
-        + k_last`` of them (``k <= chunk``, ``k_last`` at most the last chunk's length). ``x`` must
-        hold no NaN."""
-
-    def float32(self, t: Tensor) -> Tensor:
-        """``t`` as float32 (rounded to nearest from float64; exact from float16 and bfloat16)."""
-
-    def moments(self, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean = sum(v)
-        / m``, ``std = sqrt(sum(c * c)) / sqrt(m - 1)`` with ``c = v - mean`` (0 for ``m <= 1``;
-        ``sqrt(m - 1)`` rounded to float32), each sum added to zero in the order of the values on a
-        CPU, every step in float32."""
-
-    def level_codes(self, centred: Tensor, scale: Tensor, levels: int) -> Tensor:
-        """uint8 codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
-        even) of float32 ``centred``, with the 1-element ``scale`` taken as 1 where it is 0 or not
-        finite."""
-
-    def bin_means(self, values: Tensor, codes: Tensor, levels: int) -> Tensor:
-        """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b`` (their
-        sum, added to zero in the order of the values on a CPU, divided by their count; 0 when there
-        is none): a float32 tensor of ``levels`` values."""
-
-    def dequantize(self, codes: Tensor, tables: Tensor, count: int) -> Tensor:
-        """Rows of ``count`` codes each, one table of ``levels + 1`` float32 per row (the level's
-        value, then the row's shift): ``table[code] + table[levels]`` for each code, float32, in the
-        order of ``codes``."""
-
-    def pack_codes(self, codes: Tensor, bits: int) -> Tensor:
-        """uint8 codes below ``2**bits`` (``bits`` in 1, 2, 4, 8) packed ``8 // bits`` to a byte: code
-        ``i`` in byte ``i // (8 // bits)`` at bit ``(i % (8 // bits)) * bits``, the unused high bits
-        of the last byte 0; ``ceil(m * bits / 8)`` uint8 for ``m`` codes."""
-
-    def unpack_codes(self, packed: Tensor, bits: int, count: int) -> Tensor:
-        """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
-        ``count`` per row, in row order)."""
 
     # -- what gTop-k and DGC need ------------------------------------------------------------
     def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:
