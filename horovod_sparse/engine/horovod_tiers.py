@@ -1,10 +1,21 @@
 """The two-tier exchange's process sets in a Horovod job (both Horovod front ends): the nodes
 are Horovod's (``cross_rank``, ``local_rank``), the sets Horovod process sets, found among those
-registered at ``hvd.init`` or added (dynamic process sets). See :mod:`horovod_sparse.common.tiers`."""
+registered at ``hvd.init`` or added (dynamic process sets). See :mod:`horovod_sparse.common.tiers`.
+
+**Every rank launches as many Horovod collectives per step** (:func:`level_collectives`). Horovod
+names a collective launched without a name after its handle, a counter of every collective the
+process launched (``allreduce.noname.<handle>`` in ``horovod/torch/mpi_ops_v2.cc``), and pairs
+collectives across ranks by name. In two tiers each cross set takes its own data-dependent rounds
+(MiCRO's and ExDyna's histogram rounds, an empty union's skipped allreduce), so without leveling
+the ranks of one cross set launch more collectives in a step than those of another, and the
+training loop's own unnamed collective after the step (``hvd.broadcast_(t, 0)``, an allreduce of a
+metric) gets another name on each: Horovod waits for ever for a match that never comes, until
+Gloo's timeout aborts every rank.
+"""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from horovod_sparse.common.tiers import NodeLayout, Tiers, make_tiers
 
@@ -41,3 +52,15 @@ def _process_set(hvd: Any, ranks: List[int]) -> Any:
                          "with hvd.init(process_sets=\"dynamic\") (or HOROVOD_DYNAMIC_PROCESS_SETS=1) so that "
                          f"they can be added, or register them at hvd.init (missing: ranks {ranks})")
     return hvd.add_process_set(ranks)
+
+
+def level_collectives(launched: Sequence[int], rank: int, pad: Callable[[int], None]) -> int:
+    """Bring this rank's count of the step's Horovod collectives up to the most any rank launched:
+    ``launched`` holds every rank's count (in rank order, gathered at the step's end), ``pad(n)``
+    launches ``n`` collectives on this rank's cross set and waits for them. The ranks of a cross
+    set launched the same collectives, so they pad alike and their pads pair up. Returns ``n``
+    (the module docstring says why)."""
+    missing = max(launched) - launched[rank]
+    if missing:
+        pad(missing)
+    return missing

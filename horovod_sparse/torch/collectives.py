@@ -46,6 +46,25 @@ def ranks_reporting(count: int, process_set: hvd.ProcessSet) -> List[int]:
     return [rank for rank, theirs in enumerate(counts.tolist()) if theirs]
 
 
+def step_reports(count: int, launched: int, process_set: hvd.ProcessSet) -> List[Tuple[int, int]]:
+    """Every rank's ``(count, launched)`` in rank order: its count of non-finite groups and the
+    collectives it launched this step (one tiny blocking allgather, :func:`ranks_reporting`'s
+    in a two-tier step: :func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
+    local = torch.tensor([[count, launched]], dtype=torch.int64)
+    rows = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=process_set))
+    return [(int(theirs), int(sent)) for theirs, sent in rows.tolist()]
+
+
+def pad_collectives(missing: int, process_set: hvd.ProcessSet, step: int) -> None:
+    """Launch ``missing`` one-element allreduces on ``process_set`` (every rank of it the same
+    number) and wait for them: Horovod handles that bring this rank's count of the step up to the
+    other ranks' (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
+    handles = [hvd.allreduce_async_(torch.zeros(1), name=f"hs.level.{step}.{i}", op=hvd.Sum, process_set=process_set)
+               for i in range(missing)]
+    for handle in handles:
+        wait(handle)
+
+
 def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:
     """Every rank's ``(cross_rank, local_rank)``, in rank order (blocking, global)."""
     rows = wait(hvd.allgather_async(torch.tensor([list(place)], dtype=torch.int64), name="hs.tiers.places"))
