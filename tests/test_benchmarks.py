@@ -584,15 +584,17 @@ def test_readme_commands_name_existing_benchmarks_and_options():
 
 
 def test_two_tier_steps_times_each_method_flat_and_two_tier(tmp_path):
-    """The job of issue 46 in small (a 2 x 2 job, a small MLP, a few steps): per method a flat and a
-    two-tier row, identical replicas, the ratio printed and written."""
+    """The job of issues 46 and 56 in small (a 2 x 2 job, a small MLP, a few steps, the loop's own
+    collectives between steps): per method a flat and a two-tier row, identical replicas, the ratio
+    printed and written."""
     result = run([*SUITE_HOROVODRUN, "-np", "4", "-H", "localhost:2,127.0.0.1:2", "--gloo", sys.executable, "-m",
                   "benchmarks", "two_tier_steps", "--methods", "micro", "--steps", "3", "--rounds", "2",
-                  "--hidden", "64", "48", "--results", str(tmp_path / "tiers.json")])
+                  "--hidden", "64", "48", "--between", "broadcast", "--results", str(tmp_path / "tiers.json")])
     text = "\n".join(rank0_lines(result.stdout))
     payload = json.loads((tmp_path / "tiers.json").read_text())["results"]
     parameters = 256 * 64 + 64 + 64 * 48 + 48 + 48 * 64 + 64
-    assert (payload["workers"], payload["hosts"], payload["parameters"]) == (4, 2, parameters)
+    assert (payload["workers"], payload["hosts"], payload["parameters"], payload["between"]) == (4, 2, parameters,
+                                                                                                "broadcast")
     flat, tiers = payload["rows"]
     assert (flat["two_tier"], tiers["two_tier"]) == (False, True) and flat["identical"] and tiers["identical"]
     assert sum(tiers["rounds"].values()) >= 2 * 3 and tiers["rounds"]["histogram"] == 2 * 3

@@ -1,10 +1,13 @@
-"""Horovod's stall-check time as the PyTorch front ends read it (horovod_sparse.common.stall), and
+"""Horovod's stall-check time as the PyTorch front ends read it (horovod_sparse.common.stall; on
+Gloo at most half of Gloo's timeout: the two-tier job of tests/test_two_tier.py checks that the
+Horovod front end's waits take it), and
 how a torch.distributed wait that times out becomes ExchangeStalled (the Horovod path is held by
 the diverging two-tier job of tests/test_two_tier.py)."""
 import pytest
 import torch
 
-from horovod_sparse.common.stall import DEFAULT_SECONDS, DISABLE_ENV, TIME_ENV, ExchangeStalled, stall_seconds
+from horovod_sparse.common.stall import (DEFAULT_SECONDS, DISABLE_ENV, GLOO_DEFAULT_SECONDS, GLOO_TIMEOUT_ENV, TIME_ENV,
+                                         ExchangeStalled, stall_seconds)
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.collectives import Communicator
 
@@ -26,6 +29,29 @@ def test_a_stall_time_that_is_not_a_positive_number_is_refused(monkeypatch, valu
     monkeypatch.delenv(DISABLE_ENV, raising=False)
     with pytest.raises(ValueError, match=TIME_ENV):
         stall_seconds()
+
+
+@pytest.mark.parametrize("time, gloo, disable, expected", [
+    (None, None, None, GLOO_DEFAULT_SECONDS / 2), ("8", None, None, 8.0), (None, "10", None, 5.0),
+    ("4", "10", None, 4.0), ("20", "50", None, 20.0), (None, None, "1", None)])
+def test_on_gloo_the_check_speaks_before_gloos_own_timeout(monkeypatch, time, gloo, disable, expected):
+    """Gloo aborts every rank from Horovod's thread once one operation waits its timeout out: where
+    Horovod runs on Gloo the check fires by half of it, whatever the stall-check time says."""
+    for name, value in ((TIME_ENV, time), (GLOO_TIMEOUT_ENV, gloo), (DISABLE_ENV, disable)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    assert stall_seconds(gloo=True) == expected
+    assert stall_seconds() == (None if disable else float(time or DEFAULT_SECONDS))
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-30"])
+def test_a_gloo_timeout_that_is_not_a_positive_number_is_refused(monkeypatch, value):
+    monkeypatch.setenv(GLOO_TIMEOUT_ENV, value)
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    with pytest.raises(ValueError, match=GLOO_TIMEOUT_ENV):
+        stall_seconds(gloo=True)
 
 
 class _TimedOutWork:

@@ -15,7 +15,10 @@ rank between steps), which Horovod, too, only warns about.
 
 ``HOROVOD_STALL_CHECK_TIME_SECONDS`` sets the time, ``HOROVOD_STALL_CHECK_DISABLE=1`` turns the
 check off (both Horovod's own variables, honoured by every PyTorch front end, the DDP hook and
-FSDP2 included).
+FSDP2 included). Where Horovod runs its collectives on Gloo, the time is at most half of Gloo's
+own timeout (``HOROVOD_GLOO_TIMEOUT_SECONDS``, 30 s by default): a Gloo operation that waits
+longer aborts every rank from Horovod's background thread (``gloo::IoException``, SIGABRT), where
+no Python error can be raised, so the stall check has to speak first.
 """
 from __future__ import annotations
 
@@ -27,11 +30,30 @@ TIME_ENV = "HOROVOD_STALL_CHECK_TIME_SECONDS"
 DISABLE_ENV = "HOROVOD_STALL_CHECK_DISABLE"
 #: Horovod's default stall-check time.
 DEFAULT_SECONDS = 60.0
+#: Horovod's variable for Gloo's timeout of one operation, in seconds, and its default.
+GLOO_TIMEOUT_ENV = "HOROVOD_GLOO_TIMEOUT_SECONDS"
+GLOO_DEFAULT_SECONDS = 30.0
 
 
-def stall_seconds() -> Optional[float]:
+def stall_seconds(gloo: bool = False) -> Optional[float]:
     """Seconds a collective inside an exchange may take before the exchange counts as stalled
-    (Horovod's stall-check time), or None when the check is disabled."""
+    (Horovod's stall-check time; with ``gloo``, where Horovod runs on Gloo, at most half of Gloo's
+    timeout: the module docstring), or None when the check is disabled."""
+    seconds = _check_time()
+    if seconds is None or not gloo:
+        return seconds
+    text = os.environ.get(GLOO_TIMEOUT_ENV, "").strip()
+    try:
+        gloo_seconds = float(text) if text else GLOO_DEFAULT_SECONDS
+    except ValueError:
+        raise ValueError(f"{GLOO_TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if gloo_seconds <= 0:
+        raise ValueError(f"{GLOO_TIMEOUT_ENV}={text!r} must be positive: Gloo's timeout of one operation")
+    return min(seconds, gloo_seconds / 2)
+
+
+def _check_time() -> Optional[float]:
+    """Horovod's stall-check time in seconds, None when the check is disabled."""
     if os.environ.get(DISABLE_ENV, "0").strip().lower() in ("1", "true"):
         return None
     text = os.environ.get(TIME_ENV, "").strip()

@@ -4,6 +4,7 @@ blocking host collectives for rare metadata and for the agreement on non-finite 
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, List, Optional, Sequence, Tuple
 
 import horovod.torch as hvd
@@ -14,6 +15,12 @@ from horovod_sparse.common.communicator import Rows
 from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch_core.tensor_backend import synchronize
 from horovod_sparse.torch.waiting import wait
+
+
+@functools.lru_cache(maxsize=None)
+def _gloo_enabled() -> bool:
+    """Whether this Horovod job runs its collectives on Gloo (fixed at ``hvd.init``)."""
+    return bool(hvd.gloo_enabled())
 
 
 def allgather_bytes(payload: bytes, name: str, process_set: hvd.ProcessSet) -> List[bytes]:
@@ -55,11 +62,11 @@ def step_reports(count: int, launched: int, process_set: hvd.ProcessSet) -> List
     return [(int(theirs), int(sent)) for theirs, sent in rows.tolist()]
 
 
-def pad_collectives(missing: int, process_set: hvd.ProcessSet, step: int) -> None:
+def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> None:
     """Launch ``missing`` one-element allreduces on ``process_set`` (every rank of it the same
-    number) and wait for them: Horovod handles that bring this rank's count of the step up to the
+    number, with the same ``label``: the step) and wait for them: Horovod handles that bring this rank's count of the step up to the
     other ranks' (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
-    handles = [hvd.allreduce_async_(torch.zeros(1), name=f"hs.level.{step}.{i}", op=hvd.Sum, process_set=process_set)
+    handles = [hvd.allreduce_async_(torch.zeros(1), name=f"hs.level.{label}.{i}", op=hvd.Sum, process_set=process_set)
                for i in range(missing)]
     for handle in handles:
         wait(handle)
@@ -105,6 +112,9 @@ class Communicator(TorchCommunicator):
 
     def _complete(self, handle: Any, timeout: Optional[float]) -> Any:
         return wait(handle, timeout)
+
+    def runs_on_gloo(self) -> bool:
+        return _gloo_enabled()
 
     def member_ranks(self) -> List[int]:
         return list(self.process_set.ranks) if self.process_set.ranks else list(range(hvd.size()))

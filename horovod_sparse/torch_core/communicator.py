@@ -63,11 +63,21 @@ class TorchCommunicator(CommunicatorBase):
         self.step = step
         #: Seconds a wait may take once the exchange is under way (None: no limit), and whether
         #: it is (a wait of this communicator has completed).
-        self._stall_seconds = stall_seconds()
+        self._stall_seconds = stall_seconds(gloo=self.runs_on_gloo())
         self._under_way = False
         self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
         self.output_buffer: Optional[torch.Tensor] = None
+
+    @property
+    def stall_limit(self) -> Optional[float]:
+        """Seconds a wait may take once the exchange is under way (None: no limit)."""
+        return self._stall_seconds
+
+    def runs_on_gloo(self) -> bool:
+        """Whether the transport's collectives run on Horovod's Gloo, whose timeout aborts every
+        rank (:mod:`horovod_sparse.common.stall`); not here."""
+        return False
 
     def output(self, x: torch.Tensor) -> torch.Tensor:
         """The zeroed buffer the aggregated update of ``x``'s group is written into."""

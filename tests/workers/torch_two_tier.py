@@ -36,7 +36,9 @@ import torch
 import horovod_sparse.torch as hs
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.torch.collectives import Communicator
+from horovod_sparse.engine.horovod_tiers import level_collectives
+from horovod_sparse.torch.collectives import Communicator, pad_collectives
+from horovod_sparse.torch.waiting import poll_until_done
 from tests.workers.cli import configs_and_out
 from tests.workers import torch_exchange
 from tests.workers.stalled import record_stall, take_extra_round
@@ -80,6 +82,11 @@ class Reference:
         flight = Inflight(self.method.exchange(x, comm, state, step), comm, _Named(name))
         flight.advance()
         update, residual = flight.finish()
+        # The cross sets took their own rounds: level the collectives, as the optimizer does, so
+        # that the loop's unnamed collectives keep pairing up (horovod_sparse.engine.horovod_tiers).
+        launched = hvd.allgather(torch.tensor([comm.stats.collectives]), name=f"ref.{name}.{step}.launched")
+        level_collectives(launched.tolist(), hvd.rank(),
+                          lambda missing: pad_collectives(missing, self.cross_set, f"ref.{name}.{step}"))
         self.residual[name] = residual.clone()
         whole = hvd.allgather(update, name=f"ref.{name}.gather", process_set=self.node_set)
         mine = torch.zeros(numel)
@@ -107,14 +114,32 @@ def gradients(config, params, step, nan_at):
     return out
 
 
+#: Seconds the loop's own collectives may take: a rank whose unnamed collective got another name
+#: than the others' (issue 56) would wait for ever; here it fails the job instead.
+LOOP_SECONDS = 60
+
+
+def loop_collective(handle):
+    """Wait for one of the loop's own collectives (as ``hvd.synchronize``, with a deadline)."""
+    poll_until_done(handle, sleep=True, timeout=LOOP_SECONDS)
+    return hvd.synchronize(handle)
+
+
 def train_step(opt, params, grads):
+    """One step, the loop running its own unnamed Horovod collectives on the global set as training
+    loops do: an allreduce of a metric between backward and step, and after the step a broadcast of
+    the parameters from rank 0 (``RuntimeError`` unless the replicas agree)."""
     opt.zero_grad()
     loss = sum((p * g).sum() for p, g in zip(params, grads))
     loss.backward()
+    loop_collective(hvd.allreduce_async(loss.detach(), op=hvd.Average))
     opt.synchronize()
     update = [p.grad.detach().clone() for p in params]
     with opt.skip_synchronize():
         opt.step()
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    if not torch.equal(loop_collective(hvd.broadcast_async_(flat.clone(), root_rank=0)), flat):
+        raise RuntimeError(f"rank {hvd.rank()}: after step {opt.steps} the replicas differ from rank 0's")
     return update
 
 
@@ -225,7 +250,8 @@ def run(index, config, out: Path):
         {"mismatches": mismatches[:10], "node_bytes": node_bytes, "cross_bytes": cross_bytes, "selections": selections,
          "numels": {name: int(r.numel()) for name, r in residuals.items()},
          "identical": all(bool((r == r[0]).all()) for r in replicas), "lost": lost, "abandoned": abandoned,
-         "node_size": ref.node_set.size(), "cross_size": ref.cross_set.size()}))
+         "node_size": ref.node_set.size(), "cross_size": ref.cross_set.size(),
+         "stall_limit": Communicator(ref.cross_set, "probe", GroupStats("probe", 1, 1), 1.0).stall_limit}))
 
 
 def run_diverging(index, config, out: Path):
