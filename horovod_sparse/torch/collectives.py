@@ -64,8 +64,8 @@ def step_reports(count: int, launched: int, process_set: hvd.ProcessSet) -> List
 
 def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> None:
     """Launch ``missing`` one-element allreduces on ``process_set`` (every rank of it the same
-    number, with the same ``label``: the step) and wait for them: Horovod handles that bring this rank's count of the step up to the
-    other ranks' (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
+    number, with the same ``label``: the step) and wait for them: Horovod handles that bring this
+    rank's count of the step up to the other ranks' (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
     handles = [hvd.allreduce_async_(torch.zeros(1), name=f"hs.level.{label}.{i}", op=hvd.Sum, process_set=process_set)
                for i in range(missing)]
     for handle in handles:

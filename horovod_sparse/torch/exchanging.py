@@ -253,8 +253,8 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         reports = step_reports(len(nonfinite_groups), launched, self.process_set)
         level_collectives([sent for _, sent in reports], self._rank,
                           lambda missing: pad_collectives(missing, tiers.cross_set, self.steps))
-        return self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
-                                                 lambda count: [rank for rank, (theirs, _) in enumerate(reports) if theirs])
+        reporting = [rank for rank, (theirs, _) in enumerate(reports) if theirs]
+        return self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups, lambda count: reporting)
 
     def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
         """The loss scale this step's gradients were unscaled by (None without a scaler)."""
