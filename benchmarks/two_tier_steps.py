@@ -41,7 +41,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", type=int, default=256)
     p.add_argument("--outputs", type=int, default=64)
     p.add_argument("--activation", choices=["relu", "tanh"], default="relu")
-    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=True, help="biases in the layers")
+    p.add_argument("--no-bias", dest="bias", action="store_false", help="layers without biases")
     p.add_argument("--lr", type=float, default=0.01, help="SGD's learning rate")
     p.add_argument("--between", choices=["nothing", "broadcast"], default="nothing",
                    help="what the loop runs between steps (the module docstring)")
