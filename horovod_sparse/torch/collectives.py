@@ -12,6 +12,8 @@ import numpy as np
 import torch
 
 from horovod_sparse.common.communicator import Rows
+from horovod_sparse.engine.horovod_tiers import level_collectives
+from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch_core.tensor_backend import synchronize
 from horovod_sparse.torch.waiting import wait
@@ -70,6 +72,23 @@ def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> No
                for i in range(missing)]
     for handle in handles:
         wait(handle)
+
+
+def agree_at_step_end(engine: StepEngine, policy: Optional[str], nonfinite_groups: Sequence[str],
+                      process_set: hvd.ProcessSet, rank: int) -> List[int]:
+    """The ranks that saw a non-finite gradient this step (``engine``'s agreement under ``policy``,
+    this rank's non-finite groups ``nonfinite_groups``); in two tiers, in the same allgather, every
+    rank's collectives of the step leveled (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`),
+    so that the training loop's own unnamed collectives get the same name on every rank."""
+    tiers = engine.tiers
+    if tiers is None:
+        return engine.ranks_with_nonfinite(policy, nonfinite_groups, lambda count: ranks_reporting(count, process_set))
+    launched = sum(group.collectives for group in engine.stats.groups)
+    reports = step_reports(len(nonfinite_groups), launched, process_set)
+    level_collectives([sent for _, sent in reports], rank,
+                      lambda missing: pad_collectives(missing, tiers.cross_set, engine.steps))
+    reporting = [member for member, (theirs, _) in enumerate(reports) if theirs]
+    return engine.ranks_with_nonfinite(policy, nonfinite_groups, lambda count: reporting)
 
 
 def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:

@@ -24,14 +24,13 @@ from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
-from horovod_sparse.engine.horovod_tiers import horovod_tiers, level_collectives
+from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.abandoned import AbandonedStep, nan_aggregates
-from horovod_sparse.torch.collectives import (Communicator, gather_places, pad_collectives, ranks_reporting,
-                                             step_reports)
+from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
 from horovod_sparse.torch.dense import DenseFlight
 from horovod_sparse.torch.parameters import (NamedParameters, Ordered, exchanged_parameters, flat_groups,
                                              hook_gradients, parameter_names)
@@ -225,7 +224,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._readiness.next_step(self.backward_passes_per_step)
         self._size_checked = False
         nonfinite_groups = self._finiteness.nonfinite(self._engine.read_with_figures)
-        bad_ranks = self._agree_at_step_end(nonfinite_groups)
+        bad_ranks = agree_at_step_end(self._engine, self.nonfinite, nonfinite_groups, self.process_set, self._rank)
         if bad_ranks:
             # Residuals get back what they delivered (they hold ``e + g``: this step's finite
             # gradient is kept); the aggregates are NaN, as after Horovod's allreduce of an overflow.
@@ -239,22 +238,6 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
             self._abandoned.note(bad_ranks, self.steps, nonfinite_groups)
         self._engine.close(self._end_step)
         self._synchronized = True
-
-    def _agree_at_step_end(self, nonfinite_groups: List[str]) -> List[int]:
-        """The ranks that saw a non-finite gradient this step (the engine's agreement); in two tiers,
-        in the same allgather, every rank's collectives of the step leveled
-        (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`), so that the training
-        loop's own unnamed collectives get the same name on every rank."""
-        tiers = self.tiers
-        if tiers is None:
-            return self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
-                                                     lambda count: ranks_reporting(count, self.process_set))
-        launched = sum(group.collectives for group in self._engine.stats.groups)
-        reports = step_reports(len(nonfinite_groups), launched, self.process_set)
-        level_collectives([sent for _, sent in reports], self._rank,
-                          lambda missing: pad_collectives(missing, tiers.cross_set, self.steps))
-        reporting = [rank for rank, (theirs, _) in enumerate(reports) if theirs]
-        return self._engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups, lambda count: reporting)
 
     def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
         """The loss scale this step's gradients were unscaled by (None without a scaler)."""
