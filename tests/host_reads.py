@@ -7,7 +7,10 @@ that would: reading a value on the host (``bool()``, ``int()``, ``float()``, ``i
 ``tolist()``, ``numpy()``, ``cpu()``, using a tensor as a Python index) and operations whose
 output size depends on the values (``nonzero``, ``unique``, ``masked_select``, indexing with a
 boolean mask, ``repeat_interleave`` without ``output_size``, ``bincount``). ``numpy()`` of what
-``cpu()`` just returned is the same read, counted once.
+``cpu()`` just returned is the same read, counted once. Reads that C++ makes on its own are
+counted at the dispatcher (:class:`_ScalarReads`): ``aten::_local_scalar_dense`` outside one of the
+Python reads above, as when a 0-dim tensor indexes another or is passed where a number goes
+(``torch.full((1,), n)`` with ``n`` a tensor: a fill value is a host scalar).
 """
 from __future__ import annotations
 
@@ -30,17 +33,45 @@ def _bool_mask(index: Any) -> bool:
     return any(isinstance(part, torch.Tensor) and part.dtype == torch.bool for part in parts)
 
 
+class _ScalarReads(TorchDispatchMode):
+    """Counts into ``reads`` the ``aten::_local_scalar_dense`` calls (a value read on the host)
+    that no Python read counted by ``reads`` made (:class:`HostReads` sets ``reads.inside``)."""
+
+    def __init__(self, reads: "HostReads") -> None:
+        super().__init__()
+        self.reads = reads
+
+    def __torch_dispatch__(self, func: Any, types: Tuple[type, ...], args: Tuple[Any, ...] = (),
+                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default and not self.reads.inside:
+            self.reads.names.append("_local_scalar_dense")
+        return func(*args, **(kwargs or {}))
+
+
 class HostReads(TorchFunctionMode):
-    """``with HostReads() as reads: ...``; then ``reads.count`` and ``reads.names``."""
+    """``with HostReads() as reads: ...``; then ``reads.count`` and ``reads.names`` (the module
+    docstring: the Python reads, and C++'s own at the dispatcher)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names: List[str] = []
         self._copied: List[torch.Tensor] = []  # what cpu() returned: its numpy() reads nothing more
+        #: Whether a counted Python read is running (its own scalar reads are that read).
+        self.inside = False
+        self._scalars = _ScalarReads(self)
 
     @property
     def count(self) -> int:
         return len(self.names)
+
+    def __enter__(self) -> "HostReads":
+        super().__enter__()
+        self._scalars.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._scalars.__exit__(*exc)
+        super().__exit__(*exc)
 
     def __torch_function__(self, func: Any, types: Tuple[type, ...], args: Tuple[Any, ...] = (),
                            kwargs: Optional[Dict[str, Any]] = None) -> Any:
@@ -48,10 +79,15 @@ class HostReads(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         if name == "numpy" and any(args[0] is copied for copied in self._copied):
             return func(*args, **kwargs)
-        if (name in READS or (name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]))
-                or (name == "repeat_interleave" and kwargs.get("output_size") is None)):
+        counted = (name in READS or (name == "__getitem__" and len(args) > 1 and _bool_mask(args[1]))
+                   or (name == "repeat_interleave" and kwargs.get("output_size") is None))
+        if counted:
             self.names.append(name)
-        result = func(*args, **kwargs)
+        outer, self.inside = self.inside, self.inside or counted
+        try:
+            result = func(*args, **kwargs)
+        finally:
+            self.inside = outer
         if name == "cpu":
             self._copied = [result]
         return result

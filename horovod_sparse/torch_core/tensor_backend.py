@@ -77,7 +77,9 @@ def from_saved(saved: torch.Tensor) -> torch.Tensor:
     return saved
 
 
-def reshape_one(n: int, like: torch.Tensor) -> torch.Tensor:
+def reshape_one(n: Union[int, torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    if isinstance(n, torch.Tensor):  # a count left on the device: a fill would read it on the host
+        return n.reshape(1).to(torch.int64)
     return torch.full((1,), n, dtype=torch.int64, device=like.device)  # a fill: no copy from the host
 
 
@@ -326,9 +328,11 @@ def first_settled(thresholds: Sequence[Union[float, torch.Tensor]], counts: Sequ
     # Every threshold was counted: the first settled one is chosen on the device.
     counted = torch.stack(list(counts)).double()
     settled = counted[:checks] >= low
-    first = torch.where(settled.any(), settled.int().argmax(), len(counts) - 1)
-    found = counted[first]
-    return torch.stack(list(thresholds))[first], (first < checks).logical_and_(found > high)
+    first = torch.where(settled.any(), settled.int().argmax(), len(counts) - 1).reshape(1)
+    # Gathered, not indexed: a 0-dim index is read on the host.
+    found = counted.gather(0, first)[0]
+    threshold = torch.stack(list(thresholds)).gather(0, first)[0]
+    return threshold, (first[0] < checks).logical_and_(found > high)
 
 
 def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:
