@@ -669,3 +669,19 @@ def test_outer_steps_comparisons_and_refusals():
     assert "dense_diloco_final" not in rows[1]
     with pytest.raises(SystemExit):
         main(["--rates", "local", "--every", "10", "--eval-every", "15"])
+
+
+def test_exchange_cost_counts_each_exchanges_operations_beside_dense(tmp_path):
+    """Issue 57's exchange cost on ResNet-50's parameter list, one rank: a dense row, PowerSGD and
+    the asked methods, the methods' operations counted inside their hooks (more than dense's), per
+    bucket over DDP's buckets, the figures printed and written."""
+    result = run([sys.executable, "-m", "benchmarks.exchange_cost", "--models", "resnet50", "--methods", "topk",
+                  "--steps", "1", "--warmup", "2", "--results", str(tmp_path / "cost.json")])
+    rows = json.loads((tmp_path / "cost.json").read_text())["results"]["rows"]
+    assert [(r["model"], r["exchange"]) for r in rows] == [("resnet50", e) for e in ("dense", "powersgd", "topk")]
+    dense, _, topk = rows
+    assert (dense["parameters"], dense["tensors"]) == (models.count_parameters(models.resnet50()), 161)
+    assert topk["buckets"] >= 4 and topk["ops"] > dense["ops"] > 0
+    assert topk["excess_ops_per_bucket"] == pytest.approx((topk["ops"] - dense["ops"]) / topk["buckets"])
+    assert re.search(rf"^resnet50 +topk +{topk['ops']} +\+{topk['excess_ops']} +{topk['buckets']} ", result.stdout,
+                     re.M), result.stdout
