@@ -1,4 +1,4 @@
-"""What a step's exchange costs the host, per method, beside what users pick instead (issue 57).
+"""What a step's exchange costs the host, per method, beside DDP's dense allreduce (issue 57).
 
     python -m benchmarks.exchange_cost [--models resnet50 gpt2small] [--methods topk micro ...] \\
         [--steps 5] [--warmup 3] [--accelerator-paths] [--results results/exchange_cost.json]
@@ -7,17 +7,16 @@ One process and a one-rank ``torch.distributed`` Gloo group on the CPU (a GPU's 
 :mod:`benchmarks.gpu_check`). Per model, its parameter list (:mod:`benchmarks.models`: ResNet-50's
 161 tensors, 25.6 M parameters; the GPT-2-small-sized transformer's, 124.4 M) is trained on the
 loss ``sum(p * p)`` through DDP with its defaults (25 MB buckets), so that only the exchange
-differs between the rows: dense (PyTorch's ``allreduce_hook``, DDP's allreduce as a hook), PowerSGD at rank 4 (PyTorch's
-``bf16_compress_hook`` runs on CUDA only) and every method's comm hook (:mod:`horovod_sparse.ddp`,
-density 0.001, its defaults). After ``--warmup`` steps (DDP builds its buckets in the first,
-PowerSGD compresses from its third), per row: the operations its comm hook dispatches per step,
-counted inside the hook (ATen operators, views included: each a kernel launch or a host-side
-call on a GPU; what DDP does around the hook, the same in every row, is not counted, nor what
-PowerSGD's: see :func:`row`), their excess over the dense hook's, that
-excess per bucket, and the host milliseconds of the whole step per step (median of ``--steps``) with its
-ratio to dense. One rank: the collectives move nothing, so the figures are the work each method
-adds to a step, the fixed cost issue 57 sets budgets for. ``--accelerator-paths`` runs the methods'
-accelerator code on the CPU tensors (:func:`horovod_sparse.torch_core.selection.accelerator_paths`):
+differs between the rows: dense (PyTorch's ``allreduce_hook``, DDP's allreduce as a hook) and every
+method's comm hook (:mod:`horovod_sparse.ddp`, density 0.001, its defaults). After ``--warmup``
+steps (DDP builds its buckets in the first), per row: the operations its comm hook dispatches per
+step, counted inside the hook (ATen operators, views included: each a kernel launch or a host-side
+call on a GPU; what DDP does around the hook is the same in every row and not counted), their
+excess over the dense hook's, that excess per bucket, and the host milliseconds of the whole step
+(median of ``--steps``) with its ratio to dense. One rank: the collectives move nothing, so the
+figures are the work each method adds to a step, the fixed cost issue 57 sets budgets for.
+PowerSGD is timed beside them by :mod:`benchmarks.gpu_check` (``steps``). ``--accelerator-paths``
+runs the methods' accelerator code on the CPU tensors (:func:`horovod_sparse.torch_core.selection.accelerator_paths`):
 the operations a GPU would launch; without it, the CPU's own paths.
 """
 from __future__ import annotations
@@ -77,11 +76,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:
-    """``exchange`` (``"dense"``, ``"powersgd"`` or a method) on ``model``'s parameter list: the
-    operations its hook dispatched in one step (None for PowerSGD: the comment below), its buckets
-    (a method's groups; None where DDP's own) and the median host seconds of ``args.steps`` steps."""
+    """``exchange`` (``"dense"`` or a method) on ``model``'s parameter list: the operations its hook
+    dispatched in one step, its buckets (a method's groups; None for dense) and the median host
+    seconds of ``args.steps`` steps."""
     import horovod_sparse.ddp as hsd
-    from benchmarks.gpu_check import BASELINE_HOOKS
     from horovod_sparse.torch_core.selection import accelerator_paths
     from benchmarks.models import model_spec
 
@@ -93,8 +91,6 @@ def row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:
     state = None
     if exchange == "dense":
         hook_state, hook = None, default_hooks.allreduce_hook
-    elif exchange in BASELINE_HOOKS:
-        hook_state, hook = BASELINE_HOOKS[exchange]()
     else:
         hook_state = state = hsd.State(compression=hsd.Compression.create(exchange, density=0.001))
         hook = hsd.hook
@@ -104,9 +100,7 @@ def row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:
         with accelerator_paths() if args.accelerator_paths else contextlib.nullcontext(), ops:
             return hook(hook_state, bucket)
 
-    # PowerSGD's future callbacks inherit a mode entered in its hook, and its steps then hung (CPU,
-    # Gloo, torch 2.13): its operations are not counted, its time is.
-    net.register_comm_hook(hook_state, hook if exchange in BASELINE_HOOKS else counted)
+    net.register_comm_hook(hook_state, counted)
     parameters = list(net.parameters())
     opt = torch.optim.SGD(parameters, lr=1e-6)
 
@@ -119,7 +113,7 @@ def row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:
         step()
     ops.count = 0
     step()
-    counted_ops = None if exchange in BASELINE_HOOKS else ops.count
+    counted_ops = ops.count
     seconds = []
     for _ in range(args.steps):
         began = time.perf_counter()
@@ -137,13 +131,11 @@ def table(rows: List[Dict[str, Any]]) -> List[str]:
              f"{'host ms':>9} {'/ dense':>8}"]
     for r in rows:
         dense = next(d for d in rows if d["model"] == r["model"] and d["exchange"] == "dense")
-        r["excess_ops"] = None if r["ops"] is None else r["ops"] - dense["ops"]
+        r["excess_ops"] = r["ops"] - dense["ops"]
         r["excess_ops_per_bucket"] = None if not r["buckets"] else r["excess_ops"] / r["buckets"]
         r["over_dense"] = r["ms"] / dense["ms"]
-        ops = "-" if r["ops"] is None else f"{r['ops']:d}"
-        excess = "-" if r["excess_ops"] is None else f"{r['excess_ops']:+d}"
         per_bucket = "-" if r["excess_ops_per_bucket"] is None else f"{r['excess_ops_per_bucket']:.1f}"
-        lines.append(f"{r['model']:10} {r['exchange']:10} {ops:>9} {excess:>7} "
+        lines.append(f"{r['model']:10} {r['exchange']:10} {r['ops']:9d} {r['excess_ops']:+7d} "
                      f"{r['buckets'] or '-':>7} {per_bucket:>11} {r['ms']:9.1f} {r['over_dense']:8.2f}")
     return lines
 
@@ -156,7 +148,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         rows = [row(model, exchange, args) for model in args.models
-                for exchange in ["dense", "powersgd", *args.methods]]
+                for exchange in ["dense", *args.methods]]
     finally:
         dist.destroy_process_group()
     first = {r["model"]: r for r in rows}
