@@ -47,8 +47,11 @@ class ParameterList(torch.nn.Module):
         return torch.stack([(p * p).sum() for p in self.params]).sum()
 
 
-class _Dispatched(TorchDispatchMode):
-    """Counts the operations dispatched to kernels while it is entered (``count``)."""
+class DispatchedOps(TorchDispatchMode):
+    """``with DispatchedOps() as ops: ...``; then ``ops.count``: the operations dispatched to
+    kernels (ATen operators, views included), each a kernel launch or a bookkeeping call on a GPU:
+    what a step costs the host beyond its kernels' own time (also the tests' count,
+    ``tests/host_reads.py``)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -94,7 +97,7 @@ def row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:
     else:
         hook_state = state = hsd.State(compression=hsd.Compression.create(exchange, density=0.001))
         hook = hsd.hook
-    ops = _Dispatched()
+    ops = DispatchedOps()
 
     def counted(hook_state, bucket):  # type: ignore[no-untyped-def]  (DDP refuses string annotations)
         with accelerator_paths() if args.accelerator_paths else contextlib.nullcontext(), ops:

@@ -21,6 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.exchange_cost import DispatchedOps  # noqa: F401  (the operations counted, for the workers)
 from horovod_sparse.torch_core.selection import accelerator_paths
 
 #: The operations counted, by name (see the module docstring).
@@ -101,18 +102,3 @@ def reads_on_accelerator_paths(into: List[str]) -> Iterator[None]:
     with accelerator_paths(), HostReads() as host:
         yield
     into.extend(host.names)
-
-
-class DispatchedOps(TorchDispatchMode):
-    """``with DispatchedOps() as ops: ...``; then ``ops.count``: the operations dispatched to
-    kernels (ATen operators, views included), each a kernel launch or a bookkeeping call on a GPU:
-    what a step costs the host beyond its kernels' own time."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func: Any, types: Tuple[type, ...], args: Tuple[Any, ...] = (),
-                           kwargs: Optional[Dict[str, Any]] = None) -> Any:
-        self.count += 1
-        return func(*args, **(kwargs or {}))
