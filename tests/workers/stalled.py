@@ -3,8 +3,9 @@ ever, which now ends in ``ExchangeStalled`` on every rank left waiting (horovod_
 
 :func:`take_extra_round` makes one rank's exchange of one step yield one allreduce more after its
 first round; :func:`record_stall` trains until the error comes, writes what this rank saw and
-leaves (after a grace period, so that no rank's exit breaks a peer's collective before that
-peer's own deadline)."""
+leaves with the others: once every rank has written its record, all of them shut Horovod down
+together, so that no rank's exit breaks a peer's Gloo connection (a peer's background thread
+aborts the process on that, SIGABRT, also when it has already written its record)."""
 import json
 import os
 import time
@@ -15,10 +16,9 @@ import torch
 
 from horovod_sparse.common.stall import ExchangeStalled
 
-#: Seconds a rank stays after its error: the other ranks' deadlines fall within it, also on a
-#: loaded 2-core machine, where they come up to the tests' slack (6 s) apart and 5 s once let a
-#: rank's exit break a peer's Gloo connection (the peer aborted) before that peer's deadline.
-GRACE = 15.0
+#: Seconds a rank waits for the other ranks' records before it leaves anyway (their deadlines come
+#: within the tests' slack, 6 s, of each other also on a loaded 2-core machine).
+GRACE = 60.0
 
 
 def take_extra_round(method: Any, at_step: int, on_rank: bool) -> None:
@@ -41,11 +41,13 @@ def take_extra_round(method: Any, at_step: int, on_rank: bool) -> None:
     method.exchange = diverging
 
 
-def record_stall(out: Path, name: str, rank: int, train_step: Callable[[int], None], steps: int,
-                 **facts: Any) -> None:
+def record_stall(out: Path, name: str, rank: int, size: int, shutdown: Callable[[], None],
+                 train_step: Callable[[int], None], steps: int, **facts: Any) -> None:
     """Run ``train_step(step)`` for ``steps`` steps; write ``{name}.rank{rank}.json`` with
     ``facts``, the steps done and the error that ended them (its type, message and fields, and
-    the seconds the failing step took), then leave the process."""
+    the seconds the failing step took); once the ``size`` ranks' records are all there (or after
+    :data:`GRACE` seconds), call ``shutdown`` (Horovod's, which every rank's background thread
+    leaves together) and leave the process."""
     record: Any = {**facts, "steps_done": 0, "error": None}
     for step in range(steps):
         start = time.monotonic()
@@ -60,5 +62,8 @@ def record_stall(out: Path, name: str, rank: int, train_step: Callable[[int], No
             break
         record["steps_done"] = step + 1
     (out / f"{name}.rank{rank}.json").write_text(json.dumps(record))
-    time.sleep(GRACE)
+    deadline = time.monotonic() + GRACE
+    while len(list(out.glob(f"{name}.rank*.json"))) < size and time.monotonic() < deadline:
+        time.sleep(0.1)
+    shutdown()
     os._exit(0)

@@ -261,7 +261,7 @@ def run_diverging(index, config, out: Path):
     at_step, on_rank = config["diverge"]
     take_extra_round(compression, at_step, hvd.rank() == on_rank)
     opt = build(config, params, compression=compression)
-    record_stall(out, str(index), hvd.rank(),
+    record_stall(out, str(index), hvd.rank(), hvd.size(), hvd.shutdown,
                  lambda step: train_step(opt, params, step_gradients(params, config["seed"], step, hvd.rank())),
                  config["steps"], groups=list(opt.residuals()))
 
