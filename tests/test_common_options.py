@@ -1,11 +1,12 @@
 """Options validation, the registry and grouping: framework-free, one process."""
 import math
+import random
 
 import pytest
 
 import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
-from horovod_sparse.common.grouping import ParamInfo, form_groups, split_evenly
+from horovod_sparse.common.grouping import Buckets, ParamInfo, form_groups, split_evenly
 from horovod_sparse.common.options import target_count
 from horovod_sparse.common.threshold_baselines import capacity_count
 
@@ -119,6 +120,50 @@ def test_kept_parameters_are_grouped_apart_after_the_others():
     assert form_groups(params, [[3, 1, 0]], kept=[1]) == [[0], [3], [2], [4], [1]]
     assert form_groups(params, "size:13", kept=[2]) == [[0, 1], [3], [4], [2]]  # runs [0, 1, 3], [4]
     assert form_groups(params, "model", kept=range(5)) == [[0, 1, 2, 4], [3]]
+
+
+def test_buckets_are_filled_from_the_last_parameter_and_bounded_in_bytes():
+    """Buckets: the last parameters first, each bucket at most the cap in bytes unless one
+    parameter alone exceeds it, kinds never mixed, members in parameter order."""
+    mib = 2 ** 20
+    params = _params(mib // 4, mib, 3 * mib // 4, mib // 2)  # 1, 4, 3 and 2 MiB of float32
+    assert form_groups(params, "buckets:5") == [[2, 3], [0, 1]]
+    assert form_groups(params, "buckets:4") == [[3], [2], [1], [0]]
+    assert form_groups(params, Buckets(10 * mib)) == [[0, 1, 2, 3]]
+    assert form_groups(params, "buckets") == [[0, 1, 2, 3]]  # 25 MiB, DDP's cap
+    halves = [ParamInfo(f"h{i}", mib // 2, "f16", 2) for i in range(3)]  # 1 MiB each at 2 bytes
+    assert form_groups(halves, "buckets:2") == [[1, 2], [0]]
+    assert form_groups(_params(5, 6, 7, kinds=["f32", "f16", "f32"]), "buckets") == [[0], [1], [2]]
+    assert form_groups(params, None, default="buckets:5", kept=[3]) == [[2], [0, 1], [3]]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_buckets_are_the_greedy_cut_from_the_end(seed):
+    """Against the definition, on random sizes: read last parameter first, the buckets cover
+    every parameter once in that order, none is over the cap unless it holds one parameter, and
+    none could have taken the parameter that opens the next one (greedy: every cut is forced)."""
+    rng = random.Random(seed)
+    sizes = [rng.choice([1, 3, 8, 40, 100, 260]) for _ in range(rng.randint(1, 30))]
+    cap = rng.choice([50, 100, 300])
+    groups = form_groups(_params(*sizes), Buckets(cap))
+    assert [i for g in groups for i in reversed(g)] == list(reversed(range(len(sizes))))
+    for g, following in zip(groups, groups[1:] + [None]):
+        total = sum(4 * sizes[i] for i in g)
+        assert total <= cap or len(g) == 1, (g, total)
+        if following is not None:
+            assert total + 4 * sizes[following[-1]] > cap, (g, following)
+
+
+def test_bucket_specs_are_checked():
+    with pytest.raises(ValueError, match="'buckets:M' with M the cap of a bucket in MiB"):
+        form_groups(_params(1, 2), "buckets:0")
+    for text in ("buckets:-1", "buckets:nan", "buckets:inf", "buckets:x", "buckets25"):
+        with pytest.raises(ValueError, match="'buckets:M' with M the cap of a bucket in MiB"):
+            form_groups(_params(1, 2), text)
+    assert Buckets.parse("buckets:0.5") == Buckets(2 ** 19) and Buckets.parse("buckets:0.002") == Buckets(2097)
+    with pytest.raises(ValueError, match="bucket cap in bytes"):
+        Buckets(0)
+    assert str(Buckets()) == "buckets:25" and str(Buckets(10)) == "Buckets(cap_bytes=10)"
 
 
 def test_grouping_refuses_bad_specs():

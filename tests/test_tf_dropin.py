@@ -221,8 +221,8 @@ def test_beside_the_models_own_collectives(job2, method):
 def test_kept_dense_variables(job2):
     """The tape's ``dense`` keeping the biases dense beside Top-k at density 0.1: at every step
     their gradients are the ranks' average, bitwise (Horovod's allreduce of their own gradients),
-    the weights' are not; the biases are one group after the weights', marked ``kept_dense`` and
-    dense in the statistics; a misspelt name and ranks choosing differently raise on every rank,
+    the weights' are not; the biases are one group after the weights' bucket, marked
+    ``kept_dense`` and dense in the statistics; a misspelt name and ranks choosing differently raise on every rank,
     naming the near miss and what differs."""
     index = next(i for i, c in enumerate(TWO) if c["scenario"] == "kept_dense")
     for record in rank_records(job2, index, 2):
@@ -230,8 +230,8 @@ def test_kept_dense_variables(job2):
         for exact in record["exact"]:
             assert exact[1] and exact[3], record["exact"]
         assert not any(exact[0] or exact[2] for exact in record["exact"]), record["exact"]
-        assert record["groups"] == [[weight0], [weight1], [bias0, bias1]]
+        assert record["groups"] == [[weight0, weight1], [bias0, bias1]]
         assert {s["name"]: (s["dense"], s["kept_dense"]) for s in record["stats"]} == {
-            weight0: (False, False), weight1: (False, False), f"group2.{bias0}": (True, True)}
+            f"group0.{weight0}": (False, False), f"group1.{bias0}": (True, True)}
         assert f"dense={bias0[:-1] + 'O'!r} matches no variable" in record["typo"] and repr(bias0) in record["typo"]
         assert f"dense=[{bias1!r}] (rank 0: [{bias0!r}])" in record["mismatch"], (names, record["mismatch"])

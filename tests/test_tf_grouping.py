@@ -23,7 +23,7 @@ from tests.test_torch_grouping import (EXPECTED_GROUPS, GROUPINGS, METHODS, asse
 STEPS = 6
 #: Steps of the MergeComp configs: the PyTorch matrix's, in which its search decides.
 MERGECOMP_STEPS = 10
-DENSE_ONLY = ("size256", "mergecomp")  # groupings that shape a sparsifier's buffers only
+DENSE_ONLY = ("size256", "buckets", "mergecomp")  # groupings that shape a sparsifier's buffers only
 
 
 def tf_config(method, grouping, **options):
@@ -94,7 +94,8 @@ def errors(run, config):
 
 @pytest.mark.parametrize("config", REFUSED, ids=lambda c: c["name"])
 def test_buffer_groupings_are_refused_for_horovods_dense_path(run, config):
-    spelled = {"size256": "groups='size:256'", "mergecomp": "groups='mergecomp' (MergeComp)"}
+    spelled = {"size256": "groups='size:256'", "buckets": "groups='buckets:0.002'",
+               "mergecomp": "groups='mergecomp' (MergeComp)"}
     for error in errors(run, config):
         assert error["type"] == "ValueError"
         assert (f"{spelled[config['name'].split('-')[1]]} sets the flat buffers of a sparsifier; with Horovod's "

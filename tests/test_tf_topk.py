@@ -27,13 +27,14 @@ CONFIGS = [
     topk_config("tape_function_model", 0.02, "tape_function", groups="model"),
     topk_config("keras_two_groups", 0.1, "keras", groups=2),
     topk_config("keras_function_model", 0.03, "keras_function", groups="model"),
-    topk_config("tape_warmup_min_numel", 0.05, "tape", options={"warmup_steps": 3, "min_numel": 100}),
+    topk_config("tape_warmup_min_numel", 0.05, "tape", groups="tensor", options={"warmup_steps": 3, "min_numel": 100}),
     topk_config("function_schedule", 0.02, "tape_function", groups="model",
                 options={"density_schedule": "piecewise:0.1@3"}),
     # Horovod's local aggregation (backward_passes_per_step) with the exchange plugged in.
     topk_config("keras_function_two_passes", 0.05, "keras_function", backward_passes=2),
     # Warm-up inside a tf.function: the dense and the sparse step are both traced (tf.cond).
-    topk_config("keras_function_warmup", 0.05, "keras_function", options={"warmup_steps": 3, "min_numel": 100}),
+    topk_config("keras_function_warmup", 0.05, "keras_function", groups="tensor",
+                options={"warmup_steps": 3, "min_numel": 100}),
 ]
 
 
@@ -134,7 +135,7 @@ def test_schedule_and_warmup_statistics(gloo_run):
         assert all(g["dense"] for r in warmup[:3] for g in r["groups"])
         for record in warmup[3:]:
             dense = [g["dense"] for g in record["groups"]]
-            assert sum(dense) == 2, "the two groups below min_numel stay dense after warm-up"
+            assert sum(dense) == 2, "the two tensors below min_numel stay dense after warm-up"
     eager = Observed(out, "tape_warmup_min_numel", size).stats(0)
     assert all(g["seconds"] for g in eager[3]["groups"] if not g["dense"]), "eager steps are timed"
 

@@ -47,7 +47,7 @@ TWO = checkpoint_configs() + SWAP + [
     {"scenario": "optimizers", "method": "none"},
     {"scenario": "optimizers", "method": "topk", "options": FULL},
 ] + [{"scenario": "own_collectives", "method": method} for method in METHODS] + [
-    {"scenario": "kept_dense", "method": "topk", "options": SPARSE},
+    {"scenario": "kept_dense", "method": "topk", "options": SPARSE, "groups": "tensor"},
     {"scenario": "kept_dense", "method": "micro", "options": SPARSE, "groups": "model"},
 ]
 THREE = checkpoint_configs()
@@ -185,10 +185,11 @@ def test_beside_the_models_own_collectives(job2, method):
     assert_trains_beside_own_collectives(rank_records(job2, TWO.index(config), 2), method, DELIVER_ALL)
 
 
-@pytest.mark.parametrize("groups", [None, "model"])
+@pytest.mark.parametrize("groups", ["tensor", "model"])
 def test_kept_dense_parameters(job2, groups):
     """``dense="*.bias"`` beside a sparsifier at density 0.1 (per-tensor groups with Top-k, one
-    group with MiCRO): at every step each bias's aggregated gradient is the ranks' average,
+    group with MiCRO; the buckets of Top-k's default are tested as groups in
+    test_torch_grouping.py): at every step each bias's aggregated gradient is the ranks' average,
     bitwise (Horovod's allreduce of their own gradients), while the weights' are sparse; the
     biases form one group of their own, after the weights' groups as the strategy forms them,
     marked ``kept_dense`` and dense in the statistics; a misspelt name and ranks choosing
@@ -198,7 +199,7 @@ def test_kept_dense_parameters(job2, groups):
         for exact in record["exact"]:
             assert exact["0.bias"] and exact["2.bias"], exact
         assert not any(exact["0.weight"] or exact["2.weight"] for exact in record["exact"]), record["exact"]
-        weights = [["0.weight", "2.weight"]] if groups == "model" else [["0.weight"], ["2.weight"]]
+        weights = [["0.weight", "2.weight"]] if groups == "model" else [["0.weight"], ["2.weight"]]  # per tensor
         assert record["groups"] == [*weights, ["0.bias", "2.bias"]]
         stats = record["stats"]
         assert [s["kept_dense"] for s in stats] == [False] * len(weights) + [True], stats

@@ -29,6 +29,7 @@ GROUPINGS = {
     "model": "model",
     "int2": 2,
     "size256": "size:256",
+    "buckets": "buckets:0.002",  # 2,097 bytes: a bucket closes before 2.1 kB of float32
     "lists": [[3, 1], [4, 0]],
     "mergecomp": {"mergecomp": {"warmup_steps": 0, "timed_steps": 1, "refine_budget": 1, "confirm": 2}},
 }
@@ -37,6 +38,7 @@ EXPECTED_GROUPS = {
     "model": [[0, 1, 2, 3, 4, 5]],
     "int2": [[0, 1, 2], [3, 4, 5]],
     "size256": [[0], [1, 2, 3, 4], [5]],
+    "buckets": [[3, 4, 5], [1, 2], [0]],  # 256 + 1600 + 12 bytes, then 840 + 160, then 8000 alone
     "lists": [[1, 3], [0, 4], [2], [5]],  # Horovod: listed groups first, the rest one each
 }
 #: Horovod's dense path (``none``; ``fp16`` takes the same path) and every registered method.
@@ -182,3 +184,24 @@ def test_lists_and_backward_passes_match_horovods_optimizer(run, name):
         ours, stock = obs.params(rank), obs.params(rank, "stock")
         for i in range(len(SHAPES)):
             np.testing.assert_allclose(ours[f"param_{i}"], stock[f"stock_{i}"], rtol=1e-6, atol=1e-7)
+
+
+#: Each method's grouping for ``groups=None``: flat buckets of at most 25 MiB, except the methods
+#: defined on other groups (LAGS's merging up to 8192 elements; one group for MiCRO, ExDyna and gTop-k).
+DEFAULT_GROUPING = {"lags": "size:8192", "micro": "model", "exdyna": "model", "gtopk": "model"}
+
+
+@pytest.mark.parametrize("method", METHODS[1:])
+def test_groups_none_takes_the_methods_default(method):
+    """Without ``groups=`` the optimizer's groups are the method's default: on float32 tensors of
+    16, 4 and 16 MiB, buckets of 25 MiB hold the last two together and the first alone."""
+    import torch
+
+    import horovod_sparse.torch as hs
+    from horovod_sparse.torch.parameters import flat_groups
+
+    ordered = [(f"p{i}", torch.empty(n << 20, device="meta")) for i, n in enumerate([4, 1, 4])]
+    expected = {"buckets": [["p1", "p2"], ["p0"]], "size:8192": [["p0"], ["p1"], ["p2"]],
+                "model": [["p0", "p1", "p2"]]}[DEFAULT_GROUPING.get(method, "buckets")]
+    compression = hs.Compression.create(method, density=0.01)
+    assert [g.names for g in flat_groups(ordered, None, compression.default_grouping, ())] == expected

@@ -30,7 +30,8 @@ from tests.test_torch_lags import SIZE as LAGS_WORKERS
 
 NP, GROWN, HALF = 2, LAGS_WORKERS, 6
 #: 1920, 40, 1200 and 7 elements: with the default min_numel (1024) the first and third
-#: parameters are sparsified per tensor and the others allreduced dense.
+#: parameters are sparsified per tensor and the others allreduced dense (the methods whose
+#: default is flat buckets are given ``groups="tensor"``: their state is checked per tensor).
 SHAPES = [[48, 40], [40], [30, 40], [7]]
 #: LAGS fed the given times of tests/test_torch_lags.py (backward time per gradient, alpha-beta
 #: model, local costs, floor and cap), with groups of at least 1000 elements: [p0], [p1, p2], [p3].
@@ -61,6 +62,8 @@ CONFIGS = [
 ]
 for _config in CONFIGS:
     _config.update(shapes=SHAPES, seed=11, half=HALF)
+    if _config["method"] in ("topk", "threshold", "dgc", "gaussiank", "sparseloco") and "groups" not in _config:
+        _config["groups"] = "tensor"
 NAMES = [config["name"] for config in CONFIGS]
 #: Top-k's checkpoint (per-tensor groups) loaded into an optimizer with one group for the model.
 REGROUP = {**CONFIGS[0], "name": "regroup", "source": "topk_warmup", "groups": "model"}

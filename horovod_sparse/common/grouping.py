@@ -1,5 +1,6 @@
-"""How parameters are grouped into flat buffers: per tensor, whole model, N groups, fixed-size
-merging, explicit lists; and when each group becomes ready during the backward pass.
+"""How parameters are grouped into flat buffers: flat buckets bounded in bytes, per tensor, whole
+model, N groups, fixed-size merging, explicit lists; and when each group becomes ready during the
+backward pass.
 
 Grouping is an axis of its own, independent of what is selected: every sparsifier works on
 whatever groups this module forms. Groups are contiguous runs of an order that is the same on
@@ -13,26 +14,83 @@ MergeComp the order gradients become ready and the step times.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Collection, Dict, List, Optional, Sequence, Union
 
 from horovod_sparse.common.validation import check_int
 
-#: Named strategies accepted by ``groups=`` besides an int, ``"size:N"`` or explicit lists.
-STRATEGIES = ("tensor", "model")
+#: Named strategies accepted by ``groups=`` besides an int, ``"size:N"``, ``"buckets:M"`` or
+#: explicit lists.
+STRATEGIES = ("buckets", "tensor", "model")
 #: Prefix of the fixed-size merging strategy: ``"size:8192"``.
 SIZE_PREFIX = "size:"
+#: Prefix of the bucket strategy with its cap in MiB: ``"buckets:25"``.
+BUCKETS_PREFIX = "buckets:"
+#: The buckets' default cap in bytes: DDP's ``bucket_cap_mb=25``.
+BUCKET_CAP_BYTES = 25 * 2 ** 20
 
 
 @dataclass(frozen=True)
 class ParamInfo:
-    """What grouping needs to know of a parameter: its name, size and buffer kind
-    (dtype and device, as a string; parameters of different kinds never share a group)."""
+    """What grouping needs to know of a parameter: its name, size, buffer kind (dtype and device,
+    as a string; parameters of different kinds never share a group) and bytes per element."""
 
     name: str
     numel: int
     kind: str
+    itemsize: int = 4
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """Flat buckets bounded in bytes, as DDP's buckets and Horovod's fusion buffer: parameters
+    taken in reverse order (the order backward produces their gradients, roughly, so the first
+    bucket is complete, and leaves, while backward still runs: DDP's order before it has seen a
+    step), a bucket closed before a parameter that would take it over ``cap_bytes`` (a parameter
+    larger than the cap is a bucket of its own). Each bucket lists its parameters in parameter
+    order. Written ``"buckets"`` (25 MiB, DDP's default) or ``"buckets:M"`` (M MiB) where a string
+    is expected (M may have a fraction)."""
+
+    cap_bytes: int = BUCKET_CAP_BYTES
+
+    def __post_init__(self) -> None:
+        check_int("bucket cap in bytes", self.cap_bytes, minimum=1)
+
+    def __str__(self) -> str:
+        mib, rest = divmod(self.cap_bytes, 2 ** 20)
+        return f"{BUCKETS_PREFIX}{mib}" if not rest else f"Buckets(cap_bytes={self.cap_bytes})"
+
+    @classmethod
+    def parse(cls, text: str) -> "Buckets":
+        """``"buckets"`` -> ``Buckets()``, ``"buckets:4"`` -> 4 MiB buckets (``M`` may have a
+        fraction, as DDP's ``bucket_cap_mb``; the cap is ``int(M * 2**20)`` bytes), with an error
+        naming the expected form."""
+        if text == "buckets":
+            return cls()
+        try:
+            mib = float(text[len(BUCKETS_PREFIX):]) if text.startswith(BUCKETS_PREFIX) else math.nan
+        except ValueError:
+            mib = math.nan
+        if not (math.isfinite(mib) and mib * 2 ** 20 >= 1):
+            raise ValueError(f"groups={text!r}: the bucket strategy is written 'buckets' (25 MiB, as DDP) or "
+                             f"'buckets:M' with M the cap of a bucket in MiB (a number, at least one byte), "
+                             f"e.g. 'buckets:25'")
+        return cls(int(mib * 2 ** 20))
+
+    def runs(self, sizes: Sequence[int]) -> List[List[int]]:
+        """Positions ``0..len(sizes)-1`` (``sizes`` in bytes) cut into buckets, last position first."""
+        runs: List[List[int]] = []
+        total = 0
+        for position in reversed(range(len(sizes))):
+            if runs and total + sizes[position] <= self.cap_bytes:
+                runs[-1].insert(0, position)
+                total += sizes[position]
+            else:
+                runs.append([position])
+                total = sizes[position]
+        return runs
 
 
 @dataclass(frozen=True)
@@ -60,7 +118,7 @@ class MergeBySize:
         return cls(int(number))
 
 
-GroupSpec = Union[None, int, str, MergeBySize, Sequence[Sequence[int]]]
+GroupSpec = Union[None, int, str, MergeBySize, Buckets, Sequence[Sequence[int]]]
 
 
 def split_evenly(items: Sequence[int], parts: int) -> List[List[int]]:
@@ -105,7 +163,9 @@ def form_groups(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupSpec
 
     Args:
         params: parameters in the order gradients are flattened (identical on every rank).
-        spec: ``None`` (use ``default``), ``"tensor"`` (one group per parameter), ``"model"``
+        spec: ``None`` (use ``default``), ``"buckets"`` / ``"buckets:M"`` / :class:`Buckets`
+            (flat buckets of at most 25 / M MiB, last parameters first), ``"tensor"`` (one group
+            per parameter), ``"model"``
             (one group per buffer kind), an int ``N > 0`` (Horovod's ``groups=N``: N contiguous
             groups of nearly equal parameter count), ``"size:T"`` or :class:`MergeBySize`
             (adjacent parameters merged until a group has ``T`` elements), or explicit lists of
@@ -138,11 +198,15 @@ def _strategy_runs(params: Sequence[ParamInfo], spec: GroupSpec, default: GroupS
         spec = default
     if isinstance(spec, str) and spec.startswith(SIZE_PREFIX):
         spec = MergeBySize.parse(spec)
-    if isinstance(spec, MergeBySize):
+    if isinstance(spec, str) and spec.startswith("buckets"):
+        spec = Buckets.parse(spec)
+    if isinstance(spec, Buckets):
+        runs = [[order[i] for i in run] for run in spec.runs([params[i].numel * params[i].itemsize for i in order])]
+    elif isinstance(spec, MergeBySize):
         runs = [[order[i] for i in run] for run in merge_by_size([params[i].numel for i in order], spec.threshold)]
     elif isinstance(spec, str):
         if spec not in STRATEGIES:
-            raise ValueError(f"groups must be an int > 0, lists of parameters, 'size:N', or one of "
+            raise ValueError(f"groups must be an int > 0, lists of parameters, 'size:N', 'buckets:M', or one of "
                              f"{', '.join(map(repr, STRATEGIES))}; got {spec!r}")
         runs = [[i] for i in order] if spec == "tensor" else [order]
     elif isinstance(spec, int) and not isinstance(spec, bool):

@@ -46,8 +46,10 @@ class Sparsifier:
 
     #: Registry name, set by ``@implements``.
     method_name: ClassVar[str] = ""
-    #: Grouping used when the front end is given ``groups=None``.
-    default_grouping: ClassVar[Any] = "tensor"
+    #: Grouping used when the front end is given ``groups=None``: flat buckets of at most 25 MiB
+    #: (:class:`~horovod_sparse.common.grouping.Buckets`), so that a step's operations scale with
+    #: its buckets, not its tensors; a method defined on other groups names its own.
+    default_grouping: ClassVar[Any] = "buckets"
     #: Whether a traced TensorFlow step runs :meth:`exchange` on the host: True for methods whose
     #: decisions are made in Python from values of the current step (a threshold refined from the
     #: count it selected, partition tables from gathered counts). TensorFlow's driver then runs

@@ -9,6 +9,7 @@ from typing import Any, List, Sequence, Tuple
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from horovod_sparse.common.grouping import Buckets, MergeBySize
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.tensorflow import recording
@@ -23,9 +24,9 @@ def horovod_groups(groups: Any) -> Any:
     mergecomp = MergeCompOptions.from_spec(groups) is not None
     if isinstance(groups, str) and groups in ("tensor", "model"):
         return None if groups == "tensor" else 1
-    if not isinstance(groups, str) and not mergecomp:
+    if not isinstance(groups, (str, Buckets, MergeBySize)) and not mergecomp:
         return groups
-    named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={groups!r}"
+    named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={str(groups)!r}"
     raise ValueError(f"{named} sets the flat buffers of a sparsifier; with Horovod's dense compressors "
                      "pass an int, lists of variables, 'tensor' or 'model'")
 

@@ -117,8 +117,9 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
             too, with a sparsifier); otherwise their rows are aggregated exactly, as Horovod does.
         op: ``hvd.Average`` or ``hvd.Sum`` with a sparsifier; any Horovod op densely.
         gradient_predivide_factor: dense path only (a sparsifier refuses anything but 1.0).
-        groups: with a sparsifier: an int, ``"tensor"``, ``"model"``, ``"size:N"`` or lists of
-            variables (``None``: the method's natural grouping); densely: Horovod's meaning.
+        groups: with a sparsifier: an int, ``"buckets"``, ``"buckets:M"``, ``"tensor"``,
+            ``"model"``, ``"size:N"`` or lists of variables (``None``: the method's natural
+            grouping); densely: Horovod's meaning.
         process_set: the Horovod process set to reduce over.
         device_dense: device of the dense collectives.
         device_sparse: device of the IndexedSlices collectives.

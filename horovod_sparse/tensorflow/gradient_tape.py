@@ -99,10 +99,12 @@ def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "", d
         gradient_predivide_factor: splits the averaging before and after the sum (dense only).
         num_groups: deprecated alias of ``groups`` (as in Horovod).
         groups: an int, lists of variables (Horovod's meaning), or, with a sparsifier,
-            ``"tensor"`` / ``"model"`` / ``"size:N"`` or ``"mergecomp"`` / a
-            ``MergeCompOptions`` (the MergeComp scheduler chooses from measured step times:
-            ``tape.exchanger.mergecomp.result``); ``None`` uses the sparsifier's natural
-            grouping (per tensor for Top-k). Groups are flattened into one buffer each.
+            ``"buckets"`` / ``"buckets:M"`` / ``"tensor"`` / ``"model"`` / ``"size:N"`` or
+            ``"mergecomp"`` / a ``MergeCompOptions`` (the MergeComp scheduler chooses from
+            measured step times: ``tape.exchanger.mergecomp.result``); ``None`` uses the
+            sparsifier's natural grouping (flat buckets of at most 25 MiB, ``"size:8192"`` for
+            LAGS, the whole model for MiCRO, ExDyna and gTop-k). Groups are flattened into one
+            buffer each.
         process_set: the Horovod process set to reduce over.
         scale_local_gradients: scale the gradients of registered local sources by 1/size.
         stats_log: optional text stream; one JSON line of statistics per exchange.

@@ -140,7 +140,7 @@ class Layouts:
             spec = [[position[v.ref()] for v in members if v.ref() in position] for members in spec]
         mergecomp = MergeCompOptions.from_spec(spec) if self.sparse else None
         kept_dense = chosen_dense(self.dense_spec, names, "variable")
-        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name)
+        infos = [ParamInfo(name, int(shape.num_elements()), g.dtype.name, g.dtype.size)
                  for name, shape, g in zip(names, shapes, grads)]
         scheduler = None if mergecomp is None else MergeCompScheduler(
             mergecomp, names, [info.numel for info in infos], self.process_set, backend)

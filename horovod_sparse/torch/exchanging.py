@@ -181,7 +181,6 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
     def _launch(self, group: FlatGroup) -> None:
         self.timeline.group_ready(group.name)
         self._sparse_rows.prepare(group)
-        usable = self._finite(group)
         dense_step = self._sparse and (self.steps < self._compression.options.warmup_steps
                                        or (self.mergecomp is not None and self.mergecomp.recording))
         plan, stats = self._engine.plan(group.name, group.numel, dense_step, group.kept_dense)
@@ -192,6 +191,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         else:
             prescale = postscale = scale = 1.0
         if not plan.sparse:
+            self._finite(group)
             compression = hvd.Compression.none if self._sparse else self._compression
             self._engine.keep(DenseFlight(group, stats, compression, self.process_set, self.op, prescale, postscale))
             return
@@ -199,7 +199,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
             self._scale_factors = self._loss_scale.factors()
         inverse = None if self._scale_factors is None else self._scale_factors[1]
         self._engine.start_sparse(group, plan, stats, size, self._rank, scale, group.params[0].device,
-                                  lambda: group.load_gradients(usable, inverse))
+                                  lambda: group.load_gradients(lambda staged: self._finite(group, staged), inverse))
 
     # -- synchronizing ----------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -243,13 +243,16 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         """The loss scale this step's gradients were unscaled by (None without a scaler)."""
         return None if self._scale_factors is None else self._scale_factors[0]
 
-    def _finite(self, group: FlatGroup) -> Usable:
+    def _finite(self, group: FlatGroup, staged: Optional[torch.Tensor] = None) -> Usable:
         """Whether ``group``'s gradients on this rank are all finite (True without a
-        ``nonfinite`` policy), noted for :meth:`synchronize`: a host bool, or on an accelerator a
-        0-dim bool tensor that nothing reads until the step ends. A non-finite gradient
-        contributes nothing this step and never reaches the residual (it stays in ``.grad``
-        until :meth:`synchronize`, which tells every rank and applies the policy)."""
-        return self._finiteness.check([group.name], *[p.grad for p in group.params if p.grad is not None])
+        ``nonfinite`` policy), read from ``staged`` (the group's gradients staged in one flat
+        buffer: one check, not one per parameter) or else from the ``.grad`` tensors, noted
+        for :meth:`synchronize`: a host bool, or on an accelerator a 0-dim bool tensor that
+        nothing reads until the step ends. A non-finite gradient contributes nothing this step
+        and never reaches the residual (it stays in ``.grad`` until :meth:`synchronize`, which
+        tells every rank and applies the policy)."""
+        tensors = [p.grad for p in group.params if p.grad is not None] if staged is None else [staged]
+        return self._finiteness.check([group.name], *tensors)
 
     def _end_step(self, timeline: Any) -> None:
         """Hand the finished step's ``timeline`` to the sparsifier and to the MergeComp scheduler

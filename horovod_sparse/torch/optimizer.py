@@ -85,11 +85,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             being delegated to Horovod's own Adasum optimizer.
         gradient_predivide_factor: splits the averaging before and after the sum (dense path).
         num_groups: deprecated alias of ``groups`` (as in Horovod).
-        groups: an int or lists of parameters (Horovod's meaning); ``"tensor"`` (one group per
-            parameter), ``"model"`` (one group), ``"size:N"`` (adjacent parameters merged up to
-            N elements); or ``"mergecomp"`` / a ``MergeCompOptions`` (the MergeComp scheduler
-            chooses from measured step times: see ``optimizer.mergecomp.result``). ``None`` uses
-            the sparsifier's natural grouping (per tensor for Top-k, ``"size:8192"`` for LAGS).
+        groups: an int or lists of parameters (Horovod's meaning); ``"buckets"`` (flat buckets of
+            at most 25 MiB, as DDP's, filled from the last parameter, whose gradient is ready
+            first), ``"buckets:M"`` (M MiB), ``"tensor"`` (one group per parameter), ``"model"``
+            (one group), ``"size:N"`` (adjacent parameters merged up to N elements); or
+            ``"mergecomp"`` / a ``MergeCompOptions`` (the MergeComp scheduler chooses from
+            measured step times: see ``optimizer.mergecomp.result``). ``None`` uses the
+            sparsifier's natural grouping (``"buckets"``; ``"size:8192"`` for LAGS, the whole
+            model for MiCRO, ExDyna and gTop-k).
         sparse_as_dense: exchange ``torch.sparse`` gradients with the dense ones (sparsified
             too, with a sparsifier) and hand them back sparse, as Horovod does; otherwise their
             rows are aggregated exactly by an allgather, as Horovod does, whatever the compression.

@@ -51,7 +51,7 @@ def flat_groups(ordered: Ordered, spec: Any, default: Any, kept_dense: Collectio
     :func:`~horovod_sparse.common.grouping.form_groups`, whose explicit lists here hold tensors;
     ``default``: the grouping for None), the parameters named in ``kept_dense`` in groups of
     their own, marked ``kept_dense``. Raises ``ValueError`` for a list holding anything but tensors."""
-    infos = [ParamInfo(name, p.numel(), f"{p.dtype}/{p.device}") for name, p in ordered]
+    infos = [ParamInfo(name, p.numel(), f"{p.dtype}/{p.device}", p.element_size()) for name, p in ordered]
     kept = [i for i, (name, _) in enumerate(ordered) if name in kept_dense]
     if isinstance(spec, (list, tuple)):
         position = {id(p): i for i, (_, p) in enumerate(ordered)}

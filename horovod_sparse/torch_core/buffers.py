@@ -10,9 +10,12 @@ parameter and its gradient as flat memory).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
+
+#: Whether a group's gradients are all finite: a host bool, or a 0-dim bool tensor on a device.
+Usable = Union[bool, torch.Tensor]
 
 
 def dense_layout(tensor: torch.Tensor) -> bool:
@@ -44,7 +47,9 @@ class FlatGroup:
         params: the parameters, same order; one dtype and device.
         name: the group's name (default: the parameter's name, or ``group<index>.<first name>``).
 
-    After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy).
+    After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy); the
+    views are made once, with the buffers, so that a step dispatches nothing per parameter for
+    them.
     """
 
     def __init__(self, index: int, names: List[str], params: List[torch.Tensor], name: Optional[str] = None,
@@ -59,6 +64,7 @@ class FlatGroup:
         self.numel = sum(self.numels)
         self.residual: Optional[torch.Tensor] = None
         self.output: Optional[torch.Tensor] = None
+        self._output_views: List[torch.Tensor] = []
 
     @property
     def dtype(self) -> torch.dtype:
@@ -73,36 +79,39 @@ class FlatGroup:
         first = self.params[0]
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
+        self._output_views = self.views(self.output)
 
-    def load_gradients(self, usable: Union[bool, torch.Tensor] = True,
+    def load_gradients(self, check: Callable[[torch.Tensor], Usable] = lambda staged: True,
                        inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add every parameter's gradient into the residual and return it: ``x = g + e`` (only
-        ``e`` when the gradients are not ``usable``).
+        ``e`` when the gradients are not usable).
 
-        ``usable`` is a bool, or a 0-dim bool tensor on the gradients' device (decided there, not
-        read on the host): then each gradient is added where it is True and ``-0.0``, which
-        leaves every element of ``e`` as it is, where it is False (the choice is staged in the
-        output buffer, which the exchange zeroes next: no allocation). Parameters without a gradient
-        contribute zero. With ``inv_scale`` (a 0-dim tensor: the reciprocal of a loss scale) the
-        gradients are unscaled as they are added, so the residual and what the method selects
-        stay in the loss's own units.
+        The gradients are first staged in :attr:`output` (which the exchange zeroes next: no
+        allocation), one copy per parameter into its layout view, none at all when the
+        ``.grad`` tensors still are the views the last step published (a ``zero_grad`` that
+        zeroes rather than drops them: backward wrote into the buffer itself), zeros for
+        parameters without a gradient. ``check(staged)`` then says whether they are usable: a
+        bool, or a 0-dim bool tensor on the gradients' device (decided there, not read on the
+        host), where False stages ``-0.0``, which leaves every element of ``e`` as it is. One
+        flat addition follows. With ``inv_scale`` (a 0-dim tensor: the reciprocal of a loss
+        scale) the gradients are unscaled as they are added, so the residual and what the
+        method selects stay in the loss's own units.
         """
         if self.residual is None:
             self._allocate()
-        assert self.residual is not None
+        assert self.residual is not None and self.output is not None
+        staged = self.output
+        for p, view in zip(self.params, self._output_views):
+            if p.grad is None:
+                view.zero_()
+            elif p.grad is not view:
+                view.copy_(p.grad)
+        usable = check(staged)
         if usable is False:
             return self.residual
-        assert self.output is not None
-        staging = [None] * len(self.params) if usable is True else self.views(self.output)
-        negative_zero = None if usable is True else self.output.new_full((), -0.0)
-        for p, view, staged in zip(self.params, self.views(self.residual), staging):
-            if p.grad is not None:
-                grad = p.grad if staged is None else torch.where(usable, p.grad, negative_zero, out=staged)
-                if inv_scale is None:
-                    view.add_(grad)
-                else:
-                    view.addcmul_(grad, inv_scale)
-        return self.residual
+        if usable is not True:
+            torch.where(usable, staged, staged.new_full((), -0.0), out=staged)
+        return self.residual.add_(staged) if inv_scale is None else self.residual.addcmul_(staged, inv_scale)
 
     def load_flat(self, gradient: torch.Tensor, inv_scale: Optional[torch.Tensor] = None,
                   usable: Union[bool, torch.Tensor] = True) -> torch.Tensor:
@@ -159,7 +168,7 @@ class FlatGroup:
         assert self.output is not None
         if scale is not None:
             self.output.mul_(scale)
-        for p, view in zip(self.params, self.views(self.output)):
+        for p, view in zip(self.params, self._output_views):
             p.grad = view
 
 

@@ -9,17 +9,15 @@ reading it, so a step reads finiteness on the host once per device, however many
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple, Union
+from typing import List, Sequence, Tuple
 
 import torch
 
 from horovod_sparse.common.stats import ReadScalars
 
+from horovod_sparse.torch_core.buffers import Usable
 from horovod_sparse.torch_core.selection import on_accelerator
 from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag, read_scalars
-
-#: Whether a group's gradients are all finite: a host bool, or a 0-dim bool tensor on a device.
-Usable = Union[bool, torch.Tensor]
 
 
 class StepFiniteness:

@@ -1,5 +1,6 @@
 """Worker: reliability scenarios of the TensorFlow front end (configuration mismatch across ranks,
-dtypes, variables without gradients), the counterpart of ``torch_reliability.py``.
+dtypes, variables without gradients), the counterpart of ``torch_reliability.py``, with one group
+per tensor (the records and the errors name variables).
 Each scenario writes a JSON record per rank; the test asserts on them. Scenarios run one after
 another in the same launch, so a scenario that hung or left Horovod in a bad state would also
 fail every later one.
@@ -60,7 +61,7 @@ class Trainer:
         self.variables = make_variables(f"{config.get('prefix', config['name'])}_p", dtype,
                                         config.get("shapes", SHAPES))
         self.api = config.get("api", "tape")
-        self.wrapper_args = dict(wrapper_args, compression=compression(config))
+        self.wrapper_args = {"groups": "tensor", **wrapper_args, "compression": compression(config)}
         self.optimizer = tf.keras.optimizers.SGD(0.01, momentum=0.9)
         if self.api == "keras":
             self.optimizer = hs_keras.DistributedOptimizer(self.optimizer, **self.wrapper_args)
@@ -144,7 +145,7 @@ def scenario_odd_variables(config):
         raw = raw_gradients(trainer.variables, step, skip=skip)
         with tf.GradientTape() as tape:
             loss = loss_of(trainer.variables, raw) + tf.reduce_sum(empty)
-        tape = hs.DistributedGradientTape(tape, compression=compression(config))
+        tape = hs.DistributedGradientTape(tape, compression=compression(config), groups="tensor")
         grads = tape.gradient(loss, trainer.variables + [counter, flag, empty, unused])
         odd = [None if g is None else g.shape.as_list() for g in grads[len(SHAPES):-1]]
         unused_grads.append(None if grads[-1] is None else float(tf.reduce_max(tf.abs(grads[-1]))))

@@ -146,13 +146,14 @@ def run_keras(config, kind):
 
 def scenario_mismatch(config):
     """Rank 1's ``scale`` variable has ``config['rank1']``'s shape / dtype instead of 16 x 8
-    float32; every rank records the error its tape raised."""
+    float32; every rank records the error its tape raised (one group per tensor, so that the
+    error names the variable: in a bucket it names the bucket)."""
     rank1 = config["rank1"] if hvd.rank() == 1 else {}
     variables = make_variables("m_", tuple(rank1.get("shape", (16, 8))), rank1.get("dtype", "float32"))
     ids, y = batch(0)
     with tf.GradientTape() as tape:
         loss = tape_loss(variables, ids, y)
-    tape = hs.DistributedGradientTape(tape, compression=compression(config["compression"]))
+    tape = hs.DistributedGradientTape(tape, compression=compression(config["compression"]), groups="tensor")
     try:
         tape.gradient(loss, variables)
     except ValueError as error:

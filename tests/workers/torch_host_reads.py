@@ -11,6 +11,9 @@ function modes, where nothing would be counted). A config with ``nan_step`` puts
 1's first gradient at that step (policy ``"skip"``): the accelerators' paths decide finiteness on
 the device and read it when the step ends; both paths must abandon the step alike (NaN
 aggregates, the same residuals, the same warning). A config may set a method's ``capacity``.
+With ``"grads": "in place"`` the loop zeroes the gradients in place (``zero_grad(set_to_none=False)``)
+and writes the given ones into them, as backward accumulates: after the first step the ``.grad``
+tensors are the views of the groups' buffers the optimizer published.
 Record per config: the reads' names and the
 number of operations dispatched (of the last step, a finite one), the number of groups, whether
 both paths agreed (statistics' selected and union counts included), their warnings and the
@@ -40,12 +43,17 @@ def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
                                   compression=hs.Compression.create(config["method"], **config["options"]),
                                   groups="tensor", nonfinite=config.get("nonfinite", "raise"))
     aggregates = []
+    in_place = config.get("grads") == "in place"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step in range(config.get("steps", 3)):
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not in_place)
             for p, g in zip(params, step_gradients(params, 5, step, hvd.rank())):
-                p.grad = g  # no backward pass: step() launches every group itself, inside the count
+                # no backward pass: step() launches every group itself, inside the count
+                if in_place and p.grad is not None:
+                    p.grad.copy_(g)
+                else:
+                    p.grad = g
             if step == config.get("nan_step") and hvd.rank() == 1:
                 params[0].grad.view(-1)[0] = math.nan
             with accelerator_paths() if forced else contextlib.nullcontext(), HostReads() as reads, \
@@ -76,7 +84,8 @@ def count(config: Dict[str, Any]) -> Dict[str, Any]:
     return {"reads": device["reads"], "ops": device["ops"], "host_path_reads": len(host["reads"]),
             "groups": device["groups"], "overflow": device["overflow"], "host_overflow": host["overflow"],
             "same_as_host_paths": agree, "warnings": device["warnings"], "host_warnings": host["warnings"],
-            "abandoned": [bool(step[0].isnan().all()) for step in device["aggregates"]]}
+            "abandoned": [bool(step[0].isnan().all()) for step in device["aggregates"]],
+            "last_aggregates": [a.tolist() for a in device["aggregates"][-1]]}
 
 
 def main() -> None:

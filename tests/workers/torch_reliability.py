@@ -1,7 +1,8 @@
 """Worker: reliability scenarios (bad configuration across ranks, dtypes, parameters without
-gradients, state broadcast). Each scenario writes a JSON record per rank; the
-test asserts on them. Scenarios run one after another in the same launch, so a scenario that
-hung or left Horovod in a bad state would also fail every later one.
+gradients, state broadcast), with one group per tensor (the records and the errors name
+parameters). Each scenario writes a JSON record per rank; the test asserts on them. Scenarios
+run one after another in the same launch, so a scenario that hung or left Horovod in a bad
+state would also fail every later one.
 """
 import json
 
@@ -28,7 +29,7 @@ def wrap(params, method="topk", **options):
     options.setdefault("density", 0.05)
     return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01, momentum=0.9),
                                    named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
-                                   compression=hs.Compression.create(method, **options))
+                                   compression=hs.Compression.create(method, **options), groups="tensor")
 
 
 def backward(params, step, seed=5, skip=()):
@@ -50,7 +51,7 @@ def build(settings):
     method = settings.get("method", "topk")
     compression = (getattr(hvd.Compression, method) if method in ("none", "fp16")
                    else hs.Compression.create(method, **{**BASE_OPTIONS, **settings.get("options", {})}))
-    wrapper = wrapper_arguments(settings, hvd)
+    wrapper = {"groups": "tensor", **wrapper_arguments(settings, hvd)}
     return hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
                                    named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                    compression=compression, **wrapper)
@@ -118,7 +119,7 @@ def scenario_odd_parameters(config):
     everything = params + [counter, frozen, empty, transposed, flag, unused]
     opt = hs.DistributedOptimizer(torch.optim.SGD(everything, lr=0.01, momentum=0.9),
                                   named_parameters=[(f"q{i}", p) for i, p in enumerate(everything)],
-                                  compression=hs.Compression.topk(density=0.1, min_numel=0))
+                                  compression=hs.Compression.topk(density=0.1, min_numel=0), groups="tensor")
     unused_grads = []
     for step in range(6):
         opt.zero_grad()

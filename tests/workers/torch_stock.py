@@ -113,13 +113,14 @@ def scenario_torch(config):
 
 def scenario_mismatch(config):
     """Rank 1's ``scale`` parameter has ``config['shape']`` / ``config['dtype']`` instead of
-    16 x 8 float32; every rank records the error its wrapper raised."""
+    16 x 8 float32; every rank records the error its wrapper raised (one group per tensor, so
+    that the error names the parameter: in a bucket it names the bucket)."""
     rank1 = config["rank1"] if hvd.rank() == 1 else {}
     model = make_model(shape=tuple(rank1.get("shape", (16, 8))), dtype=getattr(torch, rank1.get("dtype", "float32")))
     try:
         opt = hs.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                       named_parameters=model.named_parameters(),
-                                      compression=compression(config["compression"]))
+                                      compression=compression(config["compression"]), groups="tensor")
         loss_of(model, 0, 0).backward()
         opt.step()
     except ValueError as error:
