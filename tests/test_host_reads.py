@@ -41,7 +41,7 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: indexed with a 0-dim tensor (a host read C++ made, seen once the count reached the dispatcher).
 #: Every method's fell by 15 when a group's gradients were staged flat (one copy per parameter
 #: into views made once, then one finiteness check and one addition per group, where each
-#: parameter took its own views, check, selection and addition).
+#: parameter took its own views, check, staging and addition).
 OPS_PER_STEP = {"topk": 139, "lags": 139, "threshold": 198, "dgc": 537, "gaussiank": 391, "gtopk": 253, "micro": 919,
                 "exdyna": 919, "sparseloco": 367}
 
