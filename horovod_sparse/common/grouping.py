@@ -85,12 +85,12 @@ class Buckets:
         total = 0
         for position in reversed(range(len(sizes))):
             if runs and total + sizes[position] <= self.cap_bytes:
-                runs[-1].insert(0, position)
+                runs[-1].append(position)
                 total += sizes[position]
             else:
                 runs.append([position])
                 total = sizes[position]
-        return runs
+        return [run[::-1] for run in runs]
 
 
 @dataclass(frozen=True)
