@@ -287,3 +287,18 @@ def test_the_accelerators_reading_of_a_histogram_is_the_hosts():
         with accelerator_paths():
             edges = B.fine_edges(torch.tensor(centre, dtype=torch.float32))
         assert torch.equal(edges, torch.from_numpy(HistogramWindow.around(centre).edges32()))
+
+
+def test_the_figures_left_on_a_device_are_read_in_order_and_exactly():
+    """``read_scalars`` (one host read per device, the tensors gathered by dtype) gives every
+    tensor's value in the order given, whatever the dtypes interleaved: ints for integer and
+    bool tensors, floats for floating ones, exactly (float32 thresholds, float64, int64 counts
+    up to 2**53), and lists for 1-D tensors; compared with each tensor's own ``tolist()``."""
+    from horovod_sparse.torch_core.tensor_backend import read_scalars
+
+    scalars = [torch.tensor(3), torch.tensor(True), torch.tensor(0.1, dtype=torch.float32), torch.tensor([7, 2**53]),
+               torch.tensor(False), torch.tensor(1 / 3, dtype=torch.float64), torch.tensor([0.5, -1e-30]),
+               torch.tensor(-4), torch.tensor([], dtype=torch.int64), torch.tensor(2.5, dtype=torch.bfloat16)]
+    read = read_scalars(scalars)
+    assert read == [t.tolist() if t.dim() else t.item() for t in scalars]
+    assert [type(v) for v in read] == [int, int, float, list, int, float, list, int, list, float]

@@ -41,9 +41,14 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: indexed with a 0-dim tensor (a host read C++ made, seen once the count reached the dispatcher).
 #: Every method's fell by 15 when a group's gradients were staged flat (one copy per parameter
 #: into views made once, then one finiteness check and one addition per group, where each
-#: parameter took its own views, check, staging and addition).
-OPS_PER_STEP = {"topk": 139, "lags": 139, "threshold": 198, "dgc": 537, "gaussiank": 391, "gtopk": 253, "micro": 919,
-                "exdyna": 919, "sparseloco": 367}
+#: parameter took its own views, check, staging and addition). Then by 33-72 when a group's
+#: finiteness took one product and one sum (``isfinite`` is four operations), an unusable
+#: group's ``-0.0`` was made once, the figures left on the device were gathered by dtype (a
+#: stack and a cast each, not a view and a cast per figure) and the selections' top-k became one
+#: ``torch.topk`` of keys that hold the tie rule (the k-th magnitude, the coordinates above it
+#: and the ties within room were eleven).
+OPS_PER_STEP = {"topk": 98, "lags": 98, "threshold": 163, "dgc": 480, "gaussiank": 352, "gtopk": 194, "micro": 847,
+                "exdyna": 847, "sparseloco": 326}
 
 
 def budget(method: str) -> int:

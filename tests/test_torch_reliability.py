@@ -115,8 +115,9 @@ def test_broadcast_optimizer_state_works_with_the_wrapper(run):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_the_cheap_finiteness_check_is_exact(dtype):
     """One sum decides the usual case; finite values whose sum overflows, and NaN/Inf anywhere
-    (including +Inf and -Inf together), still get the exact answer."""
-    from horovod_sparse.torch_core.tensor_backend import all_finite
+    (including +Inf and -Inf together), still get the exact answer; so does the accelerators'
+    flag (``finite_flag``, no host read), of one tensor and of several."""
+    from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag
 
     values = torch.randn(3000, generator=torch.Generator().manual_seed(0)).to(dtype)
     huge = torch.full((3000,), torch.finfo(dtype).max, dtype=dtype)
@@ -129,4 +130,7 @@ def test_the_cheap_finiteness_check_is_exact(dtype):
     opposite[1], opposite[2] = float("inf"), -float("inf")
     cases.append(opposite)
     for case in cases:
-        assert all_finite(case) == bool(torch.isfinite(case).all())
+        exact = bool(torch.isfinite(case).all())
+        assert all_finite(case) == exact
+        assert finite_flag(case).dim() == 0 and bool(finite_flag(case)) == exact
+        assert bool(finite_flag(values, case)) == bool(finite_flag(case, huge)) == exact

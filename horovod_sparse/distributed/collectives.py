@@ -63,6 +63,11 @@ class ProcessGroup:
         return dist.get_rank(self.group)
 
 
+#: The allgather into one tensor (``all_gather_single`` from torch 2.13, which deprecates the
+#: older name): no list of outputs to allocate and concatenate.
+_ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
     """Every rank's ``value``, in rank order (one blocking allgather of one int64 each, read on
     the host at once)."""
@@ -91,9 +96,11 @@ def launch_allgather(tensor: torch.Tensor, process_group: ProcessGroup,
     else:
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[:tensor.shape[0]] = tensor
-    chunks = [torch.empty_like(padded) for _ in lengths]
-    work = dist.all_gather(chunks, padded, group=process_group.group, async_op=True)
-    return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(chunks, lengths)]), lengths
+    gathered = padded.new_empty((len(lengths) * longest, *padded.shape[1:]))
+    work = _ALL_GATHER_SINGLE(gathered, padded, group=process_group.group, async_op=True)
+    if all(n == longest for n in lengths):  # a fixed count (a capacity): the rows as they came
+        return work, lambda: gathered, lengths
+    return work, lambda: torch.cat([chunk[:n] for chunk, n in zip(gathered.split(longest), lengths)]), lengths
 
 
 def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: ProcessGroup, name: str) -> None:

@@ -65,6 +65,7 @@ class FlatGroup:
         self.residual: Optional[torch.Tensor] = None
         self.output: Optional[torch.Tensor] = None
         self._output_views: List[torch.Tensor] = []
+        self._negative_zero: Optional[torch.Tensor] = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -110,7 +111,7 @@ class FlatGroup:
         if usable is False:
             return self.residual
         if usable is not True:
-            torch.where(usable, staged, staged.new_full((), -0.0), out=staged)
+            torch.where(usable, staged, self._unusable(), out=staged)
         return self.residual.add_(staged) if inv_scale is None else self.residual.addcmul_(staged, inv_scale)
 
     def load_flat(self, gradient: torch.Tensor, inv_scale: Optional[torch.Tensor] = None,
@@ -123,8 +124,15 @@ class FlatGroup:
         if usable is False:
             return self.residual
         if usable is not True:
-            gradient = torch.where(usable, gradient, self.output.new_full((), -0.0), out=self.output)
+            gradient = torch.where(usable, gradient, self._unusable(), out=self.output)
         return self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)
+
+    def _unusable(self) -> torch.Tensor:
+        """What an unusable step stages: ``-0.0`` on the group's device and dtype, made once."""
+        if self._negative_zero is None:
+            assert self.output is not None
+            self._negative_zero = self.output.new_full((), -0.0)
+        return self._negative_zero
 
     def load_residual(self, residual: torch.Tensor) -> None:
         """Restore the residual from a checkpoint (copied into this group's own buffer)."""

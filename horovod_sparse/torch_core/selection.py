@@ -268,13 +268,38 @@ def accelerator_paths() -> Iterator[None]:
         _FORCED = previous
 
 
+#: The signed integer type of each float type's width: the bits of a magnitude (sign bit clear),
+#: read as this type, order as the magnitudes do (+0 lowest, +inf highest).
+_MAGNITUDE_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+#: What a magnitude's bits are scaled by in a selection key, above the 31 bits of its index.
+_INDEX_SPAN = 2 ** 31
+
+
 def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
-    the buffer are cheap): the ``k``-th largest ``|x|`` from ``torch.topk``, every coordinate
-    above it, and the lowest-index coordinates equal to it, up to ``k`` in all; the indices
-    come out of ``torch.nonzero_static``, whose size, ``k``, is known. The same set as the host
-    path, tie rule included."""
+    the buffer are cheap), ascending. The same set as the host path, tie rule included.
+
+    For float32, float16 and bfloat16 below 2**31 elements, one ``torch.topk`` of int64 keys
+    that order the coordinates as the tie rule does: a magnitude's bits times 2**31 plus
+    ``2**31 - 1 - i`` for coordinate ``i`` (every key distinct; among equal magnitudes the lower
+    index has the larger key): six operations whatever the data. Otherwise
+    (:func:`_top_k_by_level`) the ``k``-th largest magnitude, every coordinate above it and the
+    lowest-index ones equal to it."""
+    bits = _MAGNITUDE_BITS.get(flat.dtype)
+    numel = flat.numel()
+    if bits is None or numel > _INDEX_SPAN:
+        return _top_k_by_level(flat, k)
+    keys = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - numel, -1, dtype=torch.int64, device=flat.device)
+    keys.add_(flat.abs().view(bits), alpha=_INDEX_SPAN)
+    return torch.topk(keys, k, sorted=False).indices.sort().values
+
+
+def _top_k_by_level(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`device_top_k` for float64 (whose bits leave no room for an index in a key) and for
+    buffers of 2**31 elements or more: the ``k``-th largest ``|x|`` from ``torch.topk``, every
+    coordinate above it, and the lowest-index coordinates equal to it, up to ``k`` in all,
+    ascending, out of ``torch.nonzero_static``, whose size, ``k``, is known."""
     magnitudes = flat.abs()
     kth = torch.topk(magnitudes, k, sorted=False).values.min()
     above = magnitudes > kth
