@@ -49,7 +49,8 @@ class BlockScan:
         x: the flat buffer.
         start, end: the scanned slice.
         block: block length; the last block is partial when ``block`` does not divide the slice.
-        maxima: largest ``|x|`` of each block, in ``x``'s dtype.
+        block_maxima: largest ``|x|`` of each block, in ``x``'s dtype, when the scan took them
+            (None: on an accelerator, taken from :attr:`magnitudes` if :attr:`maxima` is asked for).
         moments: ``(sum x, sum x^2)`` over the slice when the scan was asked for them (double
             precision sums of single-precision chunk sums, or double ones for float64): floats,
             or on an accelerator 0-dim float64 tensors left there.
@@ -59,8 +60,19 @@ class BlockScan:
     start: int
     end: int
     block: int
-    maxima: torch.Tensor
+    block_maxima: Optional[torch.Tensor]
     moments: Optional[Tuple[Moment, Moment]] = None
+
+    @functools.cached_property
+    def maxima(self) -> torch.Tensor:
+        """The largest ``|x|`` of each block (:attr:`block_maxima`, or from :attr:`magnitudes`)."""
+        if self.block_maxima is not None:
+            return self.block_maxima
+        full = self.full_blocks * self.block
+        maxima = self.magnitudes[:full].view(-1, self.block).amax(1)
+        if full == self.magnitudes.numel():
+            return maxima
+        return torch.cat([maxima, self.magnitudes[full:].amax().view(1)])
 
     @functools.cached_property
     def magnitudes(self) -> torch.Tensor:
@@ -97,8 +109,12 @@ def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = Fals
 
     On CPU the slice is read once, in chunks of :data:`SCAN_CHUNK` elements whose ``|x|`` goes
     into one small reused buffer before each block's maximum (and the chunk's sums) is taken;
-    on an accelerator ``|x|`` of the whole slice is formed at once.
+    on an accelerator ``|x|`` of the whole slice is formed at once, and without ``moments`` nothing
+    is read until a selection asks (:attr:`BlockScan.magnitudes`, :attr:`BlockScan.maxima`): a
+    threshold's passes there count from the magnitudes, not the block maxima.
     """
+    if on_accelerator(x) and not moments:
+        return BlockScan(x, start, end, block, None)
     part = x[start:end]
     full = part.numel() // block
     body = part[:full * block]
