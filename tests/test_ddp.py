@@ -64,6 +64,14 @@ DDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussiank
                       "exdyna": 2, "sparseloco": 2}
 
 
+#: Operations a step's hooks dispatch on the accelerators' paths (the configs of :data:`READS`, two
+#: buckets), the most of either rank over the sparse steps, as measured when last lowered: a
+#: change that adds any fails :func:`test_operations_dispatched_per_step_do_not_grow`, one that
+#: removes some lowers the figure here (the Horovod optimizer's: ``tests/test_host_reads.py``).
+DDP_OPS_PER_STEP = {"topk": 82, "lags": 82, "threshold": 102, "dgc": 314, "gaussiank": 268, "gtopk": 142,
+                    "micro": 576, "exdyna": 576, "sparseloco": 236}
+
+
 @pytest.fixture(scope="module")
 def two(tmp_path_factory):
     """Every parity, resume and non-finite config on 2 processes, and the Horovod optimizer on
@@ -92,6 +100,15 @@ def test_host_reads_per_step_within_the_budget(two, method):
         reads = counted.meta[rank]["reads"]
         print(f"{method} rank {rank}: host reads per step {[len(r) for r in reads]}")
         assert max(len(r) for r in reads[1:]) <= DDP_READS_PER_STEP[method], reads
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_operations_dispatched_per_step_do_not_grow(two, method):
+    """No more operations dispatched by a sparse step's hooks than :data:`DDP_OPS_PER_STEP`
+    records (each a kernel launch or a host-side call on a GPU)."""
+    ops = max(sum(step) for record in Observed(two, f"{method}_reads", 2).meta for step in record["ops"][1:])
+    print(f"{method}: {ops} operations dispatched per step, {DDP_OPS_PER_STEP[method]} recorded")
+    assert ops <= DDP_OPS_PER_STEP[method], f"{method}: {ops} operations per step, {DDP_OPS_PER_STEP[method]} recorded"
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,8 @@ Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "
   ``nonfinite``); the step's error, if any, is recorded and ``optimizer.step()`` is skipped
   when ``state.last_stats.abandoned``;
 - ``reads``: an empty list: the hook runs on the accelerators' paths and counts its host reads
-  (:func:`counting`); the record's ``reads`` has each step's (the names, in order);
+  (:func:`counting`); the record's ``reads`` has each step's (the names, in order), its ``ops``
+  each step's operations dispatched, per bucket;
 - ``options_of_rank``: ``{rank: options}`` replacing ``options`` on that rank (a configuration
   that differs between ranks: the first exchange must raise everywhere).
 
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
-from tests.host_reads import reads_on_accelerator_paths
+from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
 from tests.workers.cli import torchrun_main
 from tests.workers.given_gradients import make_params, part_weights, step_gradients
 
@@ -63,18 +64,22 @@ def build(config, params, rank, stats_log=None):
                       hierarchical=config.get("hierarchical"), node_size=config.get("node_size"))
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
-    ddp.register_comm_hook(state, counting(hsd.hook, config["reads"]) if "reads" in config else hsd.hook)
+    ddp.register_comm_hook(state, counting(hsd.hook, config["reads"], config.setdefault("ops", []))
+                           if "reads" in config else hsd.hook)
     return ddp, state, torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def counting(hook, reads):
+def counting(hook, reads, ops):
     """``hook`` run on the accelerators' paths with its host reads counted
     (:func:`tests.host_reads.reads_on_accelerator_paths`) into ``reads``: the exchange, and the
-    end of the step in the last bucket's hook."""
+    end of the step in the last bucket's hook; and the operations it dispatched
+    (:class:`tests.host_reads.DispatchedOps`) appended to ``ops``, one count per bucket."""
     @functools.wraps(hook)
     def counted(state, bucket):
-        with reads_on_accelerator_paths(reads):
-            return hook(state, bucket)
+        with reads_on_accelerator_paths(reads), DispatchedOps() as dispatched:
+            result = hook(state, bucket)
+        ops.append(dispatched.count)
+        return result
 
     return counted
 
@@ -103,10 +108,11 @@ def run(config, out: Path):
     params = make_params(config["shapes"], seed, dtype)
     log = (out / f"{config['name']}.rank{rank}.jsonl").open("w")
     ddp, state, opt = build(config, params, rank, log)
-    aggregated, stats, errors, reads = [], [], [], []
+    aggregated, stats, errors, reads, ops = [], [], [], [], []
     for step in range(config["steps"]):
         if "reads" in config:
             config["reads"].clear()
+            config["ops"].clear()
         if step == config.get("resume_at"):
             params, ddp, state, opt = resumed(config, params, state, opt, rank)
         opt.zero_grad()
@@ -127,6 +133,7 @@ def run(config, out: Path):
             break
         aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
         reads.append(list(config.get("reads", [])))
+        ops.append(list(config.get("ops", [])))
         stats.append(state.last_stats.as_dict())
         if not state.last_stats.abandoned:
             opt.step()
@@ -140,7 +147,7 @@ def run(config, out: Path):
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
         {"groups": [[index[id(p)] for p in g.params] for g in groups], "stats": stats, "errors": errors,
-         "reads": reads, "horovod_imported": "horovod" in sys.modules}))
+         "reads": reads, "ops": ops, "horovod_imported": "horovod" in sys.modules}))
 
 
 if __name__ == "__main__":
