@@ -100,6 +100,18 @@ def test_selection_and_quantizer_match_the_reference_bitwise(framework, numel, c
     assert B.to_numpy(B.dequantize(codes, table, len(expected))).tobytes() == np.array(ref_values, np.float32).tobytes()
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("numel,chunk,density", [case[:3] for case in CASES])
+def test_chunk_selection_of_other_dtypes_is_the_reference_set(dtype, numel, chunk, density):
+    """float64 rows (no ranked keys: the k-th magnitude, all above it, the first ties) and
+    float16 and bfloat16 ones (keys of 16-bit magnitudes) select the reference's set of the
+    same values, ties to the lower index."""
+    values = torch.from_numpy(buffer(numel, numel)).to(dtype)
+    _, k, _, k_last = chunk_counts(density, numel, chunk)
+    expected = R.chunk_select(values.double().numpy(), density, chunk)
+    assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
+
+
 @pytest.mark.parametrize("framework", list(BACKENDS))
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("count", [1, 3, 8, 13])

@@ -16,7 +16,7 @@ from typing import Tuple
 
 import torch
 
-from horovod_sparse.torch_core.selection import top_k
+from horovod_sparse.torch_core.selection import ranked_keys, top_k
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "top_k_chunks",
            "unpack_codes"]
@@ -30,16 +30,27 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
         if k >= chunk:
             parts.append(torch.arange(full * chunk, device=x.device))
         else:
-            # Each row's k-th largest magnitude, then all above it and the first of those equal
-            # to it (ties to the lower index): exactly k a row, so a fixed-size compaction.
-            rows = flat[:full * chunk].reshape(full, chunk).abs()
-            kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
-            above, tied = rows > kth, rows == kth
-            keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
-            parts.append(torch.nonzero_static(keep.reshape(-1), size=full * k).reshape(-1))
+            parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk).abs(), k))
     if k_last:
         parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
+
+
+def _top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat indices of each row's ``k`` largest ``rows`` (magnitudes; ``0 < k <`` a row's
+    length), ties to the lower index, ascending: one ``torch.topk`` of
+    :func:`~horovod_sparse.torch_core.selection.ranked_keys` along the rows where there are keys;
+    else each row's k-th largest magnitude, all above it and the first of those equal to it.
+    Exactly ``k`` a row either way, so a fixed-size result."""
+    full, chunk = rows.shape
+    keys = ranked_keys(rows)
+    if keys is not None:
+        chosen = torch.topk(keys, k, dim=1, sorted=False).indices.sort(dim=1).values
+        return chosen.add_(torch.arange(0, full * chunk, chunk, device=rows.device).unsqueeze(1)).reshape(-1)
+    kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    above, tied = rows > kth, rows == kth
+    keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
+    return torch.nonzero_static(keep.reshape(-1), size=full * k).reshape(-1)
 
 
 def _sum(values: torch.Tensor) -> torch.Tensor:

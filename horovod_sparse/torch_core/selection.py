@@ -291,32 +291,39 @@ _MAGNITUDE_BITS = {torch.float32: torch.int32, torch.float16: torch.int16, torch
 _INDEX_SPAN = 2 ** 31
 
 
+def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
+    """int64 keys that order the coordinates of ``magnitudes``' last dimension (``|x|``, float32,
+    float16 or bfloat16) as the tie rule does: a magnitude's bits times 2**31 plus
+    ``2**31 - 1 - i`` for position ``i``, so every key of a row is distinct and among equal
+    magnitudes the lower position has the larger key; the ``k`` largest keys of a row are its
+    top-k, ties to the lower index (two operations, one ``torch.topk``). None for float64, whose
+    bits leave no room for a position, and for rows of more than 2**31 elements."""
+    bits = _MAGNITUDE_BITS.get(magnitudes.dtype)
+    width = magnitudes.shape[-1]
+    if bits is None or width > _INDEX_SPAN:
+        return None
+    positions = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, dtype=torch.int64, device=magnitudes.device)
+    return torch.add(positions, magnitudes.view(bits), alpha=_INDEX_SPAN)
+
+
 def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
-    the buffer are cheap), ascending. The same set as the host path, tie rule included.
-
-    For float32, float16 and bfloat16 below 2**31 elements, one ``torch.topk`` of int64 keys
-    that order the coordinates as the tie rule does: a magnitude's bits times 2**31 plus
-    ``2**31 - 1 - i`` for coordinate ``i`` (every key distinct; among equal magnitudes the lower
-    index has the larger key): six operations whatever the data. Otherwise
-    (:func:`_top_k_by_level`) the ``k``-th largest magnitude, every coordinate above it and the
-    lowest-index ones equal to it."""
-    bits = _MAGNITUDE_BITS.get(flat.dtype)
-    numel = flat.numel()
-    if bits is None or numel > _INDEX_SPAN:
-        return _top_k_by_level(flat, k)
-    keys = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - numel, -1, dtype=torch.int64, device=flat.device)
-    keys.add_(flat.abs().view(bits), alpha=_INDEX_SPAN)
+    the buffer are cheap), ascending. The same set as the host path, tie rule included: one
+    ``torch.topk`` of :func:`ranked_keys` where there are keys (six operations whatever the
+    data), else :func:`_top_k_by_level`."""
+    magnitudes = flat.abs()
+    keys = ranked_keys(magnitudes)
+    if keys is None:
+        return _top_k_by_level(magnitudes, k)
     return torch.topk(keys, k, sorted=False).indices.sort().values
 
 
-def _top_k_by_level(flat: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`device_top_k` for float64 (whose bits leave no room for an index in a key) and for
-    buffers of 2**31 elements or more: the ``k``-th largest ``|x|`` from ``torch.topk``, every
-    coordinate above it, and the lowest-index coordinates equal to it, up to ``k`` in all,
-    ascending, out of ``torch.nonzero_static``, whose size, ``k``, is known."""
-    magnitudes = flat.abs()
+def _top_k_by_level(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`device_top_k` of the flat ``magnitudes`` without :func:`ranked_keys`: the ``k``-th
+    largest from ``torch.topk``, every coordinate above it, and the lowest-index coordinates
+    equal to it, up to ``k`` in all, ascending, out of ``torch.nonzero_static``, whose size,
+    ``k``, is known."""
     kth = torch.topk(magnitudes, k, sorted=False).values.min()
     above = magnitudes > kth
     tied = magnitudes == kth
