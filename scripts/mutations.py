@@ -788,7 +788,8 @@ MUTATIONS: List[Mutation] = [
       ["tests/test_torch_grouping.py", "-k", "groups_none"],
       "groups=None splits the buckets back into one group per tensor (issue 57: 161 exchanges a ResNet-50 step)"),
     M("device-top-k-ties-to-the-higher-index", P + "torch_core/selection.py",
-      "    positions = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, dtype=torch.int64, device=magnitudes.device)\n",
+      "    positions = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, dtype=torch.int64, "
+      "device=magnitudes.device)\n",
       "    positions = torch.arange(width, dtype=torch.int64, device=magnitudes.device)\n",
       ["tests/test_top_k.py", "-k", "device_top_k"],
       "the accelerators' one-topk selection keys break magnitude ties to the higher index"),
