@@ -16,7 +16,7 @@ from typing import Tuple
 
 import torch
 
-from horovod_sparse.torch_core.selection import ranked_keys, top_k
+from horovod_sparse.torch_core.selection import device_top_k, ranked_keys
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "top_k_chunks",
            "unpack_codes"]
@@ -27,22 +27,23 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
     full = flat.numel() // chunk
     parts = []
     if full and k:
-        if k >= chunk:
-            parts.append(torch.arange(full * chunk, device=x.device))
-        else:
-            parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk).abs(), k))
-    if k_last:
-        parts.append(top_k(flat[full * chunk:], k_last) + full * chunk)
+        parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk).abs(), k))
+    tail = flat[full * chunk:]
+    if k_last:  # the last, shorter chunk: one topk of its keys as well, on any device
+        chosen = torch.arange(tail.numel(), device=x.device) if k_last >= tail.numel() else device_top_k(tail, k_last)
+        parts.append(chosen + full * chunk)
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
 
 
 def _top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
-    """The flat indices of each row's ``k`` largest ``rows`` (magnitudes; ``0 < k <`` a row's
-    length), ties to the lower index, ascending: one ``torch.topk`` of
+    """The flat indices of each row's ``k`` largest ``rows`` (magnitudes; ``k > 0``; every index
+    when ``k`` reaches a row's length), ties to the lower index, ascending: one ``torch.topk`` of
     :func:`~horovod_sparse.torch_core.selection.ranked_keys` along the rows where there are keys;
     else each row's k-th largest magnitude, all above it and the first of those equal to it.
     Exactly ``k`` a row either way, so a fixed-size result."""
     full, chunk = rows.shape
+    if k >= chunk:
+        return torch.arange(full * chunk, device=rows.device)
     keys = ranked_keys(rows)
     if keys is not None:
         chosen = torch.topk(keys, k, dim=1, sorted=False).indices.sort(dim=1).values

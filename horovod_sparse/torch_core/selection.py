@@ -309,7 +309,8 @@ def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
 def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
-    the buffer are cheap), ascending. The same set as the host path, tie rule included: one
+    the buffer are cheap; on a CPU too for buffers as small as SparseLoCo's last chunk), ascending.
+    The same set as the host path, tie rule included: one
     ``torch.topk`` of :func:`ranked_keys` where there are keys (six operations whatever the
     data), else :func:`_top_k_by_level`."""
     magnitudes = flat.abs()
