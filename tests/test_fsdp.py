@@ -49,6 +49,11 @@ CONFIGS += [{**c, "name": c["name"] + "_reads", "steps": 3, "resume_at": None, "
 #: per unit inside its exchange (``tests/test_host_reads.py`` says what).
 FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussiank": 2, "gtopk": 2, "micro": 2,
                        "exdyna": 2, "sparseloco": 2}
+#: Operations the state's hooks dispatch per step on the accelerators' paths (the ``_reads``
+#: configs), the most of any rank over the steps after the first, as measured when last lowered:
+#: :func:`test_operations_dispatched_per_step_do_not_grow` fails when a method's count grows.
+FSDP_OPS_PER_STEP = {"topk": 102, "lags": 102, "threshold": 132, "dgc": 449, "gaussiank": 367, "gtopk": 192,
+                     "micro": 838, "exdyna": 842, "sparseloco": 342}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
@@ -83,6 +88,15 @@ def test_host_reads_per_step_within_the_budget(job, method):
         assert record["mismatches"] == [], (rank, record["mismatches"][:3])
         print(f"{method} rank {rank}: host reads per step {[len(r) for r in record['reads']]}")
         assert len(record["reads"]) == 3 and max(map(len, record["reads"][1:])) <= FSDP_READS_PER_STEP[method], record
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_operations_dispatched_per_step_do_not_grow(job, method):
+    """No more operations dispatched per step by the state's hooks than
+    :data:`FSDP_OPS_PER_STEP` records (each a kernel launch or a host-side call on a GPU)."""
+    ops = max(max(record["ops"][1:]) for record in Observed(job, f"{method}_reads", NP).meta)
+    print(f"{method}: {ops} operations dispatched per step, {FSDP_OPS_PER_STEP[method]} recorded")
+    assert ops <= FSDP_OPS_PER_STEP[method], (method, ops, FSDP_OPS_PER_STEP[method])
 
 
 @pytest.mark.parametrize("method", ["topk", "micro"])

@@ -21,7 +21,7 @@ each, which must continue bitwise as the first),
 reduction), "ddp_twin" (instead: :func:`ddp_twin`, FSDP2 against the DDP hook), "exponents"
 (instead: :func:`scaled`, a loss scaler's units), "ddp_kept" (instead: :func:`ddp_kept`, the DDP
 hook's ``dense=``), "reads" (the state's hooks on the accelerators' paths, their host reads
-counted per step: :meth:`Checked.count_reads`), "dense" (``compress_replicas``' argument) with
+and operations counted per step: :meth:`Checked.count_reads`), "dense" (``compress_replicas``' argument) with
 "kept_units" (the units it keeps dense, whose reference is the dense average over the replicate
 group)}.
 """
@@ -44,7 +44,7 @@ import horovod_sparse.fsdp as hsf
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
-from tests.host_reads import reads_on_accelerator_paths
+from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients
 
@@ -156,20 +156,29 @@ class Checked:
     def count_reads(self):
         """Run the state's exchanges and its end of step on the accelerators' paths with their
         host reads counted (:func:`tests.host_reads.reads_on_accelerator_paths`; the reference
-        stays on the host paths), into :attr:`reads`, one list per step."""
-        self.reads = [[]]
+        stays on the host paths), into :attr:`reads`, one list per step, and the operations they
+        dispatch (:class:`tests.host_reads.DispatchedOps`) into :attr:`ops`, one count per step."""
+        self.reads, self.ops = [[]], [0]
         finish_step = self.state._finish_step
 
         def counted_finish():
             with self.counted():
                 finish_step()
             self.reads.append([])
+            self.ops.append(0)
 
         self.state._finish_step = counted_finish
 
+    @contextlib.contextmanager
     def counted(self):
-        """Where :meth:`count_reads` was called, the block's host reads into this step's list."""
-        return reads_on_accelerator_paths(self.reads[-1]) if hasattr(self, "reads") else contextlib.nullcontext()
+        """Where :meth:`count_reads` was called, the block's host reads into this step's list and
+        its operations into this step's count."""
+        if not hasattr(self, "reads"):
+            yield
+            return
+        with reads_on_accelerator_paths(self.reads[-1]), DispatchedOps() as dispatched:
+            yield
+        self.ops[-1] += dispatched.count
 
     def _check(self, name, given_shard, result):
         """The definition: the flat method over the replicate group fed this shard + residual."""
@@ -265,6 +274,7 @@ def run(config, mesh, out, index):
     record = {"mismatches": checked.mismatches, "abandoned": abandoned, "warnings": caught_warnings,
               "stats": stats, "resumed_mismatches": resumed_mismatches, "dcp_resumed_mismatches": dcp_mismatches,
               "steps": state.steps, "reads": getattr(checked, "reads", [])[:-1],
+              "ops": getattr(checked, "ops", [])[:-1],
               "replicate_ranks": dist.get_process_group_ranks(replicate)}
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(record))
