@@ -7,7 +7,7 @@ model trained a few steps under three DDP configurations (dense, PyTorch's Power
 hook), one ending as PyTorch documents (``dist.barrier()`` then ``dist.destroy_process_group()``,
 then a normal exit) and one ending with :func:`horovod_sparse.ddp.exit_job`; ``--load`` processes
 spin beside them, as a loaded CI machine does (the abort needs a Gloo worker thread that runs
-late: see :mod:`horovod_sparse.ddp.job_exit`). ``--parallel`` rounds run at once. It prints, per
+late: see :mod:`horovod_sparse.distributed.job_exit`). ``--parallel`` rounds run at once. It prints, per
 ending, the jobs run and those that failed, with each failure's signature (the launcher's exit
 code and whether ``terminate called without an active exception`` was printed), and writes
 them to ``--results`` (default ``results/ddp_exit.json``).

@@ -1,5 +1,5 @@
 """``horovod_sparse.ddp.exit_job``: the end of a rank that cannot abort in the interpreter's
-finalization (see :mod:`horovod_sparse.ddp.job_exit`).
+finalization (see :mod:`horovod_sparse.distributed.job_exit`).
 
 The abort itself needs a Gloo worker thread that runs late, so no test can provoke it on
 demand (``python -m benchmarks.ddp_exit`` counts it over many jobs); what is tested is the

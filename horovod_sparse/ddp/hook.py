@@ -26,22 +26,19 @@ import torch
 import torch.distributed as dist
 
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
-from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.stall import ExchangeStalled
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
-from horovod_sparse.distributed import backend
-from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ddp_tiers, ranks_reporting
+from horovod_sparse.distributed.collectives import ProcessGroup, ddp_tiers
 from horovod_sparse.distributed.compression import Compression, checked_sparse
-from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
 from horovod_sparse.engine.inflight import Inflight
-from horovod_sparse.engine.model_state import ModelState
-from horovod_sparse.engine.step import EngineSteps, StepEngine
+from horovod_sparse.engine.step import EngineSteps, StepOutcome
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
-from horovod_sparse.torch_core.loss_scale import LossScale
-from horovod_sparse.torch_core.tensor_backend import read_scalars
+from horovod_sparse.torch_core.loss_scale import UNSCALED, LossScale, step_scale
 
 
 class State(EngineSteps):
@@ -109,10 +106,12 @@ class State(EngineSteps):
         self.nonfinite = resolve_nonfinite(nonfinite, sparse, scaled=loss_scaler is not None)
         self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
         self.process_group = ProcessGroup(process_group)
-        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first bucket.
-        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
-        self._model = ModelState(compression, backend, self.process_group, None)
-        self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
+        #: This step's loss scale, read at its first bucket.
+        self._scale = UNSCALED
+        # The first step is dense: DDP's buckets are final after it.
+        self._engine = distributed_engine(compression, self.process_group, stats_log, first_dense_steps=1)
+        self._model = self._engine.model
+        self._agree = nonfinite_agreement(self.nonfinite, self.process_group)
         self._hierarchical = sparse and wants_hierarchical(hierarchical)
         self._hierarchical_arg = hierarchical
         self._node_size = node_size
@@ -158,8 +157,8 @@ class State(EngineSteps):
                 self._engine.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
                 if self.tiers is not None:
                     self._model.use_tiers(self.tiers)
-        if bucket.index() == 0 and self._loss_scale is not None:
-            self._scale_factors = self._loss_scale.factors()
+        if bucket.index() == 0:
+            self._scale = step_scale(self._loss_scale)
         groups = self.buckets.of_bucket(bucket.index(), params)
         usable = self._finiteness.check([g.name for g in groups], buffer)
         gradients = split(buffer, params, groups)
@@ -171,19 +170,11 @@ class State(EngineSteps):
         return future
 
     def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: Usable) -> Inflight:
-        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket). The first
-        step is dense (DDP's buckets are final after it), as are those before ``warmup_steps``."""
+        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
         engine = self._engine
         engine.timeline.group_ready(group.name)
-        dense_step = self.sparse and self.steps < max(1, self.compression.options.warmup_steps)
-        plan, stats = engine.plan(group.name, group.numel, dense_step, group.kept_dense)
-        size, rank = self.process_group.size(), self.process_group.rank()
-        if plan.sparse:
-            inverse = None if self._scale_factors is None else self._scale_factors[1]
-            return engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, gradient.device,
-                                       lambda: group.load_flat(gradient, inverse, usable))
-        return engine.start_dense(group, stats, size, rank, 1.0 / size, gradient.device,
-                                  lambda comm: dense_exchange(gradient, comm, self.compression, usable))
+        return engine.start(group, lambda: group.load_flat(gradient, self._scale.inverse, usable),
+                            dense_average(engine, group, gradient, self.compression, usable))
 
     def _finish_step(self) -> None:
         """Finish every group's exchange in bucket order, abandon the step everywhere if a rank
@@ -197,15 +188,13 @@ class State(EngineSteps):
             for future, _, _ in finished:
                 future.set_exception(stalled)
             return
-        nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
-        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
-                                                lambda count: ranks_reporting(count, self.process_group))
-        if bad_ranks:
-            engine.abandon()
-            for update in results:
-                update.fill_(math.nan if self._loss_scale is not None else 0.0)
-        engine.close(self._end_step)
-        error = self._nonfinite_error(bad_ranks, nonfinite_groups)
+
+        def deliver(abandoned: bool) -> None:  # DDP writes the results into .grad
+            if abandoned:
+                for update in results:
+                    update.fill_(math.nan if self._loss_scale is not None else 0.0)
+
+        error = self._nonfinite_error(engine.end(self._finiteness, self._agree, deliver, self._end_step))
         futures = [future for future, _, _ in finished]
         for future, update in zip(futures if error is None else futures[:-1], results):
             future.set_result(update)
@@ -216,21 +205,17 @@ class State(EngineSteps):
 
     def _finish_bucket(self, params: List[torch.Tensor], started: List[Inflight]) -> torch.Tensor:
         """Finish the exchanges of one bucket's groups: the bucket's aggregate."""
-        scale = None if self._scale_factors is None else self._scale_factors[0]
-        updates = [self._engine.finish_one(inflight, scale) for inflight in started]
+        updates = [self._engine.finish_one(inflight, self._scale.scale) for inflight in started]
         return join(updates, params, [inflight.group for inflight in started])
 
-    def _nonfinite_error(self, bad_ranks: List[int], groups: List[str]) -> Optional[FloatingPointError]:
-        """Apply the ``nonfinite`` policy when ``bad_ranks`` saw a non-finite gradient (in
-        ``groups`` on this rank): warn (``"skip"``), or return the ``FloatingPointError`` to
-        raise (``"raise"``); nothing with a loss scaler (the NaN aggregate tells it)."""
-        if not bad_ranks:
-            return None
+    def _nonfinite_error(self, outcome: StepOutcome) -> Optional[FloatingPointError]:
+        """Apply the ``nonfinite`` policy to an abandoned step: warn (``"skip"``), or return the
+        ``FloatingPointError`` to raise (``"raise"``); nothing with a loss scaler (the NaN
+        aggregate tells it)."""
         if self._loss_scale is not None:
             return None
-        assert self.nonfinite is not None
         try:
-            apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, groups)
+            outcome.apply_policy(self.nonfinite)
         except FloatingPointError as error:
             return error
         return None
@@ -254,8 +239,7 @@ class State(EngineSteps):
         residuals and method states are taken as DDP hands over the buckets; a parameter of
         another size raises ``ValueError`` then, on every rank."""
         self.buckets.load(state_dict)
-        if self.sparse and state_dict.get("method") is not None:
-            self.compression.load_method_state(state_dict["method"])
+        self._model.load_method(state_dict)
         self._engine.restart_at(int(state_dict["steps"]))
         self._check_due = True
 

@@ -29,4 +29,4 @@ def dense_exchange(buffer: torch.Tensor, comm: Communicator, compression: Any, u
         wire.div_(comm.size).masked_fill_(usable.logical_not(), 0.0)
     comm.stats.selected = comm.stats.union = buffer.numel()
     (summed,) = yield [comm.allreduce(wire, "values", "values")]
-    return summed.to(buffer.dtype), None
+    return summed.to(buffer.dtype)

@@ -118,6 +118,12 @@ class ModelState:
                 "mergecomp": None if self.mergecomp is None or self.mergecomp.result is None
                 else self.mergecomp.result.as_dict()}
 
+    def load_method(self, record: Record) -> None:
+        """Take the method's own state (LAGS's measurements) from ``record`` (:meth:`record`'s
+        ``method``), when it holds one."""
+        if self.sparse and record.get("method") is not None:
+            self.compression.load_method_state(record["method"])
+
     def restore(self, record: Record, groups: Sequence[Group], regroup: Regroup) -> int:
         """Take a :meth:`record` made here or on another rank: what it holds replaces this
         rank's, what it leaves out (residuals, per-rank state) stays. MergeComp's grouping is
@@ -129,8 +135,7 @@ class ModelState:
                                        groups, decided=record.get("mergecomp") is not None)
         if problem:
             raise ValueError(problem)
-        if self.sparse and record.get("method") is not None:
-            self.compression.load_method_state(record["method"])
+        self.load_method(record)
         for group in groups:
             entry = record["groups"][group.name]
             if entry.get("residual") is not None:

@@ -1,24 +1,26 @@
 """One step of a model's groups, run the same way under every front end.
 
 A front end knows where gradients come from and where updates go; the :class:`StepEngine` runs
-the rest of a step, in this order, whatever the front end:
+the rest of a step, in this order, whatever the front end, in two calls:
 
-1. **plan** each group as it becomes ready (:meth:`StepEngine.plan`): sparse, or dense for the
-   step (the front end's reason: warm-up, MergeComp's recording, DDP's first step), below
-   ``min_numel``, or in two tiers too small to give every rank of a node a slice; the elements
-   this rank's method exchanges (its slice in two tiers) and the target; the group's statistics;
-2. **start** a sparse group (:meth:`StepEngine.start_sparse`): its communicators (flat or two
-   tiers, :mod:`horovod_sparse.engine.topology`), its method state, its ``x = g + e`` loaded by
-   the front end, the zeroed update buffer and the exchange's first collectives; a dense one
-   (:meth:`StepEngine.start_dense`) through the front end's own dense exchange;
-3. **finish** the groups in an order every rank shares (:meth:`StepEngine.finish`, or one by
-   one with :meth:`StepEngine.finish_one`), sparse results into their groups' buffers, scaled
-   back by the loss scale;
-4. **agree** on non-finite gradients over the job (:meth:`StepEngine.ranks_with_nonfinite`) and
-   **abandon** the step everywhere if a rank saw one (:meth:`StepEngine.abandon`: every residual
-   gets back what the step delivered);
-5. **close** the step (:meth:`StepEngine.close`): the method's and MergeComp's end of step, the
-   statistics, the step counter.
+1. :meth:`StepEngine.start`, as each group becomes ready: **plan** it (:meth:`StepEngine.plan`:
+   sparse, or dense for the step: warm-up, the front end's own reason such as MergeComp's
+   recording, below ``min_numel``, kept dense, or in two tiers too small to give every rank of a
+   node a slice) and **start** it: a sparse group's communicators over the front end's
+   :class:`~horovod_sparse.engine.topology.Transport` (flat or two tiers), its method state, its
+   ``x = g + e`` loaded by the front end, the zeroed update buffer and the exchange's first
+   collectives; a dense one through the front end's own dense exchange;
+2. the front end **finishes** the groups in an order every rank shares (:meth:`StepEngine.finish`,
+   or one by one with :meth:`StepEngine.finish_one`): sparse results into their groups' buffers,
+   scaled back by the loss scale;
+3. :meth:`StepEngine.end`: **read** the step's figures and finiteness flags at once, **agree** on
+   non-finite gradients over the job, **abandon** the step everywhere if a rank saw one (every
+   residual gets back what the step delivered), let the front end **deliver** (or replace) the
+   results, **close** the step (the method's and MergeComp's end of step, the statistics, the
+   step counter), and return the :class:`StepOutcome` the front end reports its own way.
+
+TensorFlow, whose step may be traced, plans and starts its groups itself
+(:meth:`StepEngine.plan`, :meth:`StepEngine.start_sparse`) and settles its steps in the graph.
 
 Nothing here reads a value on the host that the step keeps on a device (the finiteness flags,
 device timings and deferred figures are read once, when the step closes, by the front end's
@@ -27,15 +29,15 @@ front end's (:mod:`horovod_sparse.torch_core`, :mod:`horovod_sparse.tensorflow`)
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, List, NamedTuple, Optional, Protocol, Tuple
 
 from horovod_sparse.common.grouping import ReadyTimeline
-from horovod_sparse.common.stats import (GroupStats, ReadScalars, StatsLog, StepStats, finish_step, read_each,
-                                         read_figures)
+from horovod_sparse.common.nonfinite import apply_nonfinite_policy
+from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step, read_each, read_figures
 from horovod_sparse.common.tiers import Tiers, exchanged_numel
 from horovod_sparse.engine.inflight import Inflight
 from horovod_sparse.engine.model_state import ModelState
-from horovod_sparse.engine.topology import group_communicators, start_exchange
+from horovod_sparse.engine.topology import Transport, start_exchange
 from horovod_sparse.methods.base import Exchange, Step
 
 
@@ -65,16 +67,41 @@ class GroupPlan(NamedTuple):
     target: int
 
 
+class Finiteness(Protocol):
+    """A step's record of its non-finite groups (``torch_core.finiteness.StepFiniteness``)."""
+
+    def nonfinite(self, read: Callable[[List[Any]], List[Any]]) -> List[str]:
+        """This rank's groups with a non-finite gradient this step (device flags read with ``read``)."""
+
+
+class StepOutcome(NamedTuple):
+    """How a step ended (:meth:`StepEngine.end`): the ``bad_ranks`` that saw a non-finite
+    gradient (the step was abandoned on every rank when there are any), this rank's
+    ``nonfinite_groups`` and the step's ``stats``."""
+
+    bad_ranks: List[int]
+    nonfinite_groups: List[str]
+    stats: StepStats
+
+    def apply_policy(self, policy: Optional[str]) -> None:
+        """Report an abandoned step under the ``nonfinite`` policy: ``"raise"`` raises
+        ``FloatingPointError``, ``"skip"`` warns (:func:`~horovod_sparse.common.nonfinite.apply_nonfinite_policy`);
+        nothing when the step was delivered."""
+        if self.bad_ranks:
+            assert policy is not None, "a step is abandoned only under a nonfinite policy"
+            apply_nonfinite_policy(policy, self.bad_ranks, self.stats.step, self.nonfinite_groups)
+
+
 class StepEngine:
     """One model's exchange, step after step (the module docstring).
 
     Args:
         compression: a horovod_sparse sparsifier, or the front end's dense compression.
         model: the model's :class:`ModelState` (method state per group, checkpoints, agreement).
-        communicator: the transport's communicator class (``TorchCommunicator``'s constructor).
-        process_set: the front end's process set (a Horovod process set, a ``ProcessGroup``).
+        transport: the front end's collectives (:class:`~horovod_sparse.engine.topology.Transport`).
         stats_log: a text stream receiving one JSON line of statistics per step, or None.
-        read_scalars: reads the figures a step left on a device, all at once (None: on the host).
+        first_dense_steps: steps exchanged dense from the first whatever the method's
+            ``warmup_steps`` (DDP's first step: its buckets are final after it).
 
     A front end that counts and settles its steps itself (TensorFlow: its step number is a
     variable, a tensor inside a traced step, and a traced step publishes its statistics when it
@@ -85,17 +112,19 @@ class StepEngine:
         last_stats: the statistics of the last closed step.
         tiers: the two-tier exchange's sets (None: flat; set by the front end).
         timeline: when the groups became ready, step after step (LAGS and MergeComp read it).
+        dense_steps: the steps exchanged dense from the first (:attr:`warming_up`).
         flights: the groups started this step, in start order.
     """
 
-    def __init__(self, compression: Any, model: ModelState, communicator: Callable[..., Any], process_set: Any,
-                 stats_log: Optional[IO[str]] = None, read_scalars: Optional[ReadScalars] = None) -> None:
+    def __init__(self, compression: Any, model: ModelState, transport: Transport,
+                 stats_log: Optional[IO[str]] = None, first_dense_steps: int = 0) -> None:
         self.compression = compression
         self.sparse = model.sparse
         self.model = model
-        self.communicator = communicator
-        self.process_set = process_set
-        self.read_scalars = read_scalars
+        self.transport = transport
+        self.read_scalars = transport.read_scalars
+        #: Steps exchanged dense from the first: the method's warm-up, and at least ``first_dense_steps``.
+        self.dense_steps = max(first_dense_steps, compression.options.warmup_steps) if self.sparse else 0
         self._stats_log = StatsLog(stats_log) if stats_log is not None else None
         self.tiers: Optional[Tiers] = None
         self.timeline = ReadyTimeline()
@@ -144,14 +173,32 @@ class StepEngine:
         self.stats.groups.append(stats)
         return GroupPlan(sparse, tiers, exchanged, target), stats
 
-    def start_sparse(self, group: Any, plan: GroupPlan, stats: GroupStats, size: int, rank: int, scale: float,
-                     device: Any, load: Callable[[], Any]) -> Inflight:
-        """Start ``group``'s sparse exchange over ``size`` ranks (this one ``rank``), its update
-        scaled by ``scale``: the communicators, the method state, ``x = load()`` (the front end
-        adds the gradient into the group's residual), the zeroed update buffer, the first
-        collectives. The flight is kept for :meth:`finish`."""
-        comm, node = group_communicators(self.communicator, self.process_set, size, rank, plan.tiers,
-                                         group.collective_name, stats, scale, device, self.step)
+    @property
+    def warming_up(self) -> bool:
+        """Whether this step is one of the first :attr:`dense_steps`, exchanged dense (a traced
+        step, whose number is a tensor, never is: its front end decides inside the graph)."""
+        return isinstance(self.step, int) and self.step < self.dense_steps
+
+    def start(self, group: Any, load: Callable[[], Any], dense: Callable[[GroupStats], Any],
+              dense_step: bool = False) -> Any:
+        """Plan ``group`` (:meth:`plan`: dense while :attr:`warming_up`, for ``dense_step``, the
+        front end's own reason such as MergeComp's recording, and where :meth:`takes_sparse`
+        says) and start its exchange: sparsely with ``x = load()`` (:meth:`start_sparse`), else
+        the front end's dense flight ``dense(stats)`` (:meth:`dense_flight`, or one of its own
+        with ``finish()``, ``group`` and ``sparse = False``). Returns the flight, kept for
+        :meth:`finish`."""
+        plan, stats = self.plan(group.name, group.numel, dense_step or self.warming_up, group.kept_dense)
+        if plan.sparse:
+            return self.start_sparse(group, plan, stats, load)
+        flight = dense(stats)
+        self.flights.append(flight)
+        return flight
+
+    def start_sparse(self, group: Any, plan: GroupPlan, stats: GroupStats, load: Callable[[], Any]) -> Inflight:
+        """Start ``group``'s sparse exchange as ``plan`` says: the communicators, the method
+        state, ``x = load()`` (the front end adds the gradient into the group's residual), the
+        zeroed update buffer, the first collectives. The flight is kept for :meth:`finish`."""
+        comm, node = self.transport.communicators(group, stats, plan.tiers, self.step)
         state = self.model.method_state(group, comm.size, plan.numel)
         with comm.timer("flatten"):
             x = load()
@@ -159,25 +206,17 @@ class StepEngine:
         for each in (comm, node):
             if each is not None:
                 each.follow(x)
-        return self._launch(Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.step),
-                                     comm, group))
-
-    def start_dense(self, group: Any, stats: GroupStats, size: int, rank: int, scale: float, device: Any,
-                    exchange: Callable[[Any], Exchange]) -> Inflight:
-        """Start ``group``'s dense exchange over the front end's process set (``size`` ranks, this
-        one ``rank``): ``exchange(comm)``, the front end's dense exchange generator over a
-        communicator scaling by ``scale`` (it returns the update, or ``(update, None)``)."""
-        comm = self.communicator(self.process_set, group.collective_name, stats, scale, size, rank, device, self.step)
-        return self._launch(Inflight(exchange(comm), comm, group, sparse=False))
-
-    def keep(self, flight: Any) -> None:
-        """Keep a dense flight the front end launched itself (its ``finish()`` writes the result;
-        ``sparse`` False), to finish with the others."""
-        self.flights.append(flight)
-
-    def _launch(self, flight: Inflight) -> Inflight:
+        flight = Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.step), comm, group)
         flight.advance()
         self.flights.append(flight)
+        return flight
+
+    def dense_flight(self, group: Any, stats: GroupStats, exchange: Callable[[Any], Exchange]) -> Inflight:
+        """``group``'s dense exchange started over the whole process set: ``exchange(comm)``, the
+        front end's dense exchange generator (it returns the update), for :meth:`start`."""
+        comm = self.transport.communicator_of(group, stats, self.step)
+        flight = Inflight(exchange(comm), comm, group, sparse=False)
+        flight.advance()
         return flight
 
     def finish_one(self, flight: Any, scale: Optional[Any] = None) -> Any:
@@ -186,7 +225,7 @@ class StepEngine:
         returned; a dense one's result as its exchange returns it."""
         result = flight.finish()
         if not flight.sparse:
-            return result[0] if isinstance(result, tuple) else result
+            return result
         flight.group.take_result(*result)
         if scale is not None:
             flight.group.scale_output(scale)
@@ -210,25 +249,30 @@ class StepEngine:
         (:func:`~horovod_sparse.common.stats.read_figures`)."""
         return read_figures(self.stats, self.read_scalars or read_each, scalars)
 
-    def ranks_with_nonfinite(self, policy: Optional[str], nonfinite_here: Sequence[str],
-                             reporting: Callable[[int], List[int]]) -> List[int]:
-        """The ranks that saw a non-finite gradient this step, from ``reporting(count)`` (the
-        transport's collective of every rank's count; this rank's: ``len(nonfinite_here)``).
-        Under no ``nonfinite`` policy (``policy`` None, the same on every rank: nothing was
-        checked) there is nothing to agree on: no ranks, and ``reporting`` is not called."""
-        if policy is None:
-            return []
-        return reporting(len(nonfinite_here))
+    def end(self, finiteness: Finiteness, agree: Callable[[List[str]], List[int]],
+            deliver: Callable[[bool], None], end_step: Callable[[Any], None]) -> StepOutcome:
+        """End the step, its groups finished, in this order on every rank: this rank's non-finite
+        groups read (``finiteness``, with the statistics' figures: :meth:`read_with_figures`),
+        the ranks that saw one agreed (``agree(groups)``, the transport's collective; none under
+        no ``nonfinite`` policy), the step abandoned everywhere if any did (:meth:`abandon`),
+        ``deliver(abandoned)`` (the front end puts the results where they go, or replaces them),
+        then closed (:meth:`close` with ``end_step``). The front end reports the outcome its
+        own way (:meth:`StepOutcome.apply_policy`)."""
+        nonfinite_groups = finiteness.nonfinite(self.read_with_figures)
+        bad_ranks = agree(nonfinite_groups)
+        if bad_ranks:
+            self.abandon()
+        deliver(bool(bad_ranks))
+        return StepOutcome(bad_ranks, nonfinite_groups, self.close(end_step))
 
-    def abandon(self) -> List[Any]:
+    def abandon(self) -> None:
         """Abandon the step: every sparse group's residual gets back what the step delivered (each
-        rank's finite gradient stays in it); the step is marked abandoned. Returns the step's
-        flights, whose results the front end replaces (NaN for a loss scaler, zero or NaN else)."""
+        rank's finite gradient stays in it); the step is marked abandoned (the front end then
+        replaces the results: NaN for a loss scaler, zero or NaN else)."""
         for flight in self.flights:
             if flight.sparse:
                 flight.comm.undo_deliveries()
         self.stats.abandoned = True
-        return self.flights
 
     def close(self, end_step: Callable[[Any], None]) -> StepStats:
         """Close the step on every rank, outside the backward hooks: ``end_step(timeline)`` (the

@@ -16,27 +16,25 @@ first hook): the non-finite policy is agreed over the whole job, the step closes
 from __future__ import annotations
 
 import math
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from horovod_sparse.common.dense_choice import DenseSpec
-from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
-from horovod_sparse.distributed import backend
-from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
+from horovod_sparse.common.nonfinite import resolve_nonfinite
+from horovod_sparse.distributed.collectives import ProcessGroup
 from horovod_sparse.distributed.compression import checked_sparse
-from horovod_sparse.distributed.dense import dense_exchange
-from horovod_sparse.engine.model_state import ModelState, Record
-from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
+from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
+from horovod_sparse.engine.model_state import Record
+from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.fsdp.checkpoint import unit_group
 from horovod_sparse.fsdp.units import ShardGroup, fill_gradients, hook_units, replicate_group_given
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness
-from horovod_sparse.torch_core.loss_scale import LossScale
-from horovod_sparse.torch_core.tensor_backend import read_scalars
+from horovod_sparse.torch_core.loss_scale import UNSCALED, LossScale, step_scale
 
 
 class State(EngineSteps):
@@ -80,12 +78,13 @@ class State(EngineSteps):
         self.sparse = checked_sparse(compression, "fsdp")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)
         self._loss_scale = LossScale(loss_scaler) if loss_scaler is not None else None
-        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first hook.
-        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        #: This step's loss scale, read at its first hook.
+        self._scale = UNSCALED
         self.process_group = ProcessGroup(replicate_group)
-        self._world = ProcessGroup(None)
-        self._model = ModelState(compression, backend, self.process_group, None)
-        self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
+        self._engine = distributed_engine(compression, self.process_group, stats_log)
+        self._model = self._engine.model
+        # Every rank of the job agrees: a step abandoned on one replica's shards is abandoned on all.
+        self._agree = nonfinite_agreement(self.nonfinite, ProcessGroup(None))
         self._groups: Dict[str, ShardGroup] = {}
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self._in_step = False
@@ -120,17 +119,9 @@ class State(EngineSteps):
                                                     self._saved, self._model)
         engine.timeline.group_ready(name)
         usable = self._finiteness.check([name], shard)
-        plan, stats = engine.plan(name, group.numel, self.sparse and self.steps < self.compression.options.warmup_steps,
-                                  group.kept_dense)
-        size, rank = self.process_group.size(), self.process_group.rank()
-        inverse = None if self._scale_factors is None else self._scale_factors[1]
-        if plan.sparse:
-            flight = engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, shard.device,
-                                         lambda: group.load_flat(shard, inverse, usable))
-        else:
-            flight = engine.start_dense(group, stats, size, rank, 1.0 / size, shard.device,
-                                        lambda comm: dense_exchange(shard, comm, self.compression, usable))
-        update = engine.finish_one(flight, None if self._scale_factors is None else self._scale_factors[0])
+        flight = engine.start(group, lambda: group.load_flat(shard, self._scale.inverse, usable),
+                              dense_average(engine, group, shard, self.compression, usable))
+        update = engine.finish_one(flight, self._scale.scale)
         if update is not shard:
             shard.copy_(update)
 
@@ -140,8 +131,7 @@ class State(EngineSteps):
         self._in_step = True
         torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
         self._engine.place_timeline(lambda: ready_timeline(shard.device))
-        if self._loss_scale is not None:
-            self._scale_factors = self._loss_scale.factors()
+        self._scale = step_scale(self._loss_scale)
         if self._check_due:
             self._check_due = False
             self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
@@ -152,15 +142,15 @@ class State(EngineSteps):
         abandoned everywhere if a rank saw one), close the step."""
         engine, self._in_step = self._engine, False
         engine.timeline.backward_ended()
-        nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
-        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
-                                                lambda count: ranks_reporting(count, self._world))
-        if bad_ranks:
-            engine.abandon()
+        outcome = engine.end(self._finiteness, self._agree, self._deliver, self._model.end_step)
+        if self._loss_scale is None:  # with a scaler, the NaN gradients tell it
+            outcome.apply_policy(self.nonfinite)
+
+    def _deliver(self, abandoned: bool) -> None:
+        """The hooks wrote each shard's average already: an abandoned step's gradients become
+        NaN for a loss scaler (it skips the step), else zeros."""
+        if abandoned:
             fill_gradients(self._params, math.nan if self._loss_scale is not None else 0.0)
-        engine.close(self._model.end_step)
-        if bad_ranks and self._loss_scale is None:  # with a scaler, the NaN gradients tell it
-            apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
 
     def state_dict(self) -> Dict[str, bytes]:
         """This rank's state under a key of its own, ``{"rank<r>": bytes}``: the serialised step
@@ -177,8 +167,7 @@ class State(EngineSteps):
         self._saved = record = state_of_this_rank(state_dict, "the replicas' state", "ranks and mesh")
         self._groups.clear()
         self._model.states.clear()
-        if self.sparse and record.get("method") is not None:
-            self.compression.load_method_state(record["method"])
+        self._model.load_method(record)
         self._engine.restart_at(int(record["steps"]))
         self._check_due = True
 

@@ -28,6 +28,10 @@ class ShardGroup(FlatGroup):
     def dtype(self) -> torch.dtype:
         return self._like[0]
 
+    @property
+    def device(self) -> torch.device:
+        return self._like[1]
+
     def _allocate(self) -> None:
         dtype, device = self._like
         self.residual = torch.zeros(self.numel, dtype=dtype, device=device)

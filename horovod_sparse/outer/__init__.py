@@ -12,7 +12,7 @@
 See :mod:`horovod_sparse.outer.rounds`. It runs on ``torch.distributed`` (Gloo, NCCL) without
 Horovod; end each rank with ``hso.exit_job()``, as the DDP hook's jobs.
 """
-from horovod_sparse.ddp.job_exit import exit_job
+from horovod_sparse.distributed.job_exit import exit_job
 from horovod_sparse.distributed.compression import Compression
 from horovod_sparse.outer.rounds import DILOCO_OUTER, OuterSteps, diloco_outer_optimizer
 

@@ -26,19 +26,16 @@ from typing import IO, Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from horovod_sparse.common.nonfinite import apply_nonfinite_policy, resolve_nonfinite
+from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.validation import check_int
-from horovod_sparse.distributed import backend
-from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
+from horovod_sparse.distributed.collectives import ProcessGroup
 from horovod_sparse.distributed.compression import Compression, checked_sparse
-from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
-from horovod_sparse.engine.model_state import ModelState
-from horovod_sparse.engine.step import EngineSteps, StepEngine
+from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
+from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.outer.anchor import Anchor
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
-from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 #: DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov SGD, learning rate 0.7, momentum 0.9.
 DILOCO_OUTER = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
@@ -105,8 +102,9 @@ class OuterSteps(EngineSteps):
         self.outer_optimizer = outer_optimizer if outer_optimizer is not None else diloco_outer_optimizer(params)
         _require_over(self.outer_optimizer, params, named)
         self.process_group = ProcessGroup(process_group)
-        self._model = ModelState(compression, backend, self.process_group, None)
-        self._engine = StepEngine(compression, self._model, Communicator, self.process_group, stats_log, read_scalars)
+        self._engine = distributed_engine(compression, self.process_group, stats_log)
+        self._model = self._engine.model
+        self._agree = nonfinite_agreement(self.nonfinite, self.process_group)
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self.position = 0
         self._require_same_configuration()
@@ -133,36 +131,26 @@ class OuterSteps(EngineSteps):
         zero pseudo-gradients, which still delivers residuals). Collective."""
         self.position = 0
         engine = self._engine
-        size, rank = self.process_group.size(), self.process_group.rank()
-        device = self.groups[0].params[0].device
         self.process_group.follow(self.groups[0].params[0])  # NCCL: host payloads to the model's device
-        flights = [self._start(group, size, rank, device) for group in self.groups]
+        flights = [self._start(group) for group in self.groups]
         updates = [engine.finish_one(flight) for flight in flights]
-        nonfinite_groups = self._finiteness.nonfinite(engine.read_with_figures)
-        bad_ranks = engine.ranks_with_nonfinite(self.nonfinite, nonfinite_groups,
-                                                lambda count: ranks_reporting(count, self.process_group))
-        self.anchor.reset()
-        if bad_ranks:
-            engine.abandon()
-        else:
-            self._apply(updates)
-        engine.close(self._model.end_step)
-        if bad_ranks:
-            apply_nonfinite_policy(self.nonfinite, bad_ranks, self.steps - 1, nonfinite_groups)
+        engine.end(self._finiteness, self._agree, lambda abandoned: self._deliver(updates, abandoned),
+                   self._model.end_step).apply_policy(self.nonfinite)
 
-    def _start(self, group: FlatGroup, size: int, rank: int, device: torch.device) -> Any:
+    def _start(self, group: FlatGroup) -> Any:
         """Launch ``group``'s exchange of its pseudo-gradient (dense in the rounds before
         ``warmup_steps``)."""
-        engine = self._engine
         delta = self.anchor.pseudo_gradient(group.index)
         usable = self._finiteness.check([group.name], delta)
-        dense_round = self.sparse and self.steps < self.compression.options.warmup_steps
-        plan, stats = engine.plan(group.name, group.numel, dense_round)
-        if plan.sparse:
-            return engine.start_sparse(group, plan, stats, size, rank, 1.0 / size, device,
-                                       lambda: group.load_flat(delta, None, usable))
-        return engine.start_dense(group, stats, size, rank, 1.0 / size, device,
-                                  lambda comm: dense_exchange(delta, comm, self.compression, usable))
+        return self._engine.start(group, lambda: group.load_flat(delta, None, usable),
+                                  dense_average(self._engine, group, delta, self.compression, usable))
+
+    def _deliver(self, updates: List[torch.Tensor], abandoned: bool) -> None:
+        """Every replica back at the anchor: an abandoned round's inner steps undone, else the
+        outer step taken from there (:meth:`_apply`)."""
+        self.anchor.reset()
+        if not abandoned:
+            self._apply(updates)
 
     @torch.no_grad()
     def _apply(self, updates: List[torch.Tensor]) -> None:

@@ -29,6 +29,9 @@ class FlatGroup:
         dtype: the members' common dtype.
     """
 
+    #: Where the group's tensors live, for the engine: TensorFlow places them itself.
+    device = None
+
     def __init__(self, index: int, names: List[str], positions: List[int], shapes: List[tf.TensorShape],
                  dtype: tf.DType, kept_dense: bool = False) -> None:
         self.index = index

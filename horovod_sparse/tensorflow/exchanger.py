@@ -307,8 +307,6 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
         results = list(kept)
         engine = layout.engine
         engine.begin(step)
-        size, rank = self.process_set.size(), self.process_set.rank()
-        scale = 1.0 / size if self.op == hvd.Average else 1.0
         dense_groups: List[Tuple[FlatGroup, GroupStats]] = []
         host = isinstance(step, int)
         for position in range(len(kept) if host else 0):
@@ -319,8 +317,7 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
                     engine.timeline.group_ready(group.name)
                 plan, stats = engine.plan(group.name, group.numel, warm, group.kept_dense)
                 if plan.sparse:
-                    engine.start_sparse(group, plan, stats, size, rank, scale, None,
-                                        functools.partial(group.load_gradients, kept, loss_scale))
+                    engine.start_sparse(group, plan, stats, functools.partial(group.load_gradients, kept, loss_scale))
                 else:
                     dense_groups.append((group, stats))
             self._exchange_dense_groups(dense_groups, kept, results)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from horovod_sparse.common.dense_choice import chosen_dense
@@ -16,6 +17,7 @@ from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.stats import StepStats, finish_step
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.topology import Transport
 from horovod_sparse.tensorflow import backend
 from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import Communicator
@@ -81,7 +83,7 @@ def _source_name(source: Any, position: int) -> str:
 class Layouts:
     """The layouts of :class:`~horovod_sparse.tensorflow.exchanger.GradientExchanger` (a base of
     it) and what the one exchanged last says: it reads the exchanger's configuration
-    (``compression``, ``sparse``, ``groups_spec``, ``dense_spec``, ``process_set``, ``clock``)
+    (``compression``, ``sparse``, ``groups_spec``, ``dense_spec``, ``process_set``, ``op``, ``clock``)
     and keeps ``_layouts``, ``_last_layout`` and ``last_stats``."""
 
     # -- what the variable list exchanged last says -------------------------------------------------
@@ -144,8 +146,9 @@ class Layouts:
                  for name, shape, g in zip(names, shapes, grads)]
         scheduler = None if mergecomp is None else MergeCompScheduler(
             mergecomp, names, [info.numel for info in infos], self.process_set, backend)
+        transport = Transport(Communicator, self.process_set, average=self.op == hvd.Average)
         engine = StepEngine(self.compression, ModelState(self.compression, backend, self.process_set, scheduler),
-                            Communicator, self.process_set)
+                            transport)
         engine.place_timeline(lambda: ReadyTimeline(self.clock))
         layout = Layout(infos, shapes, [g.dtype for g in grads], engine, kept_dense=kept_dense)
         layout.groups = self._form_groups(layout, "tensor" if mergecomp is not None else spec)

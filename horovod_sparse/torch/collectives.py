@@ -82,13 +82,12 @@ def agree_at_step_end(engine: StepEngine, policy: Optional[str], nonfinite_group
     so that the training loop's own unnamed collectives get the same name on every rank."""
     tiers = engine.tiers
     if tiers is None:
-        return engine.ranks_with_nonfinite(policy, nonfinite_groups, lambda count: ranks_reporting(count, process_set))
+        return [] if policy is None else ranks_reporting(len(nonfinite_groups), process_set)
     launched = sum(group.collectives for group in engine.stats.groups)
     reports = step_reports(len(nonfinite_groups), launched, process_set)
     level_collectives([sent for _, sent in reports], rank,
                       lambda missing: pad_collectives(missing, tiers.cross_set, engine.steps))
-    reporting = [member for member, (theirs, _) in enumerate(reports) if theirs]
-    return engine.ranks_with_nonfinite(policy, nonfinite_groups, lambda count: reporting)
+    return [] if policy is None else [member for member, (theirs, _) in enumerate(reports) if theirs]
 
 
 def gather_places(place: Tuple[int, int]) -> List[Tuple[int, int]]:

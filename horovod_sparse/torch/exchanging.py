@@ -10,10 +10,11 @@ optimizer. Dense groups take Horovod's own allreduce (:mod:`horovod_sparse.torch
 """
 from __future__ import annotations
 
+import functools
 import os
 import warnings
 from contextlib import contextmanager
-from typing import IO, Any, Dict, Iterator, List, Optional, Tuple
+from typing import IO, Any, Dict, Iterator, List, Optional
 
 import horovod.torch as hvd
 import torch
@@ -21,12 +22,14 @@ import torch
 from horovod_sparse.common.arguments import check_backward_passes
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.grouping import ReadyTimeline
+from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.engine.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import EngineSteps, StepEngine
+from horovod_sparse.engine.topology import Transport
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.abandoned import AbandonedStep, nan_aggregates
@@ -40,7 +43,7 @@ from horovod_sparse.torch.sparse_rows import SparseRows
 from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
-from horovod_sparse.torch_core.loss_scale import LossScale
+from horovod_sparse.torch_core.loss_scale import LossScale, StepScale, step_scale
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
@@ -66,8 +69,8 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
 
         self.nonfinite = nonfinite
         self._loss_scale = loss_scale
-        #: This step's ``(scale, 1 / scale)`` of the loss scaler, read at its first sparse group.
-        self._scale_factors: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        #: This step's loss scale, read at its first sparse group (None: not yet).
+        self._scale: Optional[StepScale] = None
         #: A step abandoned by synchronize() that step() has not met yet.
         self._abandoned = AbandonedStep(nonfinite, scaled=loss_scale is not None)
         names = parameter_names(self.param_groups, named_parameters)
@@ -82,7 +85,8 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._model = ModelState(compression, backend, process_set, None if mergecomp is None else MergeCompScheduler(
             mergecomp, [name for name, _ in ordered], [p.numel() for _, p in ordered], process_set, backend))
         #: The step: plan, start, finish, abandon, close (:mod:`horovod_sparse.engine.step`).
-        self._engine = StepEngine(compression, self._model, Communicator, process_set, stats_log, read_scalars)
+        self._engine = StepEngine(compression, self._model, Transport(Communicator, process_set, op == hvd.Average,
+                                                                      read_scalars), stats_log)
         self._engine.place_timeline(lambda: ready_timeline(ordered[0][1].device if ordered else torch.device("cpu")))
         self._groups = self._form_groups(ordered, "tensor" if mergecomp is not None else groups)
         #: This step's finiteness decisions (groups and sparse-gradient parameters).
@@ -92,9 +96,10 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._should_synchronize = True
         #: The rank whose shared state every rank adopts before its next exchange (None: agreed).
         self._agree_with: Optional[int] = 0
-        #: The world size and this rank at the last agreement.
-        self._world_size = process_set.size() if process_set.included() else 0
-        self._rank = process_set.rank() if process_set.included() else -1
+        #: The world size and this rank at the last agreement (:meth:`_take_place`).
+        self._world_size, self._rank = 0, -1
+        if process_set.included():
+            self._take_place()
         #: Whether this step already compared the world size with the agreed one.
         self._size_checked = False
         #: The ``torch.sparse`` gradients of the step.
@@ -179,27 +184,27 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
             self._launch(group)
 
     def _launch(self, group: FlatGroup) -> None:
+        """Start ``group``'s exchange (dense while MergeComp records the gradients' order)."""
         self.timeline.group_ready(group.name)
         self._sparse_rows.prepare(group)
-        dense_step = self._sparse and (self.steps < self._compression.options.warmup_steps
-                                       or (self.mergecomp is not None and self.mergecomp.recording))
-        plan, stats = self._engine.plan(group.name, group.numel, dense_step, group.kept_dense)
-        size = self._world_size
-        if self.op == hvd.Average:
-            prescale, postscale = 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-            scale = 1.0 / size
-        else:
-            prescale = postscale = scale = 1.0
-        if not plan.sparse:
-            self._finite(group)
-            compression = hvd.Compression.none if self._sparse else self._compression
-            self._engine.keep(DenseFlight(group, stats, compression, self.process_set, self.op, prescale, postscale))
-            return
-        if self._scale_factors is None and self._loss_scale is not None:
-            self._scale_factors = self._loss_scale.factors()
-        inverse = None if self._scale_factors is None else self._scale_factors[1]
-        self._engine.start_sparse(group, plan, stats, size, self._rank, scale, group.params[0].device,
-                                  lambda: group.load_gradients(lambda staged: self._finite(group, staged), inverse))
+        self._engine.start(group, lambda: group.load_gradients(lambda staged: self._finite(group, staged),
+                                                               self._step_scale().inverse),
+                           functools.partial(self._dense_flight, group),
+                           dense_step=self.mergecomp is not None and self.mergecomp.recording)
+
+    def _dense_flight(self, group: FlatGroup, stats: GroupStats) -> DenseFlight:
+        """Horovod's own allreduce of each of ``group``'s gradients (a dense compression's
+        group, a group kept dense, a sparse method's dense step)."""
+        self._finite(group)
+        compression = hvd.Compression.none if self._sparse else self._compression
+        factor = self.gradient_predivide_factor if self.op == hvd.Average else 1.0
+        return DenseFlight(group, stats, compression, self.process_set, self.op, 1.0 / factor, factor)
+
+    def _step_scale(self) -> StepScale:
+        """This step's loss scale, read at its first sparse group."""
+        if self._scale is None:
+            self._scale = step_scale(self._loss_scale)
+        return self._scale
 
     # -- synchronizing ----------------------------------------------------------------------------
     def synchronize(self) -> None:
@@ -223,25 +228,30 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._sparse_rows.wait()
         self._readiness.next_step(self.backward_passes_per_step)
         self._size_checked = False
-        nonfinite_groups = self._finiteness.nonfinite(self._engine.read_with_figures)
-        bad_ranks = agree_at_step_end(self._engine, self.nonfinite, nonfinite_groups, self.process_set, self._rank)
-        if bad_ranks:
-            # Residuals get back what they delivered (they hold ``e + g``: this step's finite
-            # gradient is kept); the aggregates are NaN, as after Horovod's allreduce of an overflow.
-            nan_aggregates(self._engine.abandon())
-        for flight in finished:
-            if flight.sparse:
-                flight.group.publish(self._loss_scale_of_step())
-        self._scale_factors = None
-        self._sparse_rows.hand_back(abandoned=bool(bad_ranks))
-        if bad_ranks:
-            self._abandoned.note(bad_ranks, self.steps, nonfinite_groups)
-        self._engine.close(self._end_step)
+        outcome = self._engine.end(self._finiteness, self._agree, functools.partial(self._deliver, finished),
+                                   self._end_step)
+        if outcome.bad_ranks:
+            self._abandoned.note(outcome.bad_ranks, outcome.stats.step, outcome.nonfinite_groups)
         self._synchronized = True
 
-    def _loss_scale_of_step(self) -> Optional[torch.Tensor]:
-        """The loss scale this step's gradients were unscaled by (None without a scaler)."""
-        return None if self._scale_factors is None else self._scale_factors[0]
+    def _agree(self, nonfinite_groups: List[str]) -> List[int]:
+        """The ranks that saw a non-finite gradient this step (in two tiers also leveling the
+        ranks' collectives: :func:`~horovod_sparse.torch.collectives.agree_at_step_end`)."""
+        return agree_at_step_end(self._engine, self.nonfinite, nonfinite_groups, self.process_set, self._rank)
+
+    def _deliver(self, finished: List[Any], abandoned: bool) -> None:
+        """Write the step's sparse aggregates into ``.grad`` (the dense ones are there), hand
+        the ``torch.sparse`` gradients back. An abandoned step's residuals got back what they
+        delivered (they hold ``e + g``: this step's finite gradient is kept); its aggregates
+        are NaN, as after Horovod's allreduce of an overflow."""
+        if abandoned:
+            nan_aggregates(finished)
+        scale = None if self._scale is None else self._scale.scale
+        for flight in finished:
+            if flight.sparse:
+                flight.group.publish(scale)
+        self._scale = None
+        self._sparse_rows.hand_back(abandoned=abandoned)
 
     def _finite(self, group: FlatGroup, staged: Optional[torch.Tensor] = None) -> Usable:
         """Whether ``group``'s gradients on this rank are all finite (True without a

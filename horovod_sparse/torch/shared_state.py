@@ -71,6 +71,12 @@ class SharedState:
         if self._agree_with is not None:
             self.agree_shared_state(self._agree_with)
 
+    def _take_place(self) -> None:
+        """Read the world size and this rank, the exchanges' from now on (at construction and at
+        every agreement: Horovod changes them only between steps)."""
+        self._world_size, self._rank = self.process_set.size(), self.process_set.rank()
+        self._engine.transport.pin(self._world_size, self._rank)
+
     def agree_shared_state(self, root_rank: int = 0) -> None:
         """Every rank of the process set takes ``root_rank``'s step counter, MergeComp grouping
         and method state shared by all ranks (thresholds, partition tables, schedules);
@@ -86,7 +92,7 @@ class SharedState:
         self._agree_with = None
         if not self.process_set.included():
             return
-        self._world_size, self._rank = self.process_set.size(), self.process_set.rank()
+        self._take_place()
         if self._elastic:
             self._require_same_configuration()
         if not self._groups:

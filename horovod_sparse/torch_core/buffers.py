@@ -72,6 +72,11 @@ class FlatGroup:
         return self.params[0].dtype
 
     @property
+    def device(self) -> torch.device:
+        """Where the group's tensors live (its phases are timed there)."""
+        return self.params[0].device
+
+    @property
     def collective_name(self) -> str:
         """The name the group's collectives carry (its :attr:`name`)."""
         return self.name

@@ -12,9 +12,21 @@ the scaler's own tensor, on its device: no host synchronisation.
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, NamedTuple, Optional
 
 import torch
+
+
+class StepScale(NamedTuple):
+    """The loss scale a step's gradients carry, ``scale``, and its ``inverse`` (0-dim float32
+    tensors), or None for both: the gradients are unscaled."""
+
+    scale: Optional[torch.Tensor]
+    inverse: Optional[torch.Tensor]
+
+
+#: A step without loss scaling.
+UNSCALED = StepScale(None, None)
 
 
 class LossScale:
@@ -26,12 +38,17 @@ class LossScale:
                             "loss is backpropagated through (or None without loss scaling)")
         self._scaler = scaler
 
-    def factors(self) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def factors(self) -> StepScale:
         """``(scale, 1 / scale)`` as 0-dim float32 tensors for the gradients of the current
-        backward pass, or None when the scaler is disabled or has not scaled a loss yet."""
+        backward pass, or :data:`UNSCALED` when the scaler is disabled or has not scaled a loss yet."""
         # GradScaler keeps its scale as this tensor from its first scale() call on (torch 1.6 to
         # 2.13); get_scale() would read it on the host, a synchronisation on CUDA.
         scale = getattr(self._scaler, "_scale", None)
         if not self._scaler.is_enabled() or scale is None:
-            return None
-        return scale, scale.double().reciprocal().float()
+            return UNSCALED
+        return StepScale(scale, scale.double().reciprocal().float())
+
+
+def step_scale(loss_scale: Optional[LossScale]) -> StepScale:
+    """The current step's :class:`StepScale` of ``loss_scale`` (:data:`UNSCALED` without one)."""
+    return UNSCALED if loss_scale is None else loss_scale.factors()

@@ -1,0 +1,45 @@
+"""The step engine (:mod:`horovod_sparse.engine.step`) on ``torch.distributed``, as the DDP hook,
+FSDP2 and the outer steps run it: the engine over a process group, a group's dense average as
+the engine starts it, and the agreement on non-finite gradients at the end of a step."""
+from __future__ import annotations
+
+from typing import IO, Any, Callable, List, Optional, Sequence
+
+import torch
+
+from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.distributed import backend
+from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
+from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.model_state import ModelState
+from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.topology import Transport
+from horovod_sparse.torch_core.finiteness import Usable
+from horovod_sparse.torch_core.tensor_backend import read_scalars
+
+
+def distributed_engine(compression: Any, process_group: ProcessGroup, stats_log: Optional[IO[str]],
+                       first_dense_steps: int = 0) -> StepEngine:
+    """The step engine of a front end averaging over ``process_group`` (its :class:`ModelState`
+    is ``engine.model``); ``stats_log`` and ``first_dense_steps`` as :class:`StepEngine` takes them."""
+    model = ModelState(compression, backend, process_group, None)
+    return StepEngine(compression, model, Transport(Communicator, process_group, read_scalars=read_scalars),
+                      stats_log, first_dense_steps)
+
+
+def dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
+                  usable: Usable) -> Callable[[GroupStats], Inflight]:
+    """The dense flight :meth:`StepEngine.start` takes for ``group``: the average of ``buffer``
+    over the process group (:func:`~horovod_sparse.distributed.dense.dense_exchange`, zeros for
+    this rank's share when it is not ``usable``)."""
+    return lambda stats: engine.dense_flight(group, stats,
+                                             lambda comm: dense_exchange(buffer, comm, compression, usable))
+
+
+def nonfinite_agreement(policy: Optional[str], process_group: ProcessGroup) -> Callable[[Sequence[str]], List[int]]:
+    """The agreement :meth:`StepEngine.end` takes: the ranks of ``process_group`` that saw a
+    non-finite gradient this step, given this rank's non-finite groups (one tiny allgather).
+    Under no ``nonfinite`` policy (``policy`` None, the same on every rank: nothing was checked)
+    there is nothing to agree on: no ranks, and no collective."""
+    return lambda groups: [] if policy is None else ranks_reporting(len(groups), process_group)
