@@ -17,6 +17,7 @@ import torch
 from horovod_sparse.common import registry
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.topology import Transport
 from horovod_sparse.methods.sparseloco import chunk_counts, quantize
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
@@ -67,7 +68,8 @@ def test_the_engines_plan_targets_the_chunked_count():
     """What the front ends use as the group's target: 129 for 8193 elements (chunks of 4096, 4096
     and 1), where a density over the whole group would give 128."""
     method = registry.create("torch", "sparseloco", min_numel=0)
-    plan, stats = StepEngine(method, SimpleNamespace(sparse=True), None, None).plan("g", 8193, dense_step=False)
+    engine = StepEngine(method, SimpleNamespace(sparse=True), Transport(None, None))
+    plan, stats = engine.plan("g", 8193, dense_step=False)
     assert plan.sparse and plan.target == stats.target == 129 != int(8193 / 64)
 
 
