@@ -39,7 +39,7 @@ class CommunicatorBase:
     #: negotiates sizes itself and ignores ``rows``; ``torch.distributed``, which has no
     #: variable-length allgather, exchanges the counts (a host read) only when they are not known.
 
-    def follow(self, x: Any) -> None:
+    def order_after(self, x: Any) -> None:
         """Order this group's collectives after ``x``, its loaded ``g + e``, where the transport
         needs that said (a traced TensorFlow step: its ``Communicator``); nothing here."""
 

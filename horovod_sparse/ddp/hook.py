@@ -33,11 +33,11 @@ from horovod_sparse.ddp.buckets import BucketGroups, join, split
 from horovod_sparse.distributed.collectives import ProcessGroup, ddp_tiers
 from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.engine.step import EngineSteps, StepOutcome
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.device_timing import ready_timeline
-from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Finite
 from horovod_sparse.torch_core.loss_scale import UNSCALED, LossScale, step_scale
 
 
@@ -116,7 +116,7 @@ class State(EngineSteps):
         self._hierarchical_arg = hierarchical
         self._node_size = node_size
         self.buckets = BucketGroups(self._model)
-        self._inflight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Inflight]]] = []
+        self._buckets_in_flight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[ExchangeFlight]]] = []
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self._check_due = True
         self._dense_spec = dense
@@ -143,7 +143,7 @@ class State(EngineSteps):
         """Start the exchange of ``bucket``'s groups; the future completes once the last
         bucket's call finished the step. What :func:`hook` runs."""
         buffer, params = bucket.buffer(), bucket.parameters()
-        self.process_group.follow(buffer)
+        self.process_group.place_payloads_with(buffer)
         self._engine.place_timeline(lambda: ready_timeline(buffer.device))
         if self._check_due:
             if self._kept_dense is None:
@@ -160,28 +160,28 @@ class State(EngineSteps):
         if bucket.index() == 0:
             self._scale = step_scale(self._loss_scale)
         groups = self.buckets.of_bucket(bucket.index(), params)
-        usable = self._finiteness.check([g.name for g in groups], buffer)
+        finite = self._finiteness.check([g.name for g in groups], buffer)
         gradients = split(buffer, params, groups)
-        started = [self._start(group, gradient, usable) for group, gradient in zip(groups, gradients)]
+        started = [self._start(group, gradient, finite) for group, gradient in zip(groups, gradients)]
         future: torch.futures.Future = torch.futures.Future()
-        self._inflight.append((future, params, started))
+        self._buckets_in_flight.append((future, params, started))
         if bucket.is_last():
             self._finish_step()
         return future
 
-    def _start(self, group: FlatGroup, gradient: torch.Tensor, usable: Usable) -> Inflight:
+    def _start(self, group: FlatGroup, gradient: torch.Tensor, finite: Finite) -> ExchangeFlight:
         """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
         engine = self._engine
         engine.timeline.group_ready(group.name)
-        return engine.start(group, lambda: group.load_flat(gradient, self._scale.inverse, usable),
-                            dense_average(engine, group, gradient, self.compression, usable))
+        return engine.start(group, lambda: group.load_flat(gradient, self._scale.inverse, finite),
+                            dense_average(engine, group, gradient, self.compression, finite))
 
     def _finish_step(self) -> None:
         """Finish every group's exchange in bucket order, abandon the step everywhere if a rank
         saw a non-finite gradient, close the step and complete the futures."""
         engine = self._engine
         engine.timeline.backward_ended()
-        finished, self._inflight = self._inflight, []
+        finished, self._buckets_in_flight = self._buckets_in_flight, []
         try:
             results = [self._finish_bucket(params, started) for _, params, started in finished]
         except ExchangeStalled as stalled:  # backward() raises it on every rank left waiting
@@ -203,10 +203,10 @@ class State(EngineSteps):
         if error is not None:
             futures[-1].set_exception(error)
 
-    def _finish_bucket(self, params: List[torch.Tensor], started: List[Inflight]) -> torch.Tensor:
+    def _finish_bucket(self, params: List[torch.Tensor], started: List[ExchangeFlight]) -> torch.Tensor:
         """Finish the exchanges of one bucket's groups: the bucket's aggregate."""
-        updates = [self._engine.finish_one(inflight, self._scale.scale) for inflight in started]
-        return join(updates, params, [inflight.group for inflight in started])
+        updates = [self._engine.finish_one(flight, self._scale.scale) for flight in started]
+        return join(updates, params, [flight.group for flight in started])
 
     def _nonfinite_error(self, outcome: StepOutcome) -> Optional[FloatingPointError]:
         """Apply the ``nonfinite`` policy to an abandoned step: warn (``"skip"``), or return the

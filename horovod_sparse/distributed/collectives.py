@@ -41,7 +41,7 @@ class ProcessGroup:
     @property
     def device(self) -> torch.device:
         """Where host payloads go: the current CUDA device on an NCCL group (until
-        :meth:`follow` says otherwise), else the CPU. Known once the group exists."""
+        :meth:`place_payloads_with` says otherwise), else the CPU. Known once the group exists."""
         if self._device is None:
             if not dist.is_initialized():
                 raise RuntimeError("horovod_sparse needs torch.distributed's process group at its first exchange: "
@@ -50,11 +50,11 @@ class ProcessGroup:
                             if dist.get_backend(self.group) == dist.Backend.NCCL else torch.device("cpu"))
         return self._device
 
-    def follow(self, bucket: torch.Tensor) -> None:
-        """On an NCCL group, send host payloads to ``bucket``'s device from now on: the device
+    def place_payloads_with(self, tensor: torch.Tensor) -> None:
+        """On an NCCL group, send host payloads to ``tensor``'s device from now on: the device
         DDP's model lives on, which need not be the current one when the group was built."""
         if self.device.type == "cuda":
-            self._device = bucket.device
+            self._device = tensor.device
 
     def size(self) -> int:
         return dist.get_world_size(self.group)

@@ -11,11 +11,11 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed import backend
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
 from horovod_sparse.distributed.dense import dense_exchange
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.engine.topology import Transport
-from horovod_sparse.torch_core.finiteness import Usable
+from horovod_sparse.torch_core.finiteness import Finite
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
@@ -29,12 +29,12 @@ def distributed_engine(compression: Any, process_group: ProcessGroup, stats_log:
 
 
 def dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
-                  usable: Usable) -> Callable[[GroupStats], Inflight]:
+                  finite: Finite) -> Callable[[GroupStats], ExchangeFlight]:
     """The dense flight :meth:`StepEngine.start` takes for ``group``: the average of ``buffer``
     over the process group (:func:`~horovod_sparse.distributed.dense.dense_exchange`, zeros for
-    this rank's share when it is not ``usable``)."""
+    this rank's share when it is not ``finite``)."""
     return lambda stats: engine.dense_flight(group, stats,
-                                             lambda comm: dense_exchange(buffer, comm, compression, usable))
+                                             lambda comm: dense_exchange(buffer, comm, compression, finite))
 
 
 def nonfinite_agreement(policy: Optional[str], process_group: ProcessGroup) -> Callable[[Sequence[str]], List[int]]:

@@ -35,10 +35,11 @@ from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy
 from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step, read_each, read_figures
 from horovod_sparse.common.tiers import Tiers, exchanged_numel
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.flight import ExchangeFlight, ExchangeGroup, Flight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.topology import Transport, start_exchange
 from horovod_sparse.methods.base import Exchange, Step
+from horovod_sparse.methods.comm import Comm
 
 
 class EngineSteps:
@@ -132,7 +133,7 @@ class StepEngine:
         self.steps = 0
         self.last_stats: Optional[StepStats] = None
         self.stats = StepStats(step=0)
-        self.flights: List[Any] = []
+        self.flights: List[Flight] = []
 
     def place_timeline(self, make: Callable[[], ReadyTimeline]) -> None:
         """Time the groups' readiness with ``make()`` from now on (the front end's device clock,
@@ -179,8 +180,8 @@ class StepEngine:
         step, whose number is a tensor, never is: its front end decides inside the graph)."""
         return isinstance(self.step, int) and self.step < self.dense_steps
 
-    def start(self, group: Any, load: Callable[[], Any], dense: Callable[[GroupStats], Any],
-              dense_step: bool = False) -> Any:
+    def start(self, group: ExchangeGroup, load: Callable[[], Any], dense: Callable[[GroupStats], Flight],
+              dense_step: bool = False) -> Flight:
         """Plan ``group`` (:meth:`plan`: dense while :attr:`warming_up`, for ``dense_step``, the
         front end's own reason such as MergeComp's recording, and where :meth:`takes_sparse`
         says) and start its exchange: sparsely with ``x = load()`` (:meth:`start_sparse`), else
@@ -194,7 +195,8 @@ class StepEngine:
         self.flights.append(flight)
         return flight
 
-    def start_sparse(self, group: Any, plan: GroupPlan, stats: GroupStats, load: Callable[[], Any]) -> Inflight:
+    def start_sparse(self, group: ExchangeGroup, plan: GroupPlan, stats: GroupStats,
+                     load: Callable[[], Any]) -> ExchangeFlight:
         """Start ``group``'s sparse exchange as ``plan`` says: the communicators, the method
         state, ``x = load()`` (the front end adds the gradient into the group's residual), the
         zeroed update buffer, the first collectives. The flight is kept for :meth:`finish`."""
@@ -205,21 +207,23 @@ class StepEngine:
             comm.output_buffer = group.zeroed_output()
         for each in (comm, node):
             if each is not None:
-                each.follow(x)
-        flight = Inflight(start_exchange(self.compression, x, comm, node, plan.tiers, state, self.step), comm, group)
+                each.order_after(x)
+        exchange = start_exchange(self.compression, x, comm, node, plan.tiers, state, self.step)
+        flight = ExchangeFlight(exchange, comm, group)
         flight.advance()
         self.flights.append(flight)
         return flight
 
-    def dense_flight(self, group: Any, stats: GroupStats, exchange: Callable[[Any], Exchange]) -> Inflight:
+    def dense_flight(self, group: ExchangeGroup, stats: GroupStats,
+                     exchange: Callable[[Comm], Exchange]) -> ExchangeFlight:
         """``group``'s dense exchange started over the whole process set: ``exchange(comm)``, the
         front end's dense exchange generator (it returns the update), for :meth:`start`."""
         comm = self.transport.communicator_of(group, stats, self.step)
-        flight = Inflight(exchange(comm), comm, group, sparse=False)
+        flight = ExchangeFlight(exchange(comm), comm, group, sparse=False)
         flight.advance()
         return flight
 
-    def finish_one(self, flight: Any, scale: Optional[Any] = None) -> Any:
+    def finish_one(self, flight: Flight, scale: Optional[Any] = None) -> Any:
         """Finish ``flight``: a sparse group's ``(update, residual)`` kept as its output and residual,
         the output multiplied by ``scale`` (a loss scale the gradients were divided by) and
         returned; a dense one's result as its exchange returns it."""
@@ -231,7 +235,7 @@ class StepEngine:
             flight.group.scale_output(scale)
         return flight.group.output
 
-    def finish(self, order: Optional[Callable[[Any], Any]] = None) -> List[Any]:
+    def finish(self, order: Optional[Callable[[Flight], Any]] = None) -> List[Flight]:
         """:meth:`finish_one` every flight of the step, sorted by ``order`` (a key of a flight;
         default: start order), and return them in that order. The order must be the same on
         every rank: a multi-round exchange waits for collectives the other ranks launch only

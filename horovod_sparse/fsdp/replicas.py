@@ -118,9 +118,9 @@ class State(EngineSteps):
             group = self._groups[name] = unit_group(len(self._groups), name, shard, name in self._kept_units,
                                                     self._saved, self._model)
         engine.timeline.group_ready(name)
-        usable = self._finiteness.check([name], shard)
-        flight = engine.start(group, lambda: group.load_flat(shard, self._scale.inverse, usable),
-                              dense_average(engine, group, shard, self.compression, usable))
+        finite = self._finiteness.check([name], shard)
+        flight = engine.start(group, lambda: group.load_flat(shard, self._scale.inverse, finite),
+                              dense_average(engine, group, shard, self.compression, finite))
         update = engine.finish_one(flight, self._scale.scale)
         if update is not shard:
             shard.copy_(update)

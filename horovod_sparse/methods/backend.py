@@ -3,7 +3,7 @@
 A method (:mod:`horovod_sparse.methods`) never imports a framework. It receives a backend, one
 module per front end (:mod:`horovod_sparse.torch.backend`, :mod:`horovod_sparse.tensorflow.backend`,
 :mod:`horovod_sparse.distributed.backend`) that provides the functions below, and a communicator for the collectives
-(:class:`horovod_sparse.common.communicator.CommunicatorBase`'s subclasses).
+(:class:`horovod_sparse.methods.comm.Comm`).
 
 Contracts shared by every primitive:
     * tensors are 1-D unless said otherwise; index tensors hold int64 unless said otherwise;

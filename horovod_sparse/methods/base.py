@@ -22,6 +22,7 @@ from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.schedule import ConstantDensity
 from horovod_sparse.methods.backend import Backend, Capped, Tensor
+from horovod_sparse.methods.comm import Comm
 
 #: What an exchange produces: the aggregated update (already scaled) and the new residual.
 Result = Tuple[Tensor, Tensor]
@@ -110,7 +111,7 @@ class Sparsifier:
         the backward hooks (blocking collectives are allowed). Default: nothing."""
 
     # -- the exchange --------------------------------------------------------------------------
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         """Select from ``x``, exchange, and return ``(update, residual)``.
 
         Contract:
@@ -154,7 +155,7 @@ class Sparsifier:
         """Values as they travel (see the backend's ``to_wire``)."""
         return self.B.to_wire(values, self.options.fp16_values)
 
-    def allgather_count(self, selected: Any, like: Tensor, comm: Any) -> Any:
+    def allgather_count(self, selected: Any, like: Tensor, comm: Comm) -> Any:
         """Launch the allgather of this rank's count of ``selected`` coordinates (one int64 per
         rank, on ``like``'s device: a row count every rank knows)."""
         return comm.allgather(self.B.reshape_one(selected, like), "counts", "meta", rows=[1] * comm.size)
@@ -166,7 +167,8 @@ class Sparsifier:
         return self.per_step(lambda s: capacity_count(self.options, self.options.count(numel, s), numel),
                              step, "int32")
 
-    def allgather_exchange(self, x: Tensor, idx: Union[Tensor, Capped], comm: Any, fixed_count: Any = None) -> Exchange:
+    def allgather_exchange(self, x: Tensor, idx: Union[Tensor, Capped], comm: Comm,
+                           fixed_count: Any = None) -> Exchange:
         """The exchange of Top-k and the threshold baselines: allgather (values, indices),
         scatter-add every rank's chunk, scale. ``idx`` holds distinct indices into ``x``, or is a
         selection cut to a capacity (:class:`~horovod_sparse.methods.backend.Capped`, whose

@@ -10,6 +10,7 @@ from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import DGC_LOWER, DGC_UPPER, DGCOptions, dgc_sample
 from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+from horovod_sparse.methods.comm import Comm
 
 
 @dataclass
@@ -93,7 +94,7 @@ class DGC(Sparsifier):
             return None if saved is None else MomentumState()
         return MomentumState(self.B.from_saved(saved.velocity), self.B.from_saved(saved.accumulated))
 
-    def exchange(self, x: Tensor, comm: Any, state: Optional[MomentumState], step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Optional[MomentumState], step: Step) -> Exchange:
         B, options = self.B, self.options
         numel = B.numel(x)
         if state is not None:

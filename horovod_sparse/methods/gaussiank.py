@@ -10,6 +10,7 @@ from horovod_sparse.common.threshold_baselines import (GAUSSIANK_CORRECTIONS, GA
                                                        gaussian_threshold)
 from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+from horovod_sparse.methods.comm import Comm
 
 
 def gaussiank_select(B: Backend, x: Tensor, k: int, density: float, capacity: int) -> Tuple[Capped, Any]:
@@ -48,7 +49,7 @@ class GaussianK(Sparsifier):
     options: CappedOptions
     host_exchange = True
 
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         numel = self.B.numel(x)
         with comm.timer("select"):
             capped, threshold = gaussiank_select(self.B, x, self.options.count(numel, step),

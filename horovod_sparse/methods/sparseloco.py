@@ -14,6 +14,7 @@ from horovod_sparse.common.registry import implements
 from horovod_sparse.common.validation import check_int, check_positive_float
 from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+from horovod_sparse.methods.comm import Comm
 
 #: The code widths a byte holds a whole number of (``8 // bits`` codes per byte).
 BITS = (1, 2, 4, 8)
@@ -106,7 +107,7 @@ class SparseLoCo(Sparsifier):
 
     options: SparseLoCoOptions
 
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         B, options = self.B, self.options
         numel = B.numel(x)
         full, k, last, k_last = chunk_counts(options.density, numel, options.chunk_size)

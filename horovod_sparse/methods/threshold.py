@@ -8,6 +8,7 @@ from horovod_sparse.common.registry import implements
 from horovod_sparse.common.threshold_baselines import HardThresholdOptions, hard_threshold
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+from horovod_sparse.methods.comm import Comm
 
 
 @implements("threshold", HardThresholdOptions,
@@ -23,7 +24,7 @@ class HardThreshold(Sparsifier):
 
     options: HardThresholdOptions
 
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         numel = self.B.numel(x)
         threshold = self.per_step(lambda s: as_float32(hard_threshold(self.options.count(numel, s))), step,
                                   "float64")

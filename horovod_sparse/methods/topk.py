@@ -7,6 +7,7 @@ from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.registry import implements
 from horovod_sparse.methods.backend import Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
+from horovod_sparse.methods.comm import Comm
 
 
 @implements("topk", SparsifierOptions,
@@ -20,7 +21,7 @@ class TopK(Sparsifier):
     Traceable.
     """
 
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         k = self.count(self.B.numel(x), step)
         with comm.timer("select"):
             idx = self.B.top_k(x, k)

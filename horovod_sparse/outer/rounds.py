@@ -103,7 +103,7 @@ class OuterSteps(EngineSteps):
         _require_over(self.outer_optimizer, params, named)
         self.process_group = ProcessGroup(process_group)
         self._engine = distributed_engine(compression, self.process_group, stats_log)
-        self._model = self._engine.model
+        self._state = self._engine.model
         self._agree = nonfinite_agreement(self.nonfinite, self.process_group)
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self.position = 0
@@ -131,19 +131,19 @@ class OuterSteps(EngineSteps):
         zero pseudo-gradients, which still delivers residuals). Collective."""
         self.position = 0
         engine = self._engine
-        self.process_group.follow(self.groups[0].params[0])  # NCCL: host payloads to the model's device
+        self.process_group.place_payloads_with(self.groups[0].params[0])  # NCCL: host payloads to the model's device
         flights = [self._start(group) for group in self.groups]
         updates = [engine.finish_one(flight) for flight in flights]
         engine.end(self._finiteness, self._agree, lambda abandoned: self._deliver(updates, abandoned),
-                   self._model.end_step).apply_policy(self.nonfinite)
+                   self._state.end_step).apply_policy(self.nonfinite)
 
     def _start(self, group: FlatGroup) -> Any:
         """Launch ``group``'s exchange of its pseudo-gradient (dense in the rounds before
         ``warmup_steps``)."""
         delta = self.anchor.pseudo_gradient(group.index)
-        usable = self._finiteness.check([group.name], delta)
-        return self._engine.start(group, lambda: group.load_flat(delta, None, usable),
-                                  dense_average(self._engine, group, delta, self.compression, usable))
+        finite = self._finiteness.check([group.name], delta)
+        return self._engine.start(group, lambda: group.load_flat(delta, None, finite),
+                                  dense_average(self._engine, group, delta, self.compression, finite))
 
     def _deliver(self, updates: List[torch.Tensor], abandoned: bool) -> None:
         """Every replica back at the anchor: an abandoned round's inner steps undone, else the
@@ -169,7 +169,7 @@ class OuterSteps(EngineSteps):
     # -- agreement ------------------------------------------------------------------------------
     def _require_same_configuration(self) -> None:
         keys = [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self.groups]
-        self._model.require_same_configuration({"every": self.every, "nonfinite": self.nonfinite,
+        self._state.require_same_configuration({"every": self.every, "nonfinite": self.nonfinite,
                                                 "steps": self.steps, "position": self.position}, keys)
 
     @torch.no_grad()
@@ -188,7 +188,7 @@ class OuterSteps(EngineSteps):
         position, the step counter and, per group, its residual and method state. ``torch.save``
         it on every rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every
         rank's."""
-        return rank_entry({"engine": self._model.record(self.groups, self.steps, per_rank=True),
+        return rank_entry({"engine": self._state.record(self.groups, self.steps, per_rank=True),
                            "position": self.position, "every": self.every, "anchor": self.anchor.flat,
                            "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
                            "outer": self.outer_optimizer.state_dict()})
@@ -202,7 +202,7 @@ class OuterSteps(EngineSteps):
         if saved["every"] != self.every:
             raise ValueError(f"the outer steps' state was saved with every={saved['every']}, these take "
                              f"every={self.every}: build OuterSteps with the every= it was saved with")
-        problem = self._model.groups_mismatch({name: e["numel"] for name, e in saved["engine"]["groups"].items()},
+        problem = self._state.groups_mismatch({name: e["numel"] for name, e in saved["engine"]["groups"].items()},
                                               self.groups, decided=False)
         if problem:
             raise ValueError(problem)
@@ -212,8 +212,8 @@ class OuterSteps(EngineSteps):
         self.outer_optimizer.load_state_dict(saved["outer"])
         for group in self.groups:
             group.residual = group.output = None
-        self._model.states.clear()
-        self._engine.restart_at(self._model.restore(saved["engine"], self.groups, _no_regrouping))
+        self._state.states.clear()
+        self._engine.restart_at(self._state.restore(saved["engine"], self.groups, _no_regrouping))
         self.position = int(saved["position"])
         self._require_same_configuration()
 

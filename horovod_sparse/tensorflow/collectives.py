@@ -124,7 +124,7 @@ class Communicator(CommunicatorBase):
 
     Arguments as :class:`~horovod_sparse.common.communicator.CommunicatorBase` (collective names
     made op-name safe); the step engine's ``device`` and ``step`` are not used. The first
-    collective waits, when traced, for the tensor of this group and step given to :meth:`follow`
+    collective waits, when traced, for the tensor of this group and step given to :meth:`order_after`
     (its flat buffer).
     """
 
@@ -137,7 +137,7 @@ class Communicator(CommunicatorBase):
         #: Unused: TensorFlow's exchanges start from :meth:`output`'s zeros.
         self.output_buffer: Optional[tf.Tensor] = None
 
-    def follow(self, x: tf.Tensor) -> None:
+    def order_after(self, x: tf.Tensor) -> None:
         """Make the first collective wait for ``x`` when traced (see the class docstring)."""
         self._after = [x]
 

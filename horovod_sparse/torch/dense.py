@@ -10,6 +10,7 @@ import horovod.torch as hvd
 import torch
 
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch.waiting import wait
 from horovod_sparse.torch_core.buffers import FlatGroup
 
@@ -55,3 +56,20 @@ class DenseFlight:
             else:
                 p.grad.copy_(result)
         self.stats.add_time("communicate", time.perf_counter() - start)
+
+
+class HorovodDense:
+    """How the Horovod optimizer's dense groups travel: each gradient allreduced by Horovod
+    with ``op`` over ``process_set``, through ``compression`` (none for a sparsifier's dense
+    groups), an average's ``predivide_factor`` split around it as ``hvd.DistributedOptimizer``
+    splits its ``gradient_predivide_factor``."""
+
+    def __init__(self, compression: Any, process_set: hvd.ProcessSet, op: Any, predivide_factor: float) -> None:
+        self.compression = hvd.Compression.none if isinstance(compression, Sparsifier) else compression
+        self.process_set = process_set
+        self.op = op
+        self.factor = predivide_factor if op == hvd.Average else 1.0
+
+    def start(self, group: FlatGroup, stats: GroupStats) -> DenseFlight:
+        """Launch ``group``'s allreduces, accounting into ``stats``."""
+        return DenseFlight(group, stats, self.compression, self.process_set, self.op, 1.0 / self.factor, self.factor)

@@ -34,7 +34,7 @@ from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.abandoned import AbandonedStep, nan_aggregates
 from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
-from horovod_sparse.torch.dense import DenseFlight
+from horovod_sparse.torch.dense import DenseFlight, HorovodDense
 from horovod_sparse.torch.parameters import (NamedParameters, Ordered, exchanged_parameters, flat_groups,
                                              hook_gradients, parameter_names)
 from horovod_sparse.torch.readiness import Readiness
@@ -42,7 +42,7 @@ from horovod_sparse.torch.shared_state import SharedState
 from horovod_sparse.torch.sparse_rows import SparseRows
 from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch_core.device_timing import ready_timeline
-from horovod_sparse.torch_core.finiteness import StepFiniteness, Usable
+from horovod_sparse.torch_core.finiteness import StepFiniteness, Finite
 from horovod_sparse.torch_core.loss_scale import LossScale, StepScale, step_scale
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
@@ -64,6 +64,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
+        self._dense = HorovodDense(compression, process_set, op, gradient_predivide_factor)
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
 
@@ -196,9 +197,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         """Horovod's own allreduce of each of ``group``'s gradients (a dense compression's
         group, a group kept dense, a sparse method's dense step)."""
         self._finite(group)
-        compression = hvd.Compression.none if self._sparse else self._compression
-        factor = self.gradient_predivide_factor if self.op == hvd.Average else 1.0
-        return DenseFlight(group, stats, compression, self.process_set, self.op, 1.0 / factor, factor)
+        return self._dense.start(group, stats)
 
     def _step_scale(self) -> StepScale:
         """This step's loss scale, read at its first sparse group."""
@@ -253,7 +252,7 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         self._scale = None
         self._sparse_rows.hand_back(abandoned=abandoned)
 
-    def _finite(self, group: FlatGroup, staged: Optional[torch.Tensor] = None) -> Usable:
+    def _finite(self, group: FlatGroup, staged: Optional[torch.Tensor] = None) -> Finite:
         """Whether ``group``'s gradients on this rank are all finite (True without a
         ``nonfinite`` policy), read from ``staged`` (the group's gradients staged in one flat
         buffer: one check, not one per parameter) or else from the ``.grad`` tensors, noted

@@ -15,7 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import torch
 
 #: Whether a group's gradients are all finite: a host bool, or a 0-dim bool tensor on a device.
-Usable = Union[bool, torch.Tensor]
+Finite = Union[bool, torch.Tensor]
 
 
 def dense_layout(tensor: torch.Tensor) -> bool:
@@ -87,16 +87,16 @@ class FlatGroup:
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self._output_views = self.views(self.output)
 
-    def load_gradients(self, check: Callable[[torch.Tensor], Usable] = lambda staged: True,
+    def load_gradients(self, check: Callable[[torch.Tensor], Finite] = lambda staged: True,
                        inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Add every parameter's gradient into the residual and return it: ``x = g + e`` (only
-        ``e`` when the gradients are not usable).
+        ``e`` when the gradients are not finite).
 
         The gradients are first staged in :attr:`output` (which the exchange zeroes next: no
         allocation), one copy per parameter into its layout view, none at all when the
         ``.grad`` tensors still are the views the last step published (a ``zero_grad`` that
         zeroes rather than drops them: backward wrote into the buffer itself), zeros for
-        parameters without a gradient. ``check(staged)`` then says whether they are usable: a
+        parameters without a gradient. ``check(staged)`` then says whether they are finite: a
         bool, or a 0-dim bool tensor on the gradients' device (decided there, not read on the
         host), where False stages ``-0.0``, which leaves every element of ``e`` as it is. One
         flat addition follows. With ``inv_scale`` (a 0-dim tensor: the reciprocal of a loss
@@ -112,28 +112,28 @@ class FlatGroup:
                 view.zero_()
             elif p.grad is not view:
                 view.copy_(p.grad)
-        usable = check(staged)
-        if usable is False:
+        finite = check(staged)
+        if finite is False:
             return self.residual
-        if usable is not True:
-            torch.where(usable, staged, self._unusable(), out=staged)
+        if finite is not True:
+            torch.where(finite, staged, self._nonfinite_fill(), out=staged)
         return self.residual.add_(staged) if inv_scale is None else self.residual.addcmul_(staged, inv_scale)
 
     def load_flat(self, gradient: torch.Tensor, inv_scale: Optional[torch.Tensor] = None,
-                  usable: Union[bool, torch.Tensor] = True) -> torch.Tensor:
+                  finite: Union[bool, torch.Tensor] = True) -> torch.Tensor:
         """Add the group's flat ``gradient`` (a DDP bucket) into the residual and return it:
-        ``x = g + e`` (``usable`` and ``inv_scale`` as in :meth:`load_gradients`)."""
+        ``x = g + e`` (``finite`` and ``inv_scale`` as in :meth:`load_gradients`)."""
         if self.residual is None:
             self._allocate()
         assert self.residual is not None and self.output is not None
-        if usable is False:
+        if finite is False:
             return self.residual
-        if usable is not True:
-            gradient = torch.where(usable, gradient, self._unusable(), out=self.output)
+        if finite is not True:
+            gradient = torch.where(finite, gradient, self._nonfinite_fill(), out=self.output)
         return self.residual.add_(gradient) if inv_scale is None else self.residual.addcmul_(gradient, inv_scale)
 
-    def _unusable(self) -> torch.Tensor:
-        """What an unusable step stages: ``-0.0`` on the group's device and dtype, made once."""
+    def _nonfinite_fill(self) -> torch.Tensor:
+        """What a non-finite step stages: ``-0.0`` on the group's device and dtype, made once."""
         if self._negative_zero is None:
             assert self.output is not None
             self._negative_zero = self.output.new_full((), -0.0)

@@ -15,7 +15,7 @@ import torch
 
 from horovod_sparse.common.stats import ReadScalars
 
-from horovod_sparse.torch_core.buffers import Usable
+from horovod_sparse.torch_core.buffers import Finite
 from horovod_sparse.torch_core.selection import on_accelerator
 from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag, read_scalars
 
@@ -25,27 +25,27 @@ class StepFiniteness:
 
     Args:
         checking: whether the front end checks gradients at all (it has a ``nonfinite`` policy);
-            without one every group is usable and nothing is checked or noted.
+            without one every group is finite and nothing is checked or noted.
     """
 
     def __init__(self, checking: bool) -> None:
         self.checking = checking
-        self._decisions: List[Tuple[Sequence[str], Usable]] = []
+        self._decisions: List[Tuple[Sequence[str], Finite]] = []
 
-    def check(self, names: Sequence[str], *tensors: torch.Tensor) -> Usable:
+    def check(self, names: Sequence[str], *tensors: torch.Tensor) -> Finite:
         """Whether every element of ``tensors`` (the gradients of the groups ``names``, on one
         device) is finite, noted for :meth:`nonfinite`; True when there are none, or when not
         :attr:`checking`."""
         if not self.checking:
             return True
-        usable: Usable = (finite_flag(*tensors) if tensors and on_accelerator(tensors[0])
+        finite: Finite = (finite_flag(*tensors) if tensors and on_accelerator(tensors[0])
                           else all_finite(*tensors))
-        self._decisions.append((names, usable))
-        return usable
+        self._decisions.append((names, finite))
+        return finite
 
-    def note(self, names: Sequence[str], usable: bool) -> None:
+    def note(self, names: Sequence[str], finite: bool) -> None:
         """Note a decision made elsewhere (a sparse gradient's rows)."""
-        self._decisions.append((names, usable))
+        self._decisions.append((names, finite))
 
     def nonfinite(self, read: ReadScalars = read_scalars) -> List[str]:
         """The groups of this step whose gradients were not finite on this rank, in launch order
@@ -53,9 +53,9 @@ class StepFiniteness:
         device, shared with the step's statistics when the engine's
         :meth:`~horovod_sparse.engine.step.StepEngine.read_with_figures` is given); clears the
         step's decisions."""
-        deferred = [usable for _, usable in self._decisions if isinstance(usable, torch.Tensor)]
+        deferred = [finite for _, finite in self._decisions if isinstance(finite, torch.Tensor)]
         values = iter(read(deferred))
-        names = [name for names, usable in self._decisions
-                 if not (next(values) if isinstance(usable, torch.Tensor) else usable) for name in names]
+        names = [name for names, finite in self._decisions
+                 if not (next(values) if isinstance(finite, torch.Tensor) else finite) for name in names]
         self._decisions = []
         return names

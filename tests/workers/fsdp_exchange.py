@@ -41,7 +41,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
 from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
@@ -199,9 +199,9 @@ class Checked:
         if name not in self.method_state:
             self.method_state[name] = self.reference.new_state(x.numel(), size)
         comm = Communicator(self.replicate, name, GroupStats(name, x.numel(), 0), 1.0 / size, size, rank, x.device)
-        inflight = Inflight(self.reference.exchange(x, comm, self.method_state[name], self.step), comm, None)
-        inflight.advance()
-        update, residual = inflight.finish()
+        flight = ExchangeFlight(self.reference.exchange(x, comm, self.method_state[name], self.step), comm, None)
+        flight.advance()
+        update, residual = flight.finish()
         self.residual[name] = residual.clone()
         group = self.state._groups[name]
         if not torch.equal(update, result):

@@ -34,7 +34,7 @@ import horovod.torch as hvd
 import torch
 
 import horovod_sparse.torch as hs
-from horovod_sparse.engine.inflight import Inflight
+from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.engine.horovod_tiers import level_collectives
 from horovod_sparse.torch.collectives import Communicator, pad_collectives
@@ -79,7 +79,7 @@ class Reference:
                 x = x + flat[r][lo:hi]
         state = self.state.setdefault(name, self.method.new_state(hi - lo, self.cross_set.size()))
         comm = Communicator(self.cross_set, f"ref.{name}", GroupStats(name, hi - lo, 0), 1.0 / self.world)
-        flight = Inflight(self.method.exchange(x, comm, state, step), comm, _Named(name))
+        flight = ExchangeFlight(self.method.exchange(x, comm, state, step), comm, _Named(name))
         flight.advance()
         update, residual = flight.finish()
         # The cross sets took their own rounds: level the collectives, as the optimizer does, so

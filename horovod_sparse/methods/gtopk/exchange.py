@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from horovod_sparse.methods.comm import Comm
 from horovod_sparse.methods.gtopk.butterfly import (FOLD_IN, GTopKOptions, Phase, SparseSet, butterfly_schedule,
                                                    round_count)
 from horovod_sparse.common.registry import implements
@@ -81,7 +82,7 @@ class GTopK(Sparsifier):
         """The reduction schedule for ``world_size`` ranks (rebuilt when the size changes)."""
         return butterfly_schedule(world_size)
 
-    def exchange(self, x: Tensor, comm: Any, state: Tuple[Phase, ...], step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Tuple[Phase, ...], step: Step) -> Exchange:
         B, exact = self.B, self.options.residual == "exact"
         numel = B.numel(x)
         k = self.count(numel, step)
@@ -131,7 +132,7 @@ class GTopK(Sparsifier):
         return update, residual
 
     def _launch_phase(self, phase: Phase, held: SparseSet, tracked: Dict[int, Tensor], numel: int,
-                      comm: Any) -> List[Any]:
+                      comm: Comm) -> List[Any]:
         """Every rank launches the phase's alltoalls (idle ranks with nothing to send): values
         and indices of the held set, and at fold-out (``residual="exact"``) the folded rank's
         delivered indices."""
@@ -151,7 +152,7 @@ class GTopK(Sparsifier):
                                                  f"{phase.name}.delivered", "meta", received))
         return pendings
 
-    def _point_to_point(self, comm: Any, tensor: Tensor, target: Optional[int], tag: str, kind: str,
+    def _point_to_point(self, comm: Comm, tensor: Tensor, target: Optional[int], tag: str, kind: str,
                         received: Optional[List[int]] = None) -> Any:
         """Send all of ``tensor`` to rank ``target`` (nothing when None) with one alltoall;
         ``received``: the rows every rank receives, when the schedule tells them."""

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from horovod_sparse.common.cost_model import AlphaBeta, LocalCost
 from horovod_sparse.common.grouping import MergeBySize, StepTimeline
+from horovod_sparse.methods.comm import Comm
 from horovod_sparse.methods.lags.rule import BackwardTimeMeter, LagsGroup, LagsOptions, lags_counts
 from horovod_sparse.common.measurements import agree_seconds, measure_cost_model, measure_local_cost
 from horovod_sparse.common.options import target_count
@@ -148,7 +149,7 @@ class Lags(Sparsifier):
                 self._counts[key] = {g.name: count for g, count in zip(groups, counts)}
         return self._counts[key].get(group, target_count(floor, numel))
 
-    def exchange(self, x: Tensor, comm: Any, state: Any, step: Step) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         numel, group = self.B.numel(x), comm.stats.name  # the group's name, as the timeline has it
         self._numel[group] = numel
         self._like = x

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import Any, Dict, Generator, List, Sequence, Tuple
 
 from horovod_sparse.common.thresholds import scan_block_size
+from horovod_sparse.methods.comm import Comm
 from horovod_sparse.methods.micro.controllers import histogram_exchange, histogram_threshold, make_controller
 from horovod_sparse.methods.micro.device_rounds import RoundFlags, device_histogram_threshold, rounds_taken
 from horovod_sparse.methods.micro.partitioned import (ExDynaOptions, MicroOptions, PartitionedState, make_partitions,
@@ -82,7 +83,7 @@ class Micro(Sparsifier):
     def new_state(self, numel: int, world_size: int) -> PartitionedState:
         return self.partitions.new_state(numel, world_size)
 
-    def exchange(self, x: Tensor, comm: Any, state: PartitionedState, step: int) -> Exchange:
+    def exchange(self, x: Tensor, comm: Comm, state: PartitionedState, step: int) -> Exchange:
         B = self.B
         numel = B.numel(x)
         bounds = self.partitions.bounds(state)
@@ -142,7 +143,7 @@ class Micro(Sparsifier):
         self.partitions.observe(state, step, counts)
         figures.update(load_inc=load_inc(counts), padding=allgather_padding(counts))
 
-    def _select(self, scanned: Any, k: int, capacity: int, owned: int, comm: Any, state: PartitionedState,
+    def _select(self, scanned: Any, k: int, capacity: int, owned: int, comm: Comm, state: PartitionedState,
                 timer: PhaseTimer) -> Generator[Sequence[Any], List[Any], Tuple[Capped, Dict[str, Any]]]:
         """This rank's selection ``|x| >= threshold`` over its partition ``owned`` (``scanned``),
         cut to ``capacity``, and the figures that decided it (``threshold``; the histogram's
