@@ -55,7 +55,8 @@ import torch
 
 from horovod_sparse.common.thresholds import as_float32, scan_block_size
 from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState, candidate_budget, reaches_bar
-from horovod_sparse.common.threshold_baselines import CappedOptions, capacity_count, hard_threshold
+from horovod_sparse.common.capacity import CappedOptions, capacity_count
+from horovod_sparse.common.threshold_baselines import hard_threshold
 from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch_core.selection import pick, pick_capped, scan, top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select

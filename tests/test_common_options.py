@@ -8,7 +8,7 @@ import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
 from horovod_sparse.common.grouping import Buckets, ParamInfo, form_groups, split_evenly
 from horovod_sparse.common.options import target_count
-from horovod_sparse.common.threshold_baselines import capacity_count
+from horovod_sparse.common.capacity import capacity_count
 
 
 @pytest.mark.parametrize("density", [0, -0.1, 1.5, math.nan, math.inf])
@@ -59,7 +59,7 @@ def test_capacity_defaults_twice_k_except_for_the_hard_threshold():
 def test_micro_and_exdyna_cap_a_rank_at_twice_its_share():
     """MiCRO and ExDyna cap what a rank sends at twice its share ``ceil(k / n)`` of the target,
     at least 1024 coordinates (at most the group)."""
-    from horovod_sparse.methods.micro.partitioned import share_capacity
+    from horovod_sparse.methods.micro.options import share_capacity
 
     for method in ("micro", "exdyna"):
         options = registry.make_options(method, density=0.01)

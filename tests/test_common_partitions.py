@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import horovod_sparse.methods  # noqa: F401  (fills the registry)
 from horovod_sparse.common import registry
-from horovod_sparse.methods.micro.partitioned import BlockPartitions, EqualPartitions, make_partitions
+from horovod_sparse.methods.micro.state import BlockPartitions, EqualPartitions, make_partitions
 from horovod_sparse.methods.micro.partitions import (BlockLayout, allgather_padding, counts_by_partition, equal_bounds,
                                               load_inc, owned_partition, pairwise_rebalance, prefix_rebalance)
 

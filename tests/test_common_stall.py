@@ -9,7 +9,7 @@ import torch
 from horovod_sparse.common.stall import (DEFAULT_SECONDS, DISABLE_ENV, GLOO_DEFAULT_SECONDS, GLOO_TIMEOUT_ENV, TIME_ENV,
                                          ExchangeStalled, stall_seconds)
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.distributed.collectives import Communicator
+from horovod_sparse.distributed.communicator import Communicator
 
 
 @pytest.mark.parametrize("time, disable, expected", [(None, None, DEFAULT_SECONDS), ("2.5", None, 2.5),
@@ -67,7 +67,7 @@ class _TimedOutWork:
 
 
 class _Group:
-    """The ranks 4 and 6 of a job, seen as horovod_sparse.distributed.collectives.ProcessGroup."""
+    """The ranks 4 and 6 of a job, seen as horovod_sparse.distributed.process_group.ProcessGroup."""
 
     group = None
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from horovod_sparse.engine.horovod_tiers import horovod_tiers
+from horovod_sparse.common.horovod_tiers import horovod_tiers
 from horovod_sparse.common.tiers import NodeLayout, make_tiers, slice_bounds, wants_hierarchical
 
 

@@ -18,11 +18,11 @@ Gaussian-k (Shi et al. 2019)
     corrections (:func:`band_factor`): fewer than ``2k/3`` selected halves it, more than ``4k/3``
     multiplies it by 1.5.
 
-All three send at most ``capacity`` times ``k`` coordinates per step (:class:`CappedOptions`:
-2 for DGC and Gaussian-k, none for the hard threshold unless set): a payload whose size is known
-before the step, so that an accelerator moves it without reading the selected count on the host.
-What a threshold selects beyond it stays in the residual (error feedback: nothing is lost) and is
-counted as ``overflow``.
+All three send at most ``capacity`` times ``k`` coordinates per step
+(:class:`~horovod_sparse.common.capacity.CappedOptions`: 2 for DGC and Gaussian-k, none for the
+hard threshold unless set): a payload whose size is known before the step, so that an accelerator
+moves it without reading the selected count on the host. What a threshold selects beyond it stays
+in the residual (error feedback: nothing is lost) and is counted as ``overflow``.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Optional, Sequence, Tuple
 
-from horovod_sparse.common.options import SparsifierOptions
-from horovod_sparse.common.validation import check_fraction, check_int, check_positive_float
+from horovod_sparse.common.capacity import CappedOptions
+from horovod_sparse.common.validation import check_fraction, check_int
 
 #: DGC's refinement bounds and step (the reference's compress_upper/lower_bound).
 DGC_UPPER, DGC_LOWER = 1.3, 0.8
@@ -41,40 +41,9 @@ GAUSSIANK_CORRECTIONS = 3
 GAUSSIANK_LOW, GAUSSIANK_HIGH = 2.0 / 3.0, 4.0 / 3.0
 GAUSSIANK_RAISE, GAUSSIANK_LOWER = 1.5, 0.5
 
-#: :attr:`CappedOptions.capacity` unless set: twice the target count.
-DEFAULT_CAPACITY = 2.0
-#: :attr:`CappedOptions.capacity_floor` unless set (coordinates).
-DEFAULT_CAPACITY_FLOOR = 1024
-
-
 def hard_threshold(k: int) -> float:
     """The hard-threshold baseline's fixed threshold ``1 / (2 sqrt(k))``."""
     return 1.0 / (2.0 * math.sqrt(k))
-
-
-@dataclass(frozen=True)
-class CappedOptions(SparsifierOptions):
-    """Options of a method whose selected count varies with the data (a threshold's).
-
-    Attributes:
-        capacity: the most coordinates a rank sends per group and step, as a multiple of the
-            target count ``k`` (:func:`capacity_count`); None: the whole group (no cap). What
-            the threshold selects beyond it (the selection's highest indices) is not sent: it
-            stays in the residual, sent at a later step, and is counted as the group's
-            ``overflow`` in the statistics. On an accelerator it is the payload's fixed size, so
-            that no count is read on the host and no length is exchanged.
-        capacity_floor: the capacity is at least this many coordinates (at most the group's
-            size): in a small group, whose k is 1 or 2, a threshold's whole selection stays
-            within reach (DGC's top-k cut is then the exact top-k), for a few kB of payload.
-    """
-
-    capacity: Optional[float] = DEFAULT_CAPACITY
-    capacity_floor: int = DEFAULT_CAPACITY_FLOOR
-
-    def _validate(self) -> None:
-        if self.capacity is not None:
-            object.__setattr__(self, "capacity", check_positive_float("capacity", self.capacity))
-        object.__setattr__(self, "capacity_floor", check_int("capacity_floor", self.capacity_floor, minimum=1))
 
 
 @dataclass(frozen=True)
@@ -84,14 +53,6 @@ class HardThresholdOptions(CappedOptions):
     payload then has the group's size)."""
 
     capacity: Optional[float] = None
-
-
-def capacity_count(options: CappedOptions, k: int, numel: int) -> int:
-    """The payload's capacity in coordinates: ``ceil(capacity * k)``, at least ``capacity_floor``
-    and at most the group's ``numel`` (all of it for a ``capacity`` of None)."""
-    if options.capacity is None:
-        return numel
-    return min(numel, max(options.capacity_floor, math.ceil(options.capacity * k)))
 
 
 @dataclass(frozen=True)

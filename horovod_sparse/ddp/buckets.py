@@ -150,7 +150,7 @@ class BucketGroups:
                 chunks = entry["residual"].reshape(-1).split([int(numel) for _, numel in members])
                 self._saved_pieces.update((n, chunk.clone()) for n, chunk in zip(key, chunks))
             if entry.get("state") is not None:
-                self._saved_states[key] = self.model.saved_group_state(entry["state"], entry["numel"])
+                self._saved_states[key] = self.model.states.from_record(entry["state"], entry["numel"])
         self._groups.clear()
         self._buckets.clear()
         self.model.states.clear()

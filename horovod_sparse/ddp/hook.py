@@ -30,7 +30,8 @@ from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.stall import ExchangeStalled
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.ddp.buckets import BucketGroups, join, split
-from horovod_sparse.distributed.collectives import ProcessGroup, ddp_tiers
+from horovod_sparse.distributed.process_group import ProcessGroup
+from horovod_sparse.distributed.tiers import ddp_tiers
 from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
 from horovod_sparse.engine.flight import ExchangeFlight

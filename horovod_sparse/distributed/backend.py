@@ -3,7 +3,7 @@
 :mod:`horovod_sparse.torch_core.tensor_backend` and :mod:`horovod_sparse.torch_core.histograms` and the
 host collectives over ``torch.distributed``.
 """
-from horovod_sparse.distributed.collectives import allgather_array, allgather_bytes, allgather_payload  # noqa: F401 (backend API)
+from horovod_sparse.distributed.host_collectives import allgather_array, allgather_bytes, allgather_payload  # noqa: F401 (backend API)
 from horovod_sparse.torch_core.histograms import *  # noqa: F401,F403 (backend API)
 from horovod_sparse.torch_core.tensor_backend import *  # noqa: F401,F403 (backend API)
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from horovod_sparse.distributed.collectives import Communicator
+from horovod_sparse.distributed.communicator import Communicator
 from horovod_sparse.distributed.compression import DenseCompression
 from horovod_sparse.methods.base import Exchange
 from horovod_sparse.torch_core.finiteness import Finite

@@ -9,7 +9,9 @@ import torch
 
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed import backend
-from horovod_sparse.distributed.collectives import Communicator, ProcessGroup, ranks_reporting
+from horovod_sparse.distributed.communicator import Communicator
+from horovod_sparse.distributed.host_collectives import ranks_reporting
+from horovod_sparse.distributed.process_group import ProcessGroup
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.engine.model_state import ModelState

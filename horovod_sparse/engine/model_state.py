@@ -2,8 +2,8 @@
 
 The PyTorch optimizer holds one :class:`ModelState`; the TensorFlow exchanger one per variable
 list. Beside the residuals (kept in each framework's ``FlatGroup``), it holds each group's
-method state with the world size and elements it was built for, and the MergeComp scheduler; it
-writes and reads the checkpoint record (step counter, MergeComp's grouping, the method's own
+method state (:class:`~horovod_sparse.engine.method_states.MethodStates`) and the MergeComp
+scheduler; it writes and reads the checkpoint record (step counter, MergeComp's grouping, the method's own
 state, per group the residual and method state), checks a record's groups against the model's,
 agrees the shared state from one rank (in two tiers, each slice's state within its cross set),
 builds the configuration every rank must share, and closes a step (the method's measurements,
@@ -23,8 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 from horovod_sparse.common.consensus import require_same_configuration, state_of_rank
 from horovod_sparse.common.grouping import StepTimeline
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
-from horovod_sparse.common.plain import from_plain, to_plain
 from horovod_sparse.common.tiers import Tiers
+from horovod_sparse.engine.method_states import MethodStates
 from horovod_sparse.methods.backend import Backend
 from horovod_sparse.methods.base import Sparsifier
 
@@ -71,29 +71,12 @@ class ModelState:
         #: rank there that stands for a root rank of ``process_set`` (:meth:`use_tiers`).
         self.method_set: Any = None
         self.method_root: Optional[Callable[[int], int]] = None
-        #: Each group's method state by group index, with what it was built for: ``(world size,
-        #: elements)`` (the elements of this rank's slice in a two-tier exchange).
-        self.states: Dict[int, Tuple[Tuple[int, int], Any]] = {}
+        #: Each group's method state (the elements of this rank's slice in a two-tier exchange).
+        self.states = MethodStates(compression, backend)
 
     def use_tiers(self, tiers: Tiers) -> None:
         """Run the method over ``tiers``' cross set from now on (a two-tier front end)."""
         self.method_set, self.method_root = tiers.cross_set, tiers.cross_root
-
-    def method_state(self, group: Group, world_size: int, numel: Optional[int] = None) -> Any:
-        """``group``'s method state for ``world_size`` ranks and ``numel`` elements (default: the
-        group's): built on the group's first sparse step, rebuilt (``Sparsifier.resized_state``:
-        partition tables, thresholds, schedules; DGC keeps its velocity) when it was built for
-        another world size (an elastic change, or a checkpoint of another worker count), built
-        anew when it was built for another number of elements (a checkpoint saved with another
-        split into tiers). The residual is never touched."""
-        numel = group.numel if numel is None else numel
-        built_for, state = self.states.get(group.index, (None, None))
-        if built_for != (world_size, numel):
-            with self.B.outside_trace():
-                state = (self.compression.new_state(numel, world_size) if built_for is None or built_for[1] != numel
-                         else self.compression.resized_state(state, numel, world_size))
-            self.states[group.index] = ((world_size, numel), state)
-        return state
 
     # -- checkpoints and agreement --------------------------------------------------------------
     def record(self, groups: Sequence[Group], steps: int, per_rank: bool) -> Record:
@@ -108,10 +91,7 @@ class ModelState:
             if per_rank:
                 entry["residual"] = None if g.residual is None else self.B.saved(g.residual)
             if per_rank or not per_rank_state:
-                built = self.states.get(g.index)
-                entry["state"] = None if built is None else {
-                    "world_size": built[0][0], "numel": built[0][1],
-                    "state": to_plain(self.compression.export_state(built[1]))}
+                entry["state"] = self.states.record(g.index)
             records[g.name] = entry
         return {"steps": steps, "groups": records,
                 "method": self.compression.method_state(per_rank) if self.sparse else None,
@@ -145,15 +125,8 @@ class ModelState:
             if entry["state"] is None:
                 self.states.pop(group.index, None)
             else:
-                self.states[group.index] = self.saved_group_state(entry["state"], group.numel)
+                self.states[group.index] = self.states.from_record(entry["state"], group.numel)
         return int(record["steps"])
-
-    def saved_group_state(self, saved: Dict[str, Any], numel: int) -> Tuple[Tuple[int, int], Any]:
-        """A group's method state from a record's ``state`` entry, with the world size and
-        elements it was built for (``numel``, the group's, where the record does not say)."""
-        size, numel = saved["world_size"], saved.get("numel", numel)
-        template = self.compression.new_state(numel, size)
-        return (size, numel), self.compression.import_state(from_plain(template, saved["state"]))
 
     def groups_mismatch(self, saved: Dict[str, int], groups: Sequence[Group], decided: bool) -> str:
         """What differs between a record's groups (name -> elements) and ``groups``, with the

@@ -32,5 +32,5 @@ def unit_group(index: int, name: str, shard: torch.Tensor, kept_dense: bool, rec
     if saved.get("residual") is not None:
         group.load_residual(saved["residual"].to(shard.device))
     if saved.get("state") is not None:
-        model.states[group.index] = model.saved_group_state(saved["state"], group.numel)
+        model.states[group.index] = model.states.from_record(saved["state"], group.numel)
     return group

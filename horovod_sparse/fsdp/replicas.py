@@ -24,7 +24,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.nonfinite import resolve_nonfinite
-from horovod_sparse.distributed.collectives import ProcessGroup
+from horovod_sparse.distributed.process_group import ProcessGroup
 from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement

@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
-from horovod_sparse.common.threshold_baselines import capacity_count
+from horovod_sparse.common.capacity import capacity_count
 from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.schedule import ConstantDensity
@@ -162,7 +162,7 @@ class Sparsifier:
 
     def capacity(self, numel: int, step: Step) -> Any:
         """The payload's capacity of a group of ``numel`` elements at ``step``
-        (:func:`~horovod_sparse.common.threshold_baselines.capacity_count` of the options; see
+        (:func:`~horovod_sparse.common.capacity.capacity_count` of the options; see
         :meth:`per_step`)."""
         return self.per_step(lambda s: capacity_count(self.options, self.options.count(numel, s), numel),
                              step, "int32")

@@ -58,7 +58,7 @@ class DGC(Sparsifier):
     when the exact selection exceeds ``1.3 k`` the top-k of it is kept, when it falls below
     ``0.8 k`` the threshold is lowered ×0.8 and the (already scanned) buffer re-selected, at most
     ``max_adaptations`` times; at most ``capacity`` coordinates are sent
-    (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`).
+    (:class:`~horovod_sparse.common.capacity.CappedOptions`).
 
     With ``momentum=m > 0`` (momentum correction) the residual accumulates the velocity
     ``u = m u + g`` instead of the gradient, and ``u`` and ``v`` are both zeroed where sent

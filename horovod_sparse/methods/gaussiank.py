@@ -5,9 +5,9 @@ from typing import Any, Tuple
 
 from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.registry import implements
+from horovod_sparse.common.capacity import CappedOptions
 from horovod_sparse.common.threshold_baselines import (GAUSSIANK_CORRECTIONS, GAUSSIANK_HIGH, GAUSSIANK_LOW,
-                                                       GAUSSIANK_LOWER, GAUSSIANK_RAISE, CappedOptions,
-                                                       gaussian_threshold)
+                                                       GAUSSIANK_LOWER, GAUSSIANK_RAISE, gaussian_threshold)
 from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 from horovod_sparse.methods.comm import Comm
@@ -41,7 +41,7 @@ def gaussiank_select(B: Backend, x: Tensor, k: int, density: float, capacity: in
 class GaussianK(Sparsifier):
     """``|x| >= mean(x) + |Phi^-1(density / 2)| std(x)`` per group, then up to three corrections
     (×0.5 below ``2k/3`` selected, ×1.5 above ``4k/3``); exchanged like Top-k, up to the
-    ``capacity`` (:class:`~horovod_sparse.common.threshold_baselines.CappedOptions`). One scan
+    ``capacity`` (:class:`~horovod_sparse.common.capacity.CappedOptions`). One scan
     serves the statistics and every correction (:func:`gaussiank_select`). Each correction
     depends on the count the previous threshold selected: a traced TensorFlow step runs the
     exchange on the host."""

@@ -12,7 +12,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from horovod_sparse.common.arguments import op_name
-from horovod_sparse.engine.horovod_tiers import horovod_tiers
+from horovod_sparse.common.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import Record
 from horovod_sparse.tensorflow.collectives import allgather_bytes, gather_places
 from horovod_sparse.tensorflow.layout import Layout

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from horovod_sparse.common.communicator import Rows
-from horovod_sparse.engine.horovod_tiers import level_collectives
+from horovod_sparse.common.horovod_tiers import level_collectives
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch_core.tensor_backend import synchronize
@@ -58,7 +58,7 @@ def ranks_reporting(count: int, process_set: hvd.ProcessSet) -> List[int]:
 def step_reports(count: int, launched: int, process_set: hvd.ProcessSet) -> List[Tuple[int, int]]:
     """Every rank's ``(count, launched)`` in rank order: its count of non-finite groups and the
     collectives it launched this step (one tiny blocking allgather, :func:`ranks_reporting`'s
-    in a two-tier step: :func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
+    in a two-tier step: :func:`~horovod_sparse.common.horovod_tiers.level_collectives`)."""
     local = torch.tensor([[count, launched]], dtype=torch.int64)
     rows = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=process_set))
     return [(int(theirs), int(sent)) for theirs, sent in rows.tolist()]
@@ -67,7 +67,7 @@ def step_reports(count: int, launched: int, process_set: hvd.ProcessSet) -> List
 def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> None:
     """Launch ``missing`` one-element allreduces on ``process_set`` (every rank of it the same
     number, with the same ``label``: the step) and wait for them: Horovod handles that bring this
-    rank's count of the step up to the other ranks' (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`)."""
+    rank's count of the step up to the other ranks' (:func:`~horovod_sparse.common.horovod_tiers.level_collectives`)."""
     handles = [hvd.allreduce_async_(torch.zeros(1), name=f"hs.level.{label}.{i}", op=hvd.Sum, process_set=process_set)
                for i in range(missing)]
     for handle in handles:
@@ -78,7 +78,7 @@ def agree_at_step_end(engine: StepEngine, policy: Optional[str], nonfinite_group
                       process_set: hvd.ProcessSet, rank: int) -> List[int]:
     """The ranks that saw a non-finite gradient this step (``engine``'s agreement under ``policy``,
     this rank's non-finite groups ``nonfinite_groups``); in two tiers, in the same allgather, every
-    rank's collectives of the step leveled (:func:`~horovod_sparse.engine.horovod_tiers.level_collectives`),
+    rank's collectives of the step leveled (:func:`~horovod_sparse.common.horovod_tiers.level_collectives`),
     so that the training loop's own unnamed collectives get the same name on every rank."""
     tiers = engine.tiers
     if tiers is None:

@@ -26,7 +26,7 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
-from horovod_sparse.engine.horovod_tiers import horovod_tiers
+from horovod_sparse.common.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import EngineSteps, StepEngine
 from horovod_sparse.engine.topology import Transport

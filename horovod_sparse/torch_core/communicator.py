@@ -6,7 +6,7 @@ which waits for them (:meth:`TorchCommunicator.wait`) and sends the outputs back
 collective is named ``hs.<group>.<tag>`` (identical on every rank, unique per step) and its
 payload bytes and wait time land in the group's :class:`~horovod_sparse.common.stats.GroupStats`.
 Subclasses launch the collectives: Horovod's (:mod:`horovod_sparse.torch.collectives`) or
-``torch.distributed``'s (:mod:`horovod_sparse.distributed.collectives`). Nothing here imports Horovod.
+``torch.distributed``'s (:mod:`horovod_sparse.distributed.communicator`). Nothing here imports Horovod.
 """
 from __future__ import annotations
 

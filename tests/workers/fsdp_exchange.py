@@ -43,7 +43,8 @@ import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
 from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.distributed.collectives import Communicator, ProcessGroup
+from horovod_sparse.distributed.communicator import Communicator
+from horovod_sparse.distributed.process_group import ProcessGroup
 from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients

@@ -36,7 +36,7 @@ import torch
 import horovod_sparse.torch as hs
 from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.common.stats import GroupStats
-from horovod_sparse.engine.horovod_tiers import level_collectives
+from horovod_sparse.common.horovod_tiers import level_collectives
 from horovod_sparse.torch.collectives import Communicator, pad_collectives
 from horovod_sparse.torch.waiting import poll_until_done
 from tests.workers.cli import configs_and_out
@@ -83,7 +83,7 @@ class Reference:
         flight.advance()
         update, residual = flight.finish()
         # The cross sets took their own rounds: level the collectives, as the optimizer does, so
-        # that the loop's unnamed collectives keep pairing up (horovod_sparse.engine.horovod_tiers).
+        # that the loop's unnamed collectives keep pairing up (horovod_sparse.common.horovod_tiers).
         launched = hvd.allgather(torch.tensor([comm.stats.collectives]), name=f"ref.{name}.{step}.launched")
         level_collectives(launched.tolist(), hvd.rank(),
                           lambda missing: pad_collectives(missing, self.cross_set, f"ref.{name}.{step}"))

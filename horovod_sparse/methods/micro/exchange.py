@@ -14,7 +14,7 @@ exchange, per group and step:
 Every rank then removes its own contribution at the whole union from its residual (with
 ``fp16_values`` the float16 rounding stays behind), so nothing is lost and the union has exactly
 ``sum(counts)`` coordinates: no build-up. A rank sends at most its capacity
-(:func:`~horovod_sparse.methods.micro.partitioned.share_capacity`, twice its share of ``k`` by
+(:func:`~horovod_sparse.methods.micro.options.share_capacity`, twice its share of ``k`` by
 default): what its partition selects beyond it, its highest indices, stays in its residual. A
 rank that selects nothing sends an empty index list and still takes part in every collective;
 when the union is empty on every rank, step 3 is skipped everywhere.
@@ -44,8 +44,8 @@ from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.methods.comm import Comm
 from horovod_sparse.methods.micro.controllers import histogram_exchange, histogram_threshold, make_controller
 from horovod_sparse.methods.micro.device_rounds import RoundFlags, device_histogram_threshold, rounds_taken
-from horovod_sparse.methods.micro.partitioned import (ExDynaOptions, MicroOptions, PartitionedState, make_partitions,
-                                                      share_capacity)
+from horovod_sparse.methods.micro.options import ExDynaOptions, MicroOptions, share_capacity
+from horovod_sparse.methods.micro.state import PartitionedState, make_partitions
 from horovod_sparse.methods.micro.partitions import allgather_padding, counts_by_partition, load_inc, owned_partition
 from horovod_sparse.common.registry import implements
 from horovod_sparse.common.stats import GroupStats
