@@ -13,7 +13,8 @@ import torch
 
 from horovod_sparse.common.communicator import Rows
 from horovod_sparse.common.horovod_tiers import level_collectives
-from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.common.stats import StepStats
+from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.torch_core.communicator import Pending, TorchCommunicator, nbytes
 from horovod_sparse.torch_core.tensor_backend import synchronize
 from horovod_sparse.torch.waiting import wait
@@ -74,19 +75,19 @@ def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> No
         wait(handle)
 
 
-def agree_at_step_end(engine: StepEngine, policy: Optional[str], nonfinite_groups: Sequence[str],
-                      process_set: hvd.ProcessSet, rank: int) -> List[int]:
-    """The ranks that saw a non-finite gradient this step (``engine``'s agreement under ``policy``,
-    this rank's non-finite groups ``nonfinite_groups``); in two tiers, in the same allgather, every
-    rank's collectives of the step leveled (:func:`~horovod_sparse.common.horovod_tiers.level_collectives`),
-    so that the training loop's own unnamed collectives get the same name on every rank."""
-    tiers = engine.tiers
+def agree_at_step_end(policy: Optional[str], nonfinite_groups: Sequence[str], process_set: hvd.ProcessSet,
+                      rank: int, tiers: Optional[Tiers], stats: StepStats) -> List[int]:
+    """The ranks that saw a non-finite gradient this step (none without a ``policy``; this rank's
+    non-finite groups ``nonfinite_groups``); in two ``tiers``, in the same allgather, every rank's
+    collectives of the step (``stats``) leveled
+    (:func:`~horovod_sparse.common.horovod_tiers.level_collectives`), so that the training loop's
+    own unnamed collectives get the same name on every rank."""
     if tiers is None:
         return [] if policy is None else ranks_reporting(len(nonfinite_groups), process_set)
-    launched = sum(group.collectives for group in engine.stats.groups)
+    launched = sum(group.collectives for group in stats.groups)
     reports = step_reports(len(nonfinite_groups), launched, process_set)
     level_collectives([sent for _, sent in reports], rank,
-                      lambda missing: pad_collectives(missing, tiers.cross_set, engine.steps))
+                      lambda missing: pad_collectives(missing, tiers.cross_set, stats.step))
     return [] if policy is None else [member for member, (theirs, _) in enumerate(reports) if theirs]
 
 

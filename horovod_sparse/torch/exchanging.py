@@ -236,7 +236,8 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
     def _agree(self, nonfinite_groups: List[str]) -> List[int]:
         """The ranks that saw a non-finite gradient this step (in two tiers also leveling the
         ranks' collectives: :func:`~horovod_sparse.torch.collectives.agree_at_step_end`)."""
-        return agree_at_step_end(self._engine, self.nonfinite, nonfinite_groups, self.process_set, self._rank)
+        return agree_at_step_end(self.nonfinite, nonfinite_groups, self.process_set, self._rank,
+                                 self._engine.tiers, self._engine.stats)
 
     def _deliver(self, finished: List[Any], abandoned: bool) -> None:
         """Write the step's sparse aggregates into ``.grad`` (the dense ones are there), hand
