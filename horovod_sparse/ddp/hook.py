@@ -147,17 +147,7 @@ class State(EngineSteps):
         self.process_group.place_payloads_with(buffer)
         self._engine.place_timeline(lambda: ready_timeline(buffer.device))
         if self._check_due:
-            if self._kept_dense is None:
-                raise ValueError("State(dense=...) names parameters, which DDP's buckets do not carry: call "
-                                 "state.attach(model) before the first backward pass")
-            self._check_due = False
-            self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
-                                                    "hierarchical": self._hierarchical,
-                                                    "dense": self._kept_dense}, [])
-            if self._hierarchical and self.tiers is None:  # every rank asks for it: checked just now
-                self._engine.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
-                if self.tiers is not None:
-                    self._model.use_tiers(self.tiers)
+            self._check_configuration()
         if bucket.index() == 0:
             self._scale = step_scale(self._loss_scale)
         groups = self.buckets.of_bucket(bucket.index(), params)
@@ -169,6 +159,21 @@ class State(EngineSteps):
         if bucket.is_last():
             self._finish_step()
         return future
+
+    def _check_configuration(self) -> None:
+        """At the first exchange after building or loading: every rank's configuration agreed,
+        and in two tiers the nodes' groups made (collective)."""
+        if self._kept_dense is None:
+            raise ValueError("State(dense=...) names parameters, which DDP's buckets do not carry: call "
+                             "state.attach(model) before the first backward pass")
+        self._check_due = False
+        self._model.require_same_configuration({"nonfinite": self.nonfinite, "steps": self.steps,
+                                                "hierarchical": self._hierarchical,
+                                                "dense": self._kept_dense}, [])
+        if self._hierarchical and self.tiers is None:  # every rank asks for it: checked just now
+            self._engine.tiers = ddp_tiers(self._hierarchical_arg, self._node_size, self.process_group)
+            if self.tiers is not None:
+                self._model.use_tiers(self.tiers)
 
     def _start(self, group: FlatGroup, gradient: torch.Tensor, finite: Finite) -> ExchangeFlight:
         """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
