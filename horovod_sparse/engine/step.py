@@ -19,8 +19,9 @@ the rest of a step, in this order, whatever the front end, in two calls:
    results, **close** the step (the method's and MergeComp's end of step, the statistics, the
    step counter), and return the :class:`StepOutcome` the front end reports its own way.
 
-TensorFlow, whose step may be traced, plans and starts its groups itself
-(:meth:`StepEngine.plan`, :meth:`StepEngine.start_sparse`) and settles its steps in the graph.
+TensorFlow, whose step may be traced, numbers its steps itself (:meth:`StepEngine.begin`), decides
+a traced step's warm-up inside the graph (``dense_step=``), reduces the groups planned dense in one
+Horovod call and settles its steps in the graph.
 
 Nothing here reads a value on the host that the step keeps on a device (the finiteness flags,
 device timings and deferred figures are read once, when the step closes, by the front end's

@@ -4,7 +4,7 @@ function: same ops, names and grouping), and with a sparsifier the groups planne
 (warm-up, ``min_numel``, ``dense=``); with the statistics of both."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -29,6 +29,19 @@ def horovod_groups(groups: Any) -> Any:
     named = "groups='mergecomp' (MergeComp)" if mergecomp else f"groups={str(groups)!r}"
     raise ValueError(f"{named} sets the flat buffers of a sparsifier; with Horovod's dense compressors "
                      "pass an int, lists of variables, 'tensor' or 'model'")
+
+
+class PlannedDense(NamedTuple):
+    """A group the step engine planned dense this step: a
+    :class:`~horovod_sparse.engine.flight.Flight` whose allreduce runs with the step's other
+    dense groups, in one Horovod call (:meth:`DenseExchange._exchange_dense_groups`)."""
+
+    group: FlatGroup
+    stats: GroupStats
+    sparse: bool = False
+
+    def finish(self) -> None:
+        """Nothing to wait for here: the step's dense groups are reduced together."""
 
 
 class DenseExchange:
@@ -75,15 +88,15 @@ class DenseExchange:
         fp16 = not self.sparse and self.compression is hvd.Compression.fp16
         return tf.float16.size if fp16 and dtype.is_floating else dtype.size
 
-    def _exchange_dense_groups(self, groups: List[Tuple[FlatGroup, GroupStats]], kept: List[Any],
-                               results: List[Any]) -> None:
-        """Horovod's dense allreduce for the groups planned dense, with their statistics."""
-        if not groups:
+    def _exchange_dense_groups(self, planned: Sequence[PlannedDense], kept: List[Any], results: List[Any]) -> None:
+        """Horovod's dense allreduce for the step's groups ``planned`` dense, in one call, with
+        their statistics."""
+        if not planned:
             return
-        positions = [p for group, _ in groups for p in group.positions]
+        positions = [p for each in planned for p in each.group.positions]
         # Horovod's TensorFlow allreduce does not take bfloat16: such gradients travel as float32.
         wire = [tf.cast(kept[p], tf.float32) if kept[p].dtype == tf.bfloat16 else kept[p] for p in positions]
         for position, value in zip(positions, self._horovod_reduce(wire)):
             results[position] = tf.cast(value, kept[position].dtype)
-        for group, stats in groups:
-            self._account_dense(stats, [kept[p] for p in group.positions])
+        for each in planned:
+            self._account_dense(each.stats, [kept[p] for p in each.group.positions])

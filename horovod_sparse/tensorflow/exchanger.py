@@ -86,13 +86,12 @@ import tensorflow as tf
 from horovod_sparse.common.arguments import check_wrapper_arguments, op_name
 from horovod_sparse.common.dense_choice import DenseSpec
 from horovod_sparse.common.nonfinite import resolve_nonfinite
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats
+from horovod_sparse.common.stats import StatsLog, StepStats
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
 from horovod_sparse.methods.base import Sparsifier, Step
 from horovod_sparse.tensorflow import recording
-from horovod_sparse.tensorflow.buffers import FlatGroup
 from horovod_sparse.tensorflow.collectives import eager_capable
-from horovod_sparse.tensorflow.dense import DenseExchange, horovod_groups
+from horovod_sparse.tensorflow.dense import DenseExchange, PlannedDense, horovod_groups
 from horovod_sparse.tensorflow.elastic import refuse_elastic
 from horovod_sparse.tensorflow.host_step import host_step
 from horovod_sparse.tensorflow.layout import Layout, Layouts
@@ -307,7 +306,6 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
         results = list(kept)
         engine = layout.engine
         engine.begin(step)
-        dense_groups: List[Tuple[FlatGroup, GroupStats]] = []
         host = isinstance(step, int)
         for position in range(len(kept) if host else 0):
             engine.timeline.param_ready(position)
@@ -315,13 +313,10 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
             for group in layout.groups:
                 if host:
                     engine.timeline.group_ready(group.name)
-                plan, stats = engine.plan(group.name, group.numel, warm, group.kept_dense)
-                if plan.sparse:
-                    engine.start_sparse(group, plan, stats, functools.partial(group.load_gradients, kept, loss_scale))
-                else:
-                    dense_groups.append((group, stats))
-            self._exchange_dense_groups(dense_groups, kept, results)
-            for flight in engine.flights:
+                engine.start(group, functools.partial(group.load_gradients, kept, loss_scale),
+                             functools.partial(PlannedDense, group), dense_step=warm)
+            self._exchange_dense_groups([f for f in engine.flights if not f.sparse], kept, results)
+            for flight in [f for f in engine.flights if f.sparse]:
                 update = engine.finish_one(flight, loss_scale)
                 if not tf.executing_eagerly():
                     # A graph prunes ops whose outputs are unused, and a collective one rank prunes
