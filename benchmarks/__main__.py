@@ -20,8 +20,8 @@ from typing import Dict, List, Optional
 
 PACKAGE = Path(__file__).resolve().parent
 #: Modules of the package that are libraries of the benchmarks, not benchmarks.
-LIBRARIES = {"data", "models", "netem", "plots", "results", "synthetic_tf", "digits_tf", "digits_training",
-             "digits_report", "tiers", "wire"}
+LIBRARIES = {"data", "models", "netem", "plots", "results", "synthetic_harness", "synthetic_tf", "digits_tf",
+             "digits_training", "digits_report", "tiers", "wire"}
 #: Listed first, in this order; any other benchmark module follows alphabetically.
 ORDER = ["digits", "synthetic", "overhead", "convergence", "cluster", "scaling", "selection_cost"]
 

@@ -160,11 +160,11 @@ class Recorder:
     def row(self, parameters: int, workers: int, **extra: Any) -> Dict[str, Any]:
         """The configuration's row: ``label``, ``compressor`` (the method's name, or ``local``),
         ``options``, ``groups``, ``hierarchical`` (two-tier asked), ``accuracy`` (mean over seeds) and ``accuracies``,
-        ``step_seconds`` (median steady-state step), ``stats`` (:func:`benchmarks.synthetic.summarize_stats`
+        ``step_seconds`` (median steady-state step), ``stats`` (:func:`benchmarks.synthetic_harness.summarize_stats`
         of the steady-state steps; empty without exchange), ``parameters``, ``workers``, ``extra``."""
         import numpy as np
 
-        from benchmarks.synthetic import summarize_stats
+        from benchmarks.synthetic_harness import summarize_stats
         from horovod_sparse.common.registry import parse_spec
 
         if not self.step_seconds:
@@ -184,7 +184,7 @@ class Recorder:
 
 
 def per_step(summary: Dict[str, Any], every: int) -> Dict[str, Any]:
-    """A summary of outer rounds (:func:`benchmarks.synthetic.summarize_stats` of each round's
+    """A summary of outer rounds (:func:`benchmarks.synthetic_harness.summarize_stats` of each round's
     statistics) per inner step: bytes, collectives and seconds divided by the ``every`` steps of a
     round (what the round cost, spread over it); densities as they are (a round's)."""
     if not summary:

@@ -68,7 +68,7 @@ def measure(args: argparse.Namespace, spec_text: str, mesh: Any) -> Dict[str, An
 
     import horovod_sparse.fsdp as hsf
     from benchmarks.models import model_spec
-    from benchmarks.synthetic import compressor_options, spec_label
+    from benchmarks.synthetic_harness import compressor_options, spec_label
     from benchmarks.synthetic_fsdp import shard
 
     spec = model_spec(args.model)

@@ -34,7 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 import horovod_sparse.ddp as hsd
 from benchmarks.models import count_parameters, model_spec
 from benchmarks.results import command_line
-from benchmarks.synthetic import benchmark_parser, compressor_options, measure, run_all, spec_label
+from benchmarks.synthetic_harness import benchmark_parser, compressor_options, measure, run_all, spec_label
 from horovod_sparse.common.registry import parse_spec
 
 #: ``--compressor`` name of PyTorch's PowerSGD hook.
@@ -92,7 +92,7 @@ Hook = Union[None, SerialPowerSGDState, hsd.State]
 
 def ddp_compressor(spec: str, density: Optional[float]) -> Tuple[str, Dict[str, Any]]:
     """``(name, options)`` of a ``--compressor`` spec: ``powersgd`` with its ``rank`` (the only
-    option it takes; ``density`` does not apply), else :func:`benchmarks.synthetic.compressor_options`."""
+    option it takes; ``density`` does not apply), else :func:`benchmarks.synthetic_harness.compressor_options`."""
     name, options = parse_spec(spec)
     if name != POWERSGD:
         return compressor_options(spec, density)
@@ -137,7 +137,7 @@ def powersgd_stats(state: SerialPowerSGDState, parameters: int) -> Dict[str, Any
 
 def measure_training(config: argparse.Namespace, net: torch.nn.Module, last_stats: Callable[[], Optional[Any]],
                      parameters: int, label: str, log: Callable[[str], None]) -> Dict[str, Any]:
-    """:func:`benchmarks.synthetic.measure` of SGD training steps of ``net`` (a model wrapped by a
+    """:func:`benchmarks.synthetic_harness.measure` of SGD training steps of ``net`` (a model wrapped by a
     ``torch.distributed`` front end) on the configuration's fixed batch, each step returning
     ``last_stats()`` (the front end's statistics, or None)."""
     rank, workers = dist.get_rank(), dist.get_world_size()
@@ -156,7 +156,7 @@ def measure_training(config: argparse.Namespace, net: torch.nn.Module, last_stat
 
 
 def run_ddp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
-    """One benchmark: :func:`benchmarks.synthetic.measure` on a DDP model with the configuration's
+    """One benchmark: :func:`benchmarks.synthetic_harness.measure` on a DDP model with the configuration's
     hook; returns the figures (all ranks)."""
     spec = model_spec(config.model)
     size = config.size or spec.default_size

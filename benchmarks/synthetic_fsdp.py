@@ -30,7 +30,7 @@ import horovod_sparse.ddp as hsd
 import horovod_sparse.fsdp as hsf
 from benchmarks.models import count_parameters, model_spec
 from benchmarks.results import command_line
-from benchmarks.synthetic import benchmark_parser, compressor_options, run_all, spec_label
+from benchmarks.synthetic_harness import benchmark_parser, compressor_options, run_all, spec_label
 from benchmarks.synthetic_ddp import measure_training
 
 
@@ -48,7 +48,7 @@ def shard(model: torch.nn.Module, mesh: Any) -> None:
 
 
 def run_fsdp(config: argparse.Namespace, log: Callable[[str], None]) -> Dict[str, Any]:
-    """One benchmark: :func:`benchmarks.synthetic.measure` on the sharded model with the
+    """One benchmark: :func:`benchmarks.synthetic_harness.measure` on the sharded model with the
     configuration's replica exchange; returns the figures (all ranks)."""
     workers = dist.get_world_size()
     shard_size = config.shard_size or int(os.environ.get("LOCAL_WORLD_SIZE", workers))

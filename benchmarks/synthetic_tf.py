@@ -15,7 +15,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 from benchmarks.models import model_spec
-from benchmarks.synthetic import DENSE_COMPRESSORS, check_stock, compressor_options, describe, measure, topology
+from benchmarks.synthetic_harness import DENSE_COMPRESSORS, check_stock, compressor_options, describe, measure, topology
 
 layers = tf.keras.layers
 

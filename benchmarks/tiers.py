@@ -16,7 +16,8 @@ def placement(hvd: Any, tiers: Any) -> Dict[str, Any]:
 def tier_bytes(summary: Dict[str, Any]) -> Tuple[float, float]:
     """``(across, node)``: bytes sent per step per worker across hosts (the method's values,
     indices and metadata: the whole network in a flat exchange) and inside the host (the
-    two-tier exchange's reduce-scatter and allgather), from :func:`benchmarks.synthetic.summarize_stats`'s figures
+    two-tier exchange's reduce-scatter and allgather), from
+    :func:`benchmarks.synthetic_harness.summarize_stats`'s figures
     (0, 0 without statistics; summaries without bytes by kind, as the DDP job's own allreduce
     and PowerSGD rows, and results written before the ``node`` kind count 0 inside)."""
     if not summary:

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from benchmarks import models, netem, scaling, synthetic, tiers
+from benchmarks import models, netem, scaling, synthetic, synthetic_harness, tiers
 from benchmarks.cluster import add_ratios, merge_repeats, place, sweep, table
 from horovod_sparse.common.cost_model import AlphaBeta
 from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, TORCHRUN, launcher_env
@@ -96,8 +96,8 @@ def test_rates_and_token_bucket():
 
 
 def test_compressor_options_and_sweeps():
-    assert synthetic.compressor_options("topk:min_numel=0", 0.01) == ("topk", {"min_numel": 0, "density": 0.01})
-    assert synthetic.compressor_options("none", 0.01) == ("none", {})
+    assert synthetic_harness.compressor_options("topk:min_numel=0", 0.01) == ("topk", {"min_numel": 0, "density": 0.01})
+    assert synthetic_harness.compressor_options("none", 0.01) == ("none", {})
     assert synthetic.parse_groups("3") == 3 and synthetic.parse_groups("model") == "model"
     assert "topk" in synthetic.available_methods()
     configs = sweep(["topk", "dgc"], [0.001, 0.01])
@@ -124,12 +124,13 @@ def test_two_tier_configurations_and_ratios():
                            {"compressor": "topk", "density": 0.01}, {"compressor": "topk", "density": 0.01,
                                                                      "hierarchical": True}]
     args = synthetic.parser().parse_args(["--compressor", "topk", "--density", "0.01", "--hierarchical"])
-    assert args.hierarchical and synthetic.describe(args) == "topk(density=0.01) two-tier"
-    assert synthetic.wants_process_sets([args])
+    assert args.hierarchical and synthetic_harness.describe(args) == "topk(density=0.01) two-tier"
+    assert synthetic_harness.wants_process_sets([args])
     flat = synthetic.parser().parse_args(["--optimizer", "local", "--hierarchical"])
-    assert not synthetic.wants_process_sets([flat]) and synthetic.describe(flat) == "local (no exchange)"
+    assert not synthetic_harness.wants_process_sets([flat])
+    assert synthetic_harness.describe(flat) == "local (no exchange)"
     with pytest.raises(ValueError, match="HOROVOD_HIERARCHICAL_ALLREDUCE"):
-        synthetic.check_stock(synthetic.parser().parse_args(["--optimizer", "stock", "--hierarchical"]), "none")
+        synthetic_harness.check_stock(synthetic.parser().parse_args(["--optimizer", "stock", "--hierarchical"]), "none")
     stats = {"bytes_sent": 110.0, "bytes_sent_by_kind": {"values": 6.0, "indices": 4.0, "meta": 0.0, "node": 100.0},
              "seconds": {}}
     assert tiers.tier_bytes(stats) == (10.0, 100.0) and tiers.tier_bytes({}) == (0.0, 0.0)
