@@ -25,10 +25,10 @@ install-core:
 
 # The main job: dense Horovod and every sparse method trained on scikit-learn's digits in one
 # NP-worker horovodrun job (CPU, Gloo), measured, projected to 1 and 10 Gbit/s clusters by the
-# scaling model, and a recommendation (`python -m benchmarks.digits --help` lists the ARGS;
+# scaling model, and a recommendation (`python -m benchmarks.main_job.digits --help` lists the ARGS;
 # `ARGS="--framework tensorflow"` installs everything first).
 demo: $(if $(findstring tensorflow,$(ARGS)),install,install-core)
-	$(PY) -m benchmarks.digits $(if $(HOSTS),--hosts $(HOSTS),--np $(NP)) $(ARGS)
+	$(PY) -m benchmarks.main_job.digits $(if $(HOSTS),--hosts $(HOSTS),--np $(NP)) $(ARGS)
 
 # The linter (ruff.toml) over the package, the tests and the benchmarks; `make test` runs it first.
 lint: install

@@ -1,9 +1,10 @@
-"""The benchmarks' front door: ``python -m benchmarks <name> [options]`` runs ``benchmarks.<name>``.
+"""The benchmarks' front door: ``python -m benchmarks <name> [options]`` runs the module ``<name>`` of
+its group, ``benchmarks.<group>.<name>`` (the groups are the subpackages: what their benchmarks measure).
 
 ``synthetic`` and ``overhead`` are one rank of a Horovod job, launched the usual way
 (``horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks synthetic ...``), and
 ``synthetic_ddp`` and ``synthetic_fsdp`` one rank of a ``torch.distributed`` job (``torchrun --standalone
---nproc-per-node 2 -m benchmarks.synthetic_ddp ...``); ``digits`` (the main job),
+--nproc-per-node 2 -m benchmarks.emulated.synthetic_ddp ...``); ``digits`` (the main job),
 ``convergence`` and ``cluster`` launch their own jobs (``cluster`` and ``digits --emulate``
 build an emulated network and need root).
 ``python -m benchmarks <name> --help`` describes each one.
@@ -26,16 +27,33 @@ LIBRARIES = {"data", "models", "netem", "plots", "results", "synthetic_harness",
 ORDER = ["digits", "synthetic", "overhead", "convergence", "cluster", "scaling", "selection_cost"]
 
 
+def modules() -> Dict[str, str]:
+    """Every module of the groups (the subpackages) by its name, e.g. ``{"digits":
+    "benchmarks.main_job.digits", ...}``, and the GPU check at the top (``benchmarks.gpu_check``);
+    names are unique across the groups."""
+    found: Dict[str, str] = {"gpu_check": "benchmarks.gpu_check"}
+    for group in pkgutil.iter_modules([str(PACKAGE)]):
+        if not group.ispkg:
+            continue
+        for module in pkgutil.iter_modules([str(PACKAGE / group.name)]):
+            if module.name in found:
+                raise RuntimeError(f"two benchmark modules named {module.name!r}: {found[module.name]} and "
+                                   f"benchmarks.{group.name}.{module.name}")
+            found[module.name] = f"benchmarks.{group.name}.{module.name}"
+    return found
+
+
 def available() -> List[str]:
     """Names of the benchmark modules in this checkout."""
-    names = {m.name for m in pkgutil.iter_modules([str(PACKAGE)])} - LIBRARIES - {"__main__"}
+    names = set(modules()) - LIBRARIES
     return [n for n in ORDER if n in names] + sorted(names - set(ORDER))
 
 
 def summary(name: str, width: int = 100) -> str:
     """The first sentence of a benchmark module's docstring (read without importing the module),
     cut to ``width`` characters."""
-    docstring = ast.get_docstring(ast.parse((PACKAGE / f"{name}.py").read_text())) or ""
+    source = PACKAGE.joinpath(*modules()[name].split(".")[1:]).with_suffix(".py")
+    docstring = ast.get_docstring(ast.parse(source.read_text())) or ""
     paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
     sentence = re.split(r"(?<=\.)\s", paragraph, maxsplit=1)[0].rstrip(".")
     return sentence if len(sentence) <= width else sentence[:width - 3] + "..."
@@ -55,8 +73,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if name not in available():
         print(f"unknown benchmark {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
-    sys.argv = [f"benchmarks.{name}", *rest]
-    runpy.run_module(f"benchmarks.{name}", run_name="__main__", alter_sys=True)
+    module = modules()[name]
+    sys.argv = [module, *rest]
+    runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0
 
 

@@ -35,7 +35,7 @@ code and the DDP hook run on the device as in a job. Its parts, each printed and
   below which its step beats a dense bf16 ring all-reduce
   (:func:`horovod_sparse.common.cost_model.break_even_link`), from its added time (its step
   minus the dense step, floored at 0) and the bytes its last step sent, priced by its own
-  collectives (:mod:`benchmarks.wire`).
+  collectives (:mod:`benchmarks.emulated.wire`).
 * ``fsdp_steps``: the first of those models sharded by FSDP2 on a one-rank mesh, plain and with
   every method through :func:`horovod_sparse.fsdp.compress_replicas`: the median step time and
   its ratio to the plain one (:func:`fsdp_step_times`).
@@ -72,9 +72,9 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
-from benchmarks.models import model_spec
-from benchmarks.results import command_line, write_results
-from benchmarks.wire import Payload, wire_law
+from benchmarks.emulated.wire import Payload, wire_law
+from benchmarks.shared.models import model_spec
+from benchmarks.shared.results import command_line, write_results
 from horovod_sparse.common.cost_model import BF16_BYTES, INDEX_BYTES, VALUE_BYTES, break_even_link
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.torch_core.buffers import FlatGroup
@@ -469,7 +469,7 @@ def sent_payload(stats: StepStats, fp16_values: bool) -> Tuple[Payload, str]:
 def break_even(method: str, added_seconds: float, payload: Payload, parameters: int) -> Dict[str, Optional[float]]:
     """Per worker count of :data:`BREAK_EVEN_WORKERS` (string keys, for JSON): the link in bits/s
     below which ``method``'s step, ``added_seconds`` beyond the dense step's and sending
-    ``payload`` per rank through its own collectives (:func:`benchmarks.wire.wire_law`), beats a
+    ``payload`` per rank through its own collectives (:func:`benchmarks.emulated.wire.wire_law`), beats a
     dense bf16 ring all-reduce of ``parameters`` (:func:`break_even_link`: ``math.inf`` on every
     link, None on none)."""
     law = wire_law(method)

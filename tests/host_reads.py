@@ -21,7 +21,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from benchmarks.exchange_cost import DispatchedOps  # noqa: F401  (the operations counted, for the workers)
+from benchmarks.costs.exchange_cost import DispatchedOps  # noqa: F401  (the operations counted, for the workers)
 from horovod_sparse.torch_core.selection import accelerator_paths
 
 #: The operations counted, by name (see the module docstring).

@@ -14,8 +14,9 @@ from typing import Any, Dict, List, Tuple
 import pytest
 import torch
 
-from benchmarks import models, netem, scaling, synthetic, synthetic_harness, tiers
-from benchmarks.cluster import add_ratios, merge_repeats, place, sweep, table
+from benchmarks.emulated import netem, scaling, synthetic, synthetic_harness
+from benchmarks.emulated.cluster import add_ratios, merge_repeats, place, sweep, table
+from benchmarks.shared import models, tiers
 from horovod_sparse.common.cost_model import AlphaBeta
 from tests.launch import HANG_TIMEOUT, SUITE_HOROVODRUN, TORCHRUN, launcher_env
 
@@ -462,7 +463,7 @@ def test_convergence_table_json_and_curves(tmp_path):
         assert len(s["curve_mean"]) == 2 and all(0 <= a <= 1 for a in s["curve_mean"])
     assert summary["topk:density=0.05"]["vs_dense_points"] == pytest.approx(
         100 * (summary["topk:density=0.05"]["accuracy_mean"] - summary["none"]["accuracy_mean"]))
-    assert payload["command"].startswith("python -m benchmarks.convergence") and payload["machine"]["cpus"]
+    assert payload["command"].startswith("python -m benchmarks.main_job.convergence") and payload["machine"]["cpus"]
     assert (tmp_path / "convergence.png").read_bytes()[:8] == PNG
 
 
@@ -570,20 +571,30 @@ def test_namespaces_of_a_killed_run_are_removed_by_the_next():
 
 
 def test_readme_commands_name_existing_benchmarks_and_options():
-    """Every ``python -m benchmarks.<name> ...`` command in the README and the docs pages
-    (``docs/*.md``) names a benchmark of this checkout, and every ``--option`` it passes is one that
-    benchmark's parser declares (in its own module or in a benchmarks module it imports
-    ``from``, where shared options such as the main job's ``--out`` are declared)."""
+    """Every ``python -m benchmarks.<group>.<name> ...`` (or ``python -m benchmarks <name> ...``)
+    command in the README and the docs pages (``docs/*.md``) names a benchmark of this checkout,
+    and every ``--option`` it passes is one that benchmark's parser declares (in its own module or
+    in a benchmarks module it imports ``from``, where shared options such as the main job's
+    ``--out`` are declared)."""
+    from benchmarks.__main__ import modules
+
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    commands = [(page.relative_to(ROOT), name, rest) for page in pages
-                for name, rest in re.findall(r"python -m benchmarks[. ](\w+)([^`\n]*)", page.read_text())]
+
+    def source(module: str) -> str:
+        path = ROOT.joinpath(*module.split("."))
+        return (path / "__init__.py" if path.is_dir() else path.with_suffix(".py")).read_text()
+
+    commands = [(page.relative_to(ROOT), f"benchmarks.{name}" if sep == "." else modules()[name], rest)
+                for page in pages
+                for sep, name, rest in re.findall(r"python -m benchmarks([. ])(\w+(?:\.\w+)*)([^`\n]*)",
+                                                  page.read_text())]
     assert len(commands) >= 10
     for page, name, rest in commands:
-        own = (ROOT / "benchmarks" / f"{name}.py").read_text()
-        imported = re.findall(r"^from benchmarks\.(\w+) import", own, re.M)
-        source = "\n".join([own, *((ROOT / "benchmarks" / f"{module}.py").read_text() for module in imported)])
+        own = source(name)
+        imported = re.findall(r"^from (benchmarks\.[\w.]+) import", own, re.M)
+        text = "\n".join([own, *(source(module) for module in imported)])
         for option in re.findall(r"(--[\w-]+)", rest):
-            assert f'"{option}"' in source, f"{page} passes {option} to benchmarks.{name}, which does not declare it"
+            assert f'"{option}"' in text, f"{page} passes {option} to {name}, which does not declare it"
 
 
 def test_two_tier_steps_times_each_method_flat_and_two_tier(tmp_path):
@@ -624,12 +635,13 @@ def test_node_collectives_times_the_inside_tier_beside_the_allreduce(tmp_path):
 
 # -- outer steps against per-step exchange -------------------------------------------------------------------
 def test_outer_steps_benchmark_end_to_end(tmp_path):
-    """``benchmarks.outer_steps`` on this machine's loopback (``--rates local``), both tasks at a
+    """``benchmarks.outer.outer_steps`` on this machine's loopback (``--rates local``), both tasks at a
     tiny size: every configuration's row, their bytes (plain DDP every parameter every step, dense
     DiLoCo every parameter once a round, a method on the pseudo-gradients fewer), the comparisons
     against dense DDP, the JSON and the figures."""
-    result = run([sys.executable, "-m", "benchmarks.outer_steps", "--rates", "local", "--steps", "10", "--eval-every",
-                  "5", "--every", "5", "--methods", "topk", "--outer-methods", "topk", "--out", str(tmp_path)])
+    result = run([sys.executable, "-m", "benchmarks.outer.outer_steps", "--rates", "local", "--steps", "10",
+                  "--eval-every", "5", "--every", "5", "--methods", "topk", "--outer-methods", "topk", "--out",
+                  str(tmp_path)])
     rows = json.loads((tmp_path / "outer_steps.json").read_text())["results"]
     labels = ["ddp none", "ddp topk", "outer none H=5", "outer topk H=5"]
     assert [(r["task"], r["label"]) for r in rows] == [(t, label) for t in ("lm", "digits") for label in labels]
@@ -655,7 +667,7 @@ def test_outer_steps_comparisons_and_refusals():
     """Seconds to dense DDP's final metric are read at the first evaluation that reaches it (a loss
     at or below, an accuracy at or above), an outer row with a method is set beside dense DiLoCo at
     its H; evaluations that fall inside a round are refused."""
-    from benchmarks.outer_steps import add_comparisons, main
+    from benchmarks.outer.outer_steps import add_comparisons, main
 
     def row(label, kind, method, every, curve, metric="validation loss"):
         points = [{"step": 10 * (i + 1), "seconds": s, "bytes": b, "value": v} for i, (s, b, v) in enumerate(curve)]
@@ -680,7 +692,7 @@ def test_exchange_cost_counts_each_exchanges_operations_beside_dense(tmp_path):
     dense's), per bucket over DDP's buckets. The Horovod optimizer: the default grouping's flat
     buckets (about 102 MB of float32 in 25 MiB buckets) and, per tensor, 161 groups dispatching
     more. The figures printed and written."""
-    result = run([sys.executable, "-m", "benchmarks.exchange_cost", "--models", "resnet50", "--methods", "topk",
+    result = run([sys.executable, "-m", "benchmarks.costs.exchange_cost", "--models", "resnet50", "--methods", "topk",
                   "--front-ends", "ddp", "horovod", "--steps", "1", "--warmup", "2",
                   "--results", str(tmp_path / "cost.json")])
     rows = json.loads((tmp_path / "cost.json").read_text())["results"]["rows"]

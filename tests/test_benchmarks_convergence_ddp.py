@@ -1,4 +1,4 @@
-"""``benchmarks.convergence --ddp`` on a short real run (2 workers, 1 seed, 2 epochs, a small MLP):
+"""``benchmarks.main_job.convergence --ddp`` on a short real run (2 workers, 1 seed, 2 epochs, a small MLP):
 the torchrun job's DDP rows (dense DDP, PowerSGD, a method through horovod_sparse's hook) sit
 beside the Horovod job's in the table and the JSON, compared to both dense baselines, with the
 bytes each rank sends per step. Accuracy does not depend on timing: the run is deterministic."""
@@ -31,7 +31,7 @@ LABELS = ["none", "topk:density=0.05", "ddp none", "ddp powersgd:rank=4,start=2"
 def run(tmp_path_factory):
     """The run's printed output and its JSON results."""
     out = tmp_path_factory.mktemp("convergence-ddp")
-    argv = [sys.executable, "-m", "benchmarks.convergence", "--workers", "2", "--seeds", "0", "--epochs", "2",
+    argv = [sys.executable, "-m", "benchmarks.main_job.convergence", "--workers", "2", "--seeds", "0", "--epochs", "2",
             "--hidden", str(HIDDEN), "--compressors", "topk:density=0.05", "--ddp", "--powersgd-rank", "4",
             "--powersgd-start", "2", "--out", str(out)]
     result = subprocess.run(argv, env=worker_env(), cwd=ROOT, capture_output=True, text=True, timeout=HANG_TIMEOUT)

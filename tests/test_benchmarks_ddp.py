@@ -1,6 +1,6 @@
-"""The DDP side of the throughput benchmarks: :mod:`benchmarks.synthetic_ddp` smoke-run under
+"""The DDP side of the throughput benchmarks: :mod:`benchmarks.emulated.synthetic_ddp` smoke-run under
 ``torchrun`` on 2 local processes (dense DDP, PyTorch's PowerSGD, a horovod_sparse method), and
-``benchmarks.cluster --ddp`` on a real emulated cluster (root). Only the printed format, the JSON
+``benchmarks.emulated.cluster --ddp`` on a real emulated cluster (root). Only the printed format, the JSON
 rows and their plumbing are checked, never a measured time."""
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from benchmarks import models, synthetic_ddp
-from benchmarks.cluster import add_ratios, ddp_sweep
+from benchmarks.emulated import synthetic_ddp
+from benchmarks.emulated.cluster import add_ratios, ddp_sweep
+from benchmarks.shared import models
 from tests.test_benchmarks import cluster_rows, needs_root, run_torch_synthetic
 
 SWEEP = [{"compressor": "none"}, {"compressor": "powersgd"}, {"compressor": "micro", "density": 0.01}]
@@ -53,7 +54,7 @@ def test_ddp_rows_are_measured_against_dense_ddp_and_dense_horovod():
 # -- synthetic_ddp under torchrun ----------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Tuple[str, List[Dict[str, Any]], str]:
-    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_ddp"), "benchmarks.synthetic_ddp", 2, SWEEP,
+    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_ddp"), "benchmarks.emulated.synthetic_ddp", 2, SWEEP,
                                "--num-warmup-batches", "2")
 
 
@@ -72,7 +73,7 @@ def test_synthetic_ddp_prints_the_synthetic_format(ddp_run):
 
 def test_synthetic_ddp_rows(ddp_run):
     _, rows, command = ddp_run
-    assert command.startswith("python -m benchmarks.synthetic_ddp --model resnet20")
+    assert command.startswith("python -m benchmarks.emulated.synthetic_ddp --model resnet20")
     assert [r["label"] for r in rows] == LABELS
     assert [r["compressor"] for r in rows] == ["none", "powersgd", "micro"]
     parameters = models.count_parameters(models.resnet20())

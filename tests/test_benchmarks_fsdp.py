@@ -1,7 +1,7 @@
-"""The FSDP2 side of the throughput benchmarks: :mod:`benchmarks.synthetic_fsdp` smoke-run under
+"""The FSDP2 side of the throughput benchmarks: :mod:`benchmarks.emulated.synthetic_fsdp` smoke-run under
 ``torchrun`` on 4 local processes as a 2 x 2 mesh (FSDP's HSDP, a horovod_sparse method on the
-replica axis), ``benchmarks.cluster --fsdp`` on a real emulated cluster (root) and
-:mod:`benchmarks.fsdp_overlap` (its simulation of an asynchronous hook against hand-worked
+replica axis), ``benchmarks.emulated.cluster --fsdp`` on a real emulated cluster (root) and
+:mod:`benchmarks.costs.fsdp_overlap` (its simulation of an asynchronous hook against hand-worked
 timelines, its job's rows). Only the printed format, the JSON rows and their plumbing are
 checked, never a measured time."""
 from __future__ import annotations
@@ -12,9 +12,11 @@ from typing import Any, Dict, List, Tuple
 
 import pytest
 
-from benchmarks import fsdp_overlap, models, synthetic_fsdp
-from benchmarks.cluster import add_ratios, fsdp_sweep
-from benchmarks.netem import inner_argv
+from benchmarks.costs import fsdp_overlap
+from benchmarks.emulated import synthetic_fsdp
+from benchmarks.emulated.cluster import add_ratios, fsdp_sweep
+from benchmarks.emulated.netem import inner_argv
+from benchmarks.shared import models
 from tests.launch import TORCHRUN
 from tests.test_benchmarks import cluster_rows, needs_root, run, run_torch_synthetic
 
@@ -36,8 +38,8 @@ def test_fsdp_specs_sweep_and_ratios():
 
 @pytest.fixture(scope="module")
 def fsdp_run(tmp_path_factory) -> Tuple[str, List[Dict[str, Any]], str]:
-    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_fsdp"), "benchmarks.synthetic_fsdp", 4, SWEEP,
-                               "--num-warmup-batches", "1", "--shard-size", "2")
+    return run_torch_synthetic(tmp_path_factory.mktemp("synthetic_fsdp"), "benchmarks.emulated.synthetic_fsdp", 4,
+                               SWEEP, "--num-warmup-batches", "1", "--shard-size", "2")
 
 
 def test_synthetic_fsdp_prints_the_synthetic_format_and_rows(fsdp_run):
@@ -45,7 +47,7 @@ def test_synthetic_fsdp_prints_the_synthetic_format_and_rows(fsdp_run):
     assert re.findall(r"^Compressor: (.+)$", stdout, re.M) == LABELS  # rank 0 only prints
     assert len(re.findall(r"^Total img/sec on 4 CPU\(s\): [\d.]+ \+-[\d.]+$", stdout, re.M)) == 2
     assert re.search(r"^Union density: [\d.]+ \(target [\d.]+, density ratio [\d.]+\)$", stdout, re.M)
-    assert command.startswith("python -m benchmarks.synthetic_fsdp --model resnet20")
+    assert command.startswith("python -m benchmarks.emulated.synthetic_fsdp --model resnet20")
     assert [r["label"] for r in rows] == LABELS
     parameters = models.count_parameters(models.resnet20())
     for row in rows:
@@ -85,7 +87,7 @@ def test_overlap_simulation_runs_the_exchanges_beside_the_compute():
 
 
 def test_overlap_job_rows(tmp_path):
-    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "benchmarks.fsdp_overlap",
+    result = run([TORCHRUN, "--standalone", "--nproc-per-node", "4", "-m", "benchmarks.costs.fsdp_overlap",
                   "--model", "resnet20", "--size", "8", "--batch-size", "2", "--shard-size", "2", "--warmup", "1",
                   "--steps", "2", "--compressors", "topk:density=0.01", "gtopk:density=0.01",
                   "--results", str(tmp_path / "overlap.json")])

@@ -2,7 +2,7 @@
 finalization (see :mod:`horovod_sparse.distributed.job_exit`).
 
 The abort itself needs a Gloo worker thread that runs late, so no test can provoke it on
-demand (``python -m benchmarks.ddp_exit`` counts it over many jobs); what is tested is the
+demand (``python -m benchmarks.costs.ddp_exit`` counts it over many jobs); what is tested is the
 contract that rules it out: the process leaves with the given code without finalizing (no
 ``atexit`` handler runs), after the output written so far is flushed and the group destroyed.
 Every ``torchrun`` worker of the suite ends with it too.

@@ -1,4 +1,4 @@
-"""The main job (``make demo``: ``python -m benchmarks.digits``) end to end in a small configuration,
+"""The main job (``make demo``: ``python -m benchmarks.main_job.digits``) end to end in a small configuration,
 and its report on rows made up here.
 
 The job test reads the printed table back and checks what it claims (every method present, accuracy
@@ -19,13 +19,14 @@ from typing import Any, Dict, List
 
 import pytest
 
-from benchmarks import digits_report, scaling
-from benchmarks.digits_report import CLUSTERS, Report
-from benchmarks.netem import rate_bits
-from benchmarks.digits import parser as digits_parser
-from benchmarks.digits_training import OUTER
-from benchmarks.synthetic import available_methods
-from benchmarks.wire import wire_law
+from benchmarks.emulated import scaling
+from benchmarks.emulated.netem import rate_bits
+from benchmarks.emulated.synthetic import available_methods
+from benchmarks.emulated.wire import wire_law
+from benchmarks.main_job import digits_report
+from benchmarks.main_job.digits import parser as digits_parser
+from benchmarks.main_job.digits_report import CLUSTERS, Report
+from benchmarks.main_job.digits_training import OUTER
 from horovod_sparse.common.cost_model import break_even_link
 from horovod_sparse.methods.lags.rule import LagsOptions
 
@@ -48,7 +49,7 @@ CELL = re.compile(r"([\d.]+)\s+([\d.]+)x")
 
 
 def demo(out: Path, *options: str) -> subprocess.CompletedProcess:
-    argv = [sys.executable, "-m", "benchmarks.digits", "--epochs", str(EPOCHS), "--densities", str(DENSITY),
+    argv = [sys.executable, "-m", "benchmarks.main_job.digits", "--epochs", str(EPOCHS), "--densities", str(DENSITY),
             "--link", TARGET[0], "--workers", str(TARGET[1]), "--out", str(out), *options]
     result = subprocess.run(argv, env=ENV, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert result.returncode == 0, f"{' '.join(argv)}\n{result.stdout[-5000:]}\n{result.stderr[-5000:]}"
@@ -391,7 +392,7 @@ def test_report_projects_two_tier_rows_to_nodes_and_says_when_to_turn_it_on():
     (["--gpus-per-node", "3"], "--gpus-per-node 3 must divide every projected cluster's workers"),
 ])
 def test_bad_placement_is_refused_before_training(options, error, capsys):
-    from benchmarks import digits
+    from benchmarks.main_job import digits
 
     with pytest.raises(SystemExit):
         digits.main(options)
@@ -399,7 +400,7 @@ def test_bad_placement_is_refused_before_training(options, error, capsys):
 
 
 def test_two_tier_configurations_come_with_their_flat_twins():
-    from benchmarks import digits
+    from benchmarks.main_job import digits
 
     def configurations(*options: str) -> List[str]:
         return digits.configurations(digits.placed(digits.parser().parse_args(list(options))))

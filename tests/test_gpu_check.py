@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from benchmarks.wire import Payload, wire_law
+from benchmarks.emulated.wire import Payload, wire_law
 from horovod_sparse.common.cost_model import AlphaBeta, break_even_link
 from horovod_sparse.ddp import Compression
 from tests.launch import HANG_TIMEOUT, worker_env
@@ -49,7 +49,7 @@ def test_gpu_check_cpu_parts(tmp_path):
     check_break_even(steps, result.stdout)
 
 
-#: Methods whose collectives are one allgather of what each rank sent (benchmarks.wire).
+#: Methods whose collectives are one allgather of what each rank sent (benchmarks.emulated.wire).
 ALLGATHER = ("topk", "lags", "dgc", "gaussiank", "threshold")
 
 

@@ -114,7 +114,7 @@ def break_even_link(parameters: int, added_seconds: float, wire: Callable[[Alpha
       the ring's ``2 (n - 1) / n * 2 * parameters * beta``;
     * compressed step: ``compute + added_seconds + wire(AlphaBeta(0, beta, n))``, e.g.
       ``wire = lambda ab: ab.allgather(bytes_per_rank)`` (``(n - 1) * bytes_per_rank * beta``) for
-      an allgather-based method, or a law of :data:`benchmarks.wire.WIRE` for the method's own
+      an allgather-based method, or a law of :data:`benchmarks.emulated.wire.WIRE` for the method's own
       collectives.
 
     With ``alpha = 0`` every collective of the model is ``beta`` times a byte count, so with
@@ -128,7 +128,7 @@ def break_even_link(parameters: int, added_seconds: float, wire: Callable[[Alpha
             measured step minus the dense step, floored at 0 (finite, >= 0).
         wire: seconds of the compressed exchange under a model; must be proportional to
             ``beta`` when ``alpha = 0`` (every collective of :class:`AlphaBeta` and every law of
-            :data:`benchmarks.wire.WIRE` is) and not negative.
+            :data:`benchmarks.emulated.wire.WIRE` is) and not negative.
         workers: ranks ``n`` (>= 1), each with its own link.
 
     Returns:

@@ -17,9 +17,9 @@ rank of the host (``hvd.local_size()``), else sleep. The cores are those of the 
 affinity, fewer where a CPU quota of its control group allows less (a container limited to 2
 CPUs on a large host: :func:`usable_cores`). Spinning on cores the host does not have starves
 Horovod's background threads, most of all in a two-tier exchange, whose process sets each take
-a negotiation per cycle: ``python -m benchmarks.two_tier_steps`` on 2 cores with 4 ranks under
+a negotiation per cycle: ``python -m benchmarks.emulated.two_tier_steps`` on 2 cores with 4 ranks under
 ``HOROVOD_SPARSE_WAIT=spin`` was aborted by Gloo's 30 s timeout (SIGABRT) in each of its runs.
-``python -m benchmarks.waiting`` measures both ways side by side.
+``python -m benchmarks.costs.waiting`` measures both ways side by side.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Worker: Keras ``model.fit`` on scikit-learn's digits through horovod_sparse's Keras optimizer
-(the main job's TensorFlow side, ``benchmarks/digits_tf.py``), for every compressor spec given;
+(the main job's TensorFlow side, ``benchmarks/main_job/digits_tf.py``), for every compressor spec given;
 writes each rank's figures and final weights for the test."""
 import argparse
 import json
@@ -8,7 +8,7 @@ import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
 
-from benchmarks.digits_tf import fit
+from benchmarks.main_job.digits_tf import fit
 from tests.workers.cli import configs_and_out
 
 

@@ -1,0 +1,1 @@
+"""Selection and step costs: selection and its controllers, grouping, exchange, overlap, waiting, exit."""

@@ -1,0 +1,248 @@
+"""Selection cost of every method against reading the buffer once, and MiCRO/ExDyna's against Top-k.
+
+    python -m benchmarks.costs.selection_cost --numel 25600000 --workers 2 4 --density 0.001 --repeats 15
+
+One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--numel`` elements
+(the size of ResNet-50 by default), ``k = density * numel``. First, over the whole buffer, side by
+side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
+
+* ``sum``: ``x.sum()``, a read-only pass over the buffer;
+* ``torch.topk``: ``torch.topk(x.abs(), k)``, what Top-k did before the exact top-k primitive;
+* ``top_k``: :func:`horovod_sparse.torch_core.selection.top_k`, the exact top-k of Top-k, gTop-k,
+  LAGS and DGC's final pick (checked once to pick the same set as ``torch.topk``);
+* ``threshold``: the hard-threshold method's selection (block scan and pick at its fixed
+  ``1 / (2 sqrt(k))``), on the gradient scaled so that this threshold selects ``k``;
+* ``gaussiank``: Gaussian-k's selection, statistics and corrections included
+  (:func:`horovod_sparse.methods.gaussiank.gaussiank_select`).
+
+Then the same over the whole buffer in TensorFlow (one intra-op and one inter-op thread), side by
+side and interleaved, each as a ratio to TensorFlow's own read pass:
+
+* ``sum``: ``tf.reduce_sum(x)``, a read-only pass over the buffer;
+* ``tf.math.top_k``: ``tf.math.top_k(tf.abs(x), k)``, what TensorFlow's Top-k did before its exact
+  top-k primitive;
+* ``top_k``: :func:`horovod_sparse.tensorflow.selection.top_k` called eagerly, and ``top_k traced``:
+  the same inside a ``tf.function`` (checked once to pick the same set as the PyTorch ``top_k``).
+
+Then, for each worker count ``n``, on rank 0's partition ``[0, numel / n)``:
+
+* ``topk``: ``torch.topk(x.abs(), k)`` over the whole buffer (for the ratio ``histogram / topk``);
+* ``sum``: ``x[partition].sum()``, a read-only pass over the partition;
+* ``histogram``: MiCRO/ExDyna's selection with the default controller, as the exchange runs it:
+  block scan, candidate read and local histogram, threshold, filter (the other ranks' histograms
+  are taken equal to this one's);
+* ``paper``: the selection with a given threshold (the paper controller's path): block scan and pick;
+* ``naive``: ``torch.where(x[partition].abs() >= threshold)``, for orientation.
+
+and prints each time and the ratios ``histogram / topk`` and ``histogram / sum``. Times are the
+process's CPU time (``time.process_time``; everything runs on one thread), so that other load on a
+shared machine, which preempts this process, does not count; they are only meaningful as ratios
+measured in the same run. ``--results`` writes
+``{"whole_buffer": {..., "tensorflow": {...}}, "partitions": [...]}`` (no ``"tensorflow"`` when
+TensorFlow is not installed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Tuple
+
+import numpy as np
+import torch
+
+from horovod_sparse.common.thresholds import as_float32, scan_block_size
+from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState, candidate_budget, reaches_bar
+from horovod_sparse.common.capacity import CappedOptions, capacity_count
+from horovod_sparse.common.threshold_baselines import hard_threshold
+from horovod_sparse.methods.micro.candidates import Candidates
+from horovod_sparse.torch_core.selection import pick, pick_capped, scan, top_k
+from horovod_sparse.methods.gaussiank import gaussiank_select
+from horovod_sparse.torch import backend
+
+
+PHASES = ("scan", "candidates", "histogram", "threshold", "filter")
+
+
+def histogram_selection(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState
+                        ) -> Tuple[torch.Tensor, List[float]]:
+    """Rank 0's selection with the histogram controller, the global histogram emulated as
+    ``workers`` copies of rank 0's (the bar markers are not summed: they hold a maximum).
+    Returns the indices and the clock at the start and at the end of each of :data:`PHASES`."""
+    controller = HistogramController()
+    clock = [time.process_time()]
+    scanned = scan(x, 0, end, scan_block_size(k / x.numel()))
+    clock.append(time.process_time())
+    candidates = Candidates.collect(backend, scanned, candidate_budget(k, workers, state.last_counts, 0))
+    clock.append(time.process_time())
+    window = controller.window(state)
+    local = candidates.local_histogram(window, 0, workers).numpy()
+    clock.append(time.process_time())
+    bins = len(window) + 1
+    summed = np.concatenate([local[:bins] * workers, local[bins:]])
+    threshold = controller.next_threshold(state, k, summed)
+    clock.append(time.process_time())
+    selected = candidates.select(threshold, reaches_bar(window, summed, 0, threshold))
+    clock.append(time.process_time())
+    return selected, clock
+
+
+def steady_state(x: torch.Tensor, end: int, k: int, workers: int) -> ThresholdState:
+    """The controller's state after one step at the target (so the fine window is used)."""
+    state = ThresholdState()
+    selected, _ = histogram_selection(x, end, k, workers, state)
+    state.record([selected.numel()] * workers)
+    return state
+
+
+def partition_candidates(x: torch.Tensor, end: int, k: int, workers: int,
+                         state: ThresholdState) -> Dict[str, Callable[[], object]]:
+    """The ways of selecting from rank 0's partition ``x[:end]`` compared side by side: a full
+    ``torch.topk``, a read pass, the histogram controller, the paper's scan and a naive ``where``."""
+    threshold = state.threshold
+    block = scan_block_size(k / x.numel())
+    return {
+        "topk": lambda: torch.topk(x.abs(), k, sorted=False),
+        "sum": lambda: x[:end].sum(),
+        "histogram": lambda: histogram_selection(x, end, k, workers, ThresholdState(**vars(state))),
+        "paper": lambda: pick(scan(x, 0, end, block), threshold),
+        "naive": lambda: torch.where(x[:end].abs() >= threshold),
+    }
+
+
+def time_side_by_side(candidates: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, float]:
+    """Median seconds of each callable, run in turn ``repeats`` times (after one warm-up each)."""
+    samples: Dict[str, List[float]] = {name: [] for name in candidates}
+    for run in candidates.values():
+        run()
+    for _ in range(repeats):
+        for name, run in candidates.items():
+            start = time.process_time()
+            run()
+            samples[name].append(time.process_time() - start)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[str, float]:
+    """Median milliseconds of a read pass and of each method's selection over all of ``x``, and
+    each selection's ratio to the read pass (``<name>_over_sum``)."""
+    exact = top_k(x, k)
+    if not torch.equal(exact, torch.topk(x.abs(), k).indices.sort().values):
+        raise AssertionError("top_k and torch.topk picked different sets")
+    threshold = as_float32(hard_threshold(k))
+    scaled = x * (threshold / float(x[exact].abs().min()))  # the fixed threshold selects about k
+    block = scan_block_size(density)
+    capacity = capacity_count(CappedOptions(density=density), k, x.numel())
+    seconds = time_side_by_side({
+        "sum": lambda: x.sum(),
+        "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
+        "top_k": lambda: top_k(x, k),
+        "threshold": lambda: pick_capped(scan(scaled, 0, x.numel(), block), threshold, x.numel()),  # uncapped
+        "gaussiank": lambda: gaussiank_select(backend, x, k, density, capacity),
+    }, repeats)
+    row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
+    row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
+    return row
+
+
+def single_threaded_tensorflow():
+    """TensorFlow on one intra-op and one inter-op thread, or None when it is not installed."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return None
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    return tf
+
+
+def tensorflow_whole_buffer(tf, x: torch.Tensor, k: int, repeats: int) -> Dict[str, float]:
+    """Median milliseconds of TensorFlow's read pass, ``tf.math.top_k`` and the exact ``top_k``
+    (eager and traced) over all of ``x``, each selection's ratio to the read pass (``<name>_over_sum``)."""
+    from horovod_sparse.tensorflow.selection import top_k as tf_top_k
+    tensor = tf.constant(x.numpy())
+    traced = tf.function(tf_top_k)
+    exact = top_k(x, k).numpy()
+    for found in (tf_top_k(tensor, k), traced(tensor, tf.constant(k))):
+        if not np.array_equal(found.numpy(), exact):
+            raise AssertionError("the TensorFlow and PyTorch top_k picked different sets")
+    seconds = time_side_by_side({
+        "sum": lambda: tf.reduce_sum(tensor).numpy(),
+        "tf.math.top_k": lambda: tf.math.top_k(tf.abs(tensor), k, sorted=False).indices.numpy(),
+        "top_k": lambda: tf_top_k(tensor, k).numpy(),
+        "top_k traced": lambda: traced(tensor, tf.constant(k)).numpy(),
+    }, repeats)
+    row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
+    row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
+    return row
+
+
+TF_METHODS = ("tf.math.top_k", "top_k", "top_k traced")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--numel", type=int, default=25_600_000)
+    parser.add_argument("--workers", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", type=Path, help="write the figures as JSON here")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    tf = single_threaded_tensorflow()
+    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
+    k = max(1, int(args.density * args.numel))
+    print(f"selection over a float32 gradient of {args.numel} elements, density {args.density} (k = {k}), "
+          f"1 thread, medians of {args.repeats} (CPU time)")
+    whole = whole_buffer(x, k, args.density, args.repeats)
+    methods = ("torch.topk", "top_k", "threshold", "gaussiank")
+    print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
+    print("".join(f"{name:>22s}" for name in methods))
+    print("".join(f"{whole[name + '_ms']:13.1f} {whole[name + '_over_sum']:8.2f}" for name in methods))
+    if tf is not None:
+        whole["tensorflow"] = tensorflow_whole_buffer(tf, x, k, args.repeats)
+        tf_whole = whole["tensorflow"]
+        print(f"\nwhole buffer, TensorFlow: read pass (tf.reduce_sum) {tf_whole['sum_ms']:.2f} ms; "
+              "each selection in ms and / TensorFlow read pass")
+        print("".join(f"{name:>22s}" for name in TF_METHODS))
+        print("".join(f"{tf_whole[name + '_ms']:13.1f} {tf_whole[name + '_over_sum']:8.2f}" for name in TF_METHODS))
+    rows = []
+    print(f"\nMiCRO/ExDyna on rank 0's partition\n{'n':>3s} {'topk ms':>9s} {'sum ms':>8s} {'hist ms':>8s} "
+          f"{'paper ms':>9s} {'naive ms':>9s} {'hist/topk':>10s} {'hist/sum':>9s}  histogram phases (ms)")
+    for workers in args.workers:
+        end = args.numel // workers
+        state = steady_state(x, end, k, workers)
+        seconds = time_side_by_side(partition_candidates(x, end, k, workers, state), args.repeats)
+        phases = time_phases(x, end, k, workers, state, args.repeats)
+        row = {"workers": workers, "numel": args.numel, "density": args.density,
+               **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},
+               "histogram_over_topk": seconds["histogram"] / seconds["topk"],
+               "histogram_over_sum": seconds["histogram"] / seconds["sum"],
+               "phases_ms": {name: 1e3 * value for name, value in phases.items()}}
+        rows.append(row)
+        print(f"{workers:3d} {row['topk_ms']:9.1f} {row['sum_ms']:8.2f} {row['histogram_ms']:8.2f} "
+              f"{row['paper_ms']:9.2f} {row['naive_ms']:9.2f} {row['histogram_over_topk']:10.4f} "
+              f"{row['histogram_over_sum']:9.2f}  "
+              + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_ms"].items()))
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps({"whole_buffer": {"numel": args.numel, "density": args.density, **whole},
+                                            "partitions": rows}, indent=2))
+
+
+def time_phases(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState,
+                repeats: int) -> Dict[str, float]:
+    """Median seconds of each of :data:`PHASES` of :func:`histogram_selection`."""
+    samples: Dict[str, List[float]] = {name: [] for name in PHASES}
+    for _ in range(repeats):
+        _, clock = histogram_selection(x, end, k, workers, ThresholdState(**vars(state)))
+        for name, begin, finish in zip(PHASES, clock, clock[1:]):
+            samples[name].append(finish - begin)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+if __name__ == "__main__":
+    main()
