@@ -336,6 +336,11 @@ MUTATIONS: List[Mutation] = [
       "keep = above | (tied & (tied.flip(1).cumsum(dim=1).flip(1) <= k - above.sum(dim=1, keepdim=True)))",
       ["tests/test_sparseloco.py"],
       "within a chunk, magnitudes tied at the k-th go to the higher index (the ranks' rule is the lower)"),
+    M("sparseloco-error-decay-ignored", P + "methods/sparseloco.py",
+      "        return self.options.error_decay\n",
+      "        return 1.0\n",
+      ["tests/test_outer.py", "-k", "decay"],
+      "SparseLoCo's error_decay is accepted and ignored (the residuals keep everything)"),
     M("sparseloco-count-over-the-group", P + "methods/sparseloco.py",
       "        return full * k + k_last\n",
       "        return target_count(self.density, numel)\n",
@@ -674,9 +679,9 @@ MUTATIONS: List[Mutation] = [
       "under Dynamo's Python reducer the DDP hook fails on a (grad, param) pair instead of refusing with the fix"),
     M("engine-delivers-before-agreeing", P + "engine/step.py",
       "        bad_ranks = agree(nonfinite_groups)\n        if bad_ranks:\n            self.abandon()\n"
-      "        deliver(bool(bad_ranks))\n",
+      "        else:\n            self.decay_residuals()\n        deliver(bool(bad_ranks))\n",
       "        deliver(False)\n        bad_ranks = agree(nonfinite_groups)\n        if bad_ranks:\n"
-      "            self.abandon()\n",
+      "            self.abandon()\n        else:\n            self.decay_residuals()\n",
       ["tests/engine/test_step.py"],
       "the engine lets the front end deliver a step before the ranks agree it is finite (an abandoned step applied)"),
     M("engine-undo-skipped", P + "engine/step.py",

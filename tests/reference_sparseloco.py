@@ -72,13 +72,18 @@ def delivered(x: np.ndarray, options: Dict) -> Tuple[List[int], List[np.float32]
 
 def sparseloco_step(xs: List[np.ndarray], step: int, options: Dict, scale: np.float32) -> np.ndarray:
     """One exchange on the ranks' float32 buffers ``xs = e + g`` (each changed in place into its
-    residual); returns the update."""
+    residual, multiplied by ``error_decay`` when the options give one: ``e <- beta * e + g`` at the
+    next step); returns the update."""
     out = np.zeros_like(xs[0])
+    decay = F(options.get("error_decay", 1.0))
     for x in xs:
         idx, values = delivered(x, options)
         for i, v in zip(idx, values):
             out[i] = F(out[i] + F(scale * v))
             x[i] = F(x[i] - v)
+        if decay != 1:
+            for i in range(x.size):
+                x[i] = F(x[i] * decay)
     return out
 
 

@@ -56,12 +56,14 @@ RESUME = [config(f"{m}_{via}_{part}", m, steps=STEPS + 3,
 NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0)
              for policy in ("skip", "raise")]
 MISMATCH = [config("mismatch", "topk", every_of_rank={"1": EVERY + 1})]
+#: SparseLoCo with error feedback with decay (Templar's e <- 0.95 e + g).
+DECAY = config("sparseloco_decay", "sparseloco", options={**options("sparseloco"), "error_decay": 0.95})
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("outer")
-    run_configs("outer_steps.py", 2, out, EXACT + DILOCO + RESUME + NONFINITE + MISMATCH, backend="torchrun")
+    run_configs("outer_steps.py", 2, out, EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY], backend="torchrun")
     return out
 
 
@@ -120,8 +122,26 @@ def test_rounds_match_the_written_out_reference_bitwise(job, method):
     outer step (SGD, lr 1: an exact subtraction) are ``anchor - average``, the residuals carry
     over; and the rounds close where they should, after every ``every``-th inner step."""
     cfg, obs = config(method, method), Observed(job, method, 2)
-    expected, residuals = reference_rounds(cfg, obs, lambda anchor, update, i: anchor - update)
     assert [r["step"] for r in obs.meta[0]["rounds"]] == [EVERY - 1, 2 * EVERY - 1, 3 * EVERY - 1]
+    assert_rounds(cfg, obs)
+
+
+def test_error_feedback_decay_matches_the_written_out_rounds_bitwise(job):
+    """SparseLoCo's ``error_decay=0.95``: every round's average and parameters, and the final
+    residuals, bitwise those of the written-out rounds whose residuals are multiplied by 0.95
+    after each round (the engine's decay, applied by every PyTorch front end); what was not sent
+    fades, so the residuals differ from the undecayed rounds'."""
+    obs = Observed(job, DECAY["name"], 2)
+    assert_rounds(DECAY, obs)
+    _, undecayed = reference_rounds(config("sparseloco", "sparseloco"), obs, lambda anchor, update, i: anchor - update)
+    assert not np.array_equal(as32(obs.arrays[0]["residual_2_0"]), undecayed[0][0])
+
+
+def assert_rounds(cfg, obs):
+    """Every round of ``obs`` on both ranks, and the final residuals, bitwise those of
+    :func:`reference_rounds` with plain SGD of lr 1 outside."""
+    method = cfg["name"]
+    expected, residuals = reference_rounds(cfg, obs, lambda anchor, update, i: anchor - update)
     for j, (updates, params) in enumerate(expected):
         for r in range(2):
             for i in range(len(SHAPES)):

@@ -36,6 +36,10 @@ BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backen
     ("quantization_range", 0.0, ValueError, "quantization_range must be a finite number > 0"),
     ("quantization_range", -6.0, ValueError, "quantization_range"),
     ("density_schedule", "piecewise:0.1@3", ValueError, "give density_schedule=None"),
+    ("error_decay", 0.0, ValueError, r"error_decay must be a number in \(0, 1\].*error_decay=0.95"),
+    ("error_decay", 1.5, ValueError, "error_decay must be a number in"),
+    ("error_decay", float("nan"), ValueError, "error_decay must be a number in"),
+    ("error_decay", True, ValueError, "error_decay must be a number in"),
 ])
 def test_bad_options_are_refused_naming_the_field(option, value, error, says):
     with pytest.raises(error, match=says):

@@ -28,6 +28,11 @@ def test_a_tf1_optimizer_is_refused_with_a_sparsifier():
                                 compression=hs.Compression.topk(density=0.1))
 
 
+def test_error_decay_is_refused_naming_the_pytorch_front_ends():
+    with pytest.raises(ValueError, match=r"error_decay=0.95 is applied by the PyTorch front ends only.*=1.0"):
+        hs.DistributedGradientTape(tf.GradientTape(), compression=hs.Compression.sparseloco(error_decay=0.95))
+
+
 def test_a_sparsifier_class_instead_of_an_instance_is_refused():
     with pytest.raises(TypeError, match=r"create an instance with Compression.topk\(density=...\)"):
         hs.DistributedGradientTape(tf.GradientTape(), compression=TopK)

@@ -40,6 +40,9 @@ class ExchangeGroup(Protocol):
     def scale_output(self, scale: Any) -> None:
         """Multiply :attr:`output` by ``scale`` (a loss scale the gradients were divided by)."""
 
+    def decay_residual(self, factor: float) -> None:
+        """Multiply its residual by ``factor`` (error feedback with decay)."""
+
 
 class Flight(Protocol):
     """A group's exchange started and not yet finished, as the engine finishes and abandons it."""

@@ -260,15 +260,27 @@ class StepEngine:
         groups read (``finiteness``, with the statistics' figures: :meth:`read_with_figures`),
         the ranks that saw one agreed (``agree(groups)``, the transport's collective; none under
         no ``nonfinite`` policy), the step abandoned everywhere if any did (:meth:`abandon`),
-        ``deliver(abandoned)`` (the front end puts the results where they go, or replaces them),
-        then closed (:meth:`close` with ``end_step``). The front end reports the outcome its
+        else the residuals decayed (:meth:`decay_residuals`), ``deliver(abandoned)`` (the front
+        end puts the results where they go, or replaces them), then closed (:meth:`close` with
+        ``end_step``). The front end reports the outcome its
         own way (:meth:`StepOutcome.apply_policy`)."""
         nonfinite_groups = finiteness.nonfinite(self.read_with_figures)
         bad_ranks = agree(nonfinite_groups)
         if bad_ranks:
             self.abandon()
+        else:
+            self.decay_residuals()
         deliver(bool(bad_ranks))
         return StepOutcome(bad_ranks, nonfinite_groups, self.close(end_step))
+
+    def decay_residuals(self) -> None:
+        """Multiply the residual of every group exchanged sparsely this step by the method's
+        ``residual_decay`` (error feedback with decay; nothing when it is 1). Not after an
+        abandoned step: its residuals hold ``x = g + beta * e``, what the next step adds to."""
+        decay = self.compression.residual_decay if self.sparse else 1.0
+        for flight in self.flights if decay != 1.0 else []:
+            if flight.sparse:
+                flight.group.decay_residual(decay)
 
     def abandon(self) -> None:
         """Abandon the step: every sparse group's residual gets back what the step delivered (each

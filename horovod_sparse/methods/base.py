@@ -65,6 +65,13 @@ class Sparsifier:
         self.options = options
         self.B = backend
 
+    @property
+    def residual_decay(self) -> float:
+        """The factor every group's residual is multiplied by after a delivered step (error
+        feedback with decay, ``e <- beta * e + g``, applied by the step engine); 1, the default
+        of every method but an option of SparseLoCo's: nothing is lost."""
+        return 1.0
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.options.as_dict().items() if k != "method")
         return f"Compression.{self.method_name}({fields})"

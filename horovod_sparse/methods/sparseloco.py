@@ -4,6 +4,7 @@ CCLoco's statistical quantizer, with error feedback (the quantization error stay
 residual)."""
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 from typing import Any, List, Optional, Tuple
 
@@ -43,12 +44,18 @@ class SparseLoCoOptions(SparsifierOptions):
             with ``fp16_values``).
         quantization_range: the quantizer's range in standard deviations of the selected values
             (the levels are ``quantization_range * std / 2**bits`` apart).
+        error_decay: ``beta`` of error feedback with decay, ``e <- beta * e + g`` (the paper's and
+            Templar's 0.95): after every delivered step each group's residual is multiplied by it
+            (:attr:`~horovod_sparse.methods.base.Sparsifier.residual_decay`), so what was not sent
+            fades; 1 (the default) keeps everything: nothing is lost. In ``(0, 1]``; the PyTorch
+            front ends apply it.
     """
 
     density: float = 1 / 64
     chunk_size: int = 4096
     bits: Optional[int] = 2
     quantization_range: float = 6.0
+    error_decay: float = 1.0
 
     def _validate(self) -> None:
         object.__setattr__(self, "chunk_size", check_int("chunk_size", self.chunk_size, minimum=1))
@@ -57,6 +64,11 @@ class SparseLoCoOptions(SparsifierOptions):
                              f"to send the values unquantized; got {self.bits!r}; for example bits=2")
         object.__setattr__(self, "quantization_range",
                            check_positive_float("quantization_range", self.quantization_range))
+        decay = self.error_decay
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) or not 0.0 < float(decay) <= 1.0:
+            raise ValueError(f"error_decay must be a number in (0, 1] (the factor each residual keeps after a "
+                             f"step; 1 keeps everything), got {decay!r}; for example error_decay=0.95")
+        object.__setattr__(self, "error_decay", float(decay))
         if self.density_schedule is not None:
             raise ValueError("sparseloco keeps a fixed count per chunk (every rank knows every rank's count "
                              f"from the group's size): density_schedule={self.density_schedule!r} is not "
@@ -106,6 +118,11 @@ class SparseLoCo(Sparsifier):
     """
 
     options: SparseLoCoOptions
+
+    @property
+    def residual_decay(self) -> float:
+        """:attr:`SparseLoCoOptions.error_decay`."""
+        return self.options.error_decay
 
     def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         B, options = self.B, self.options

@@ -158,6 +158,9 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
                  loss_scaler: Any = None, hierarchical: Optional[bool] = None, dense: DenseSpec = None) -> None:
         refuse_elastic(name)
         self.sparse = isinstance(compression, Sparsifier)
+        if self.sparse and compression.residual_decay != 1.0:
+            raise ValueError(f"{compression.method_name}'s error_decay={compression.residual_decay} is applied by the "
+                             "PyTorch front ends only; with TensorFlow give error_decay=1.0 (nothing lost)")
         check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
                                 gradient_predivide_factor, "tensorflow")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)

@@ -168,6 +168,11 @@ class FlatGroup:
         assert self.output is not None
         self.output.mul_(scale)
 
+    def decay_residual(self, factor: float) -> None:
+        """Multiply the residual by ``factor``, in place (error feedback with decay)."""
+        assert self.residual is not None
+        self.residual.mul_(factor)
+
     def views(self, buffer: torch.Tensor) -> List[torch.Tensor]:
         """Every parameter's slice of the flat ``buffer``, in the parameter's layout
         (:func:`layout_view`)."""
