@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 # `horovodrun --check-build` and the TensorFlow jobs would print them.
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 # TensorFlow >= 2.16's tf.keras is Keras 3 unless this makes it tf-keras (Keras 2), which
-# Horovod 0.28.1's Keras layer and the suite's Keras 2 tests need (tests/test_tf_keras3.py runs
+# Horovod 0.28.1's Keras layer and the suite's Keras 2 tests need (tests/tensorflow/test_keras3.py runs
 # its workers without it, under Keras 3).
 export TF_USE_LEGACY_KERAS ?= 1
 
@@ -52,7 +52,7 @@ gpu-build:
 	HS_VENV=$(GPU_VENV) HS_TORCH_SPEC="torch===2.13.0" HOROVOD_GPU_OPERATIONS=NCCL \
 		HOROVOD_BUILD_CUDA_CC_LIST=80,90 bash scripts/install.sh core
 	$(GPU_VENV)/bin/python -m pip install -q pytest hypothesis
-	$(GPU_VENV)/bin/python -m pytest -q tests/test_torch_api.py tests/test_torch_topk.py -k "not tensorflow" $(ARGS)
+	$(GPU_VENV)/bin/python -m pytest -q tests/torch/test_api.py tests/torch/test_topk.py -k "not tensorflow" $(ARGS)
 
 # The mutation check (not part of `make test`): every break of scripts/mutations.py applied to a
 # copy of HEAD in turn, its tests run there; prints caught or survived (and by which test) per

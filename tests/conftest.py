@@ -25,7 +25,7 @@ settings.load_profile("untimed")
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     """How many jobs each launcher started and their wall time (where the suite's time goes)."""
-    from tests.launch import LAUNCHES
+    from tests.support.launch import LAUNCHES
 
     if not LAUNCHES:
         return

@@ -62,7 +62,7 @@ class DispatchedOps(TorchDispatchMode):
     """``with DispatchedOps() as ops: ...``; then ``ops.count``: the operations dispatched to
     kernels (ATen operators, views included), each a kernel launch or a bookkeeping call on a GPU:
     what a step costs the host beyond its kernels' own time (also the tests' count,
-    ``tests/host_reads.py``)."""
+    ``tests/support/host_reads.py``)."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -275,7 +275,7 @@ def on_accelerator(t: torch.Tensor) -> bool:
 @contextmanager
 def accelerator_paths() -> Iterator[None]:
     """Run the accelerators' paths on CPU tensors too, inside the block: how the tests count
-    the host reads of a step as a GPU would make them (``tests/host_reads.py``)."""
+    the host reads of a step as a GPU would make them (``tests/support/host_reads.py``)."""
     global _FORCED
     previous, _FORCED = _FORCED, True
     try:

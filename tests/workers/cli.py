@@ -1,4 +1,4 @@
-"""The command line every worker takes: ``--configs FILE --out DIR`` (see tests/launch.run_configs)."""
+"""The command line every worker takes: ``--configs FILE --out DIR`` (see tests/support/launch.run_configs)."""
 import argparse
 import json
 import os
@@ -23,7 +23,7 @@ def configs_and_out() -> Tuple[List[Dict[str, Any]], Path]:
 
 def write_record(out: Path, name: str, rank: int, arrays: Dict[str, Any], record: Any) -> None:
     """This rank's observations of config ``name``: ``{name}.rank{rank}.npz`` (the arrays) and
-    ``{name}.rank{rank}.json`` (the record), as :class:`tests.checks.Observed` reads them."""
+    ``{name}.rank{rank}.json`` (the record), as :class:`tests.support.checks.Observed` reads them."""
     import numpy as np
 
     np.savez(out / f"{name}.rank{rank}.npz", **arrays)

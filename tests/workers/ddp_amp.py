@@ -5,7 +5,7 @@ Scenarios (one JSON record and one ``.npz`` per config and rank):
 * ``recipe``: DDP's usual AMP loop (``scaler.scale(loss).backward()``, ``scaler.step(opt)``,
   ``scaler.update()``) with float16 autocast on CPU and a ``GradScaler`` whose first steps
   overflow, with DDP's own allreduce (``stock``) and with the method's hook given the scaler
-  (``ours``); the records of :func:`tests.amp_loop.train`.
+  (``ours``); the records of :func:`tests.support.amp_loop.train`.
 * ``units``: the given gradients ``G_t`` of ``tests/workers/given_gradients.py`` enter as
   ``S_t * G_t`` through a scaler set to a changing power of two ``S_t`` (``scaled``), or as
   ``G_t`` without one (``plain``); every step's unscaled aggregate, the residuals and the
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
-from tests.amp_loop import regression_model, train
+from tests.support.amp_loop import regression_model, train
 from tests.workers.cli import configs_and_out, write_record
 from tests.workers.ddp_exchange import GivenGradients
 from tests.workers.given_gradients import make_params, step_gradients

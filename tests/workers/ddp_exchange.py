@@ -1,6 +1,6 @@
 """Worker (``torchrun``): trains a parameter set on known per-rank gradients through DDP with
 horovod_sparse's comm hook and writes what it observed, in the layout of
-``tests/workers/torch_exchange.py`` (same parameters, same gradients), so ``tests.checks`` reads
+``tests/workers/torch_exchange.py`` (same parameters, same gradients), so ``tests.support.checks`` reads
 both and the two front ends compare bitwise.
 
 Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "stream",
@@ -37,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
-from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
+from tests.support.host_reads import DispatchedOps, reads_on_accelerator_paths
 from tests.workers.cli import torchrun_main
 from tests.workers.given_gradients import make_params, part_weights, step_gradients
 
@@ -71,9 +71,9 @@ def build(config, params, rank, stats_log=None):
 
 def counting(hook, reads, ops):
     """``hook`` run on the accelerators' paths with its host reads counted
-    (:func:`tests.host_reads.reads_on_accelerator_paths`) into ``reads``: the exchange, and the
+    (:func:`tests.support.host_reads.reads_on_accelerator_paths`) into ``reads``: the exchange, and the
     end of the step in the last bucket's hook; and the operations it dispatched
-    (:class:`tests.host_reads.DispatchedOps`) appended to ``ops``, one count per bucket."""
+    (:class:`tests.support.host_reads.DispatchedOps`) appended to ``ops``, one count per bucket."""
     @functools.wraps(hook)
     def counted(state, bucket):
         with reads_on_accelerator_paths(reads), DispatchedOps() as dispatched:

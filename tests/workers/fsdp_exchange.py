@@ -45,7 +45,7 @@ from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.distributed.communicator import Communicator
 from horovod_sparse.distributed.process_group import ProcessGroup
-from tests.host_reads import DispatchedOps, reads_on_accelerator_paths
+from tests.support.host_reads import DispatchedOps, reads_on_accelerator_paths
 from tests.workers.cli import configs_and_out
 from tests.workers.ddp_exchange import GivenGradients
 
@@ -156,9 +156,9 @@ class Checked:
 
     def count_reads(self):
         """Run the state's exchanges and its end of step on the accelerators' paths with their
-        host reads counted (:func:`tests.host_reads.reads_on_accelerator_paths`; the reference
+        host reads counted (:func:`tests.support.host_reads.reads_on_accelerator_paths`; the reference
         stays on the host paths), into :attr:`reads`, one list per step, and the operations they
-        dispatch (:class:`tests.host_reads.DispatchedOps`) into :attr:`ops`, one count per step."""
+        dispatch (:class:`tests.support.host_reads.DispatchedOps`) into :attr:`ops`, one count per step."""
         self.reads, self.ops = [[]], [0]
         finish_step = self.state._finish_step
 

@@ -4,7 +4,7 @@ from typing import List, Sequence
 
 import torch
 
-from tests.streams import raw_gradient
+from tests.support.streams import raw_gradient
 
 
 def make_params(shapes: Sequence[Sequence[int]], seed: int, dtype: torch.dtype) -> List[torch.nn.Parameter]:
@@ -14,7 +14,7 @@ def make_params(shapes: Sequence[Sequence[int]], seed: int, dtype: torch.dtype) 
 
 def step_gradients(params: Sequence[torch.Tensor], seed: int, step: int, rank: int,
                    stream: str = "normal") -> List[torch.Tensor]:
-    """Rank ``rank``'s gradient of every parameter at ``step`` (``tests.streams.raw_gradient``)."""
+    """Rank ``rank``'s gradient of every parameter at ``step`` (``tests.support.streams.raw_gradient``)."""
     return [torch.from_numpy(raw_gradient(seed, step, rank, p.shape, i, stream)).to(p.dtype)
             for i, p in enumerate(params)]
 

@@ -1,5 +1,5 @@
 """Worker (``torchrun``): outer steps (``horovod_sparse.outer``) on known per-rank gradients, with
-what every round did written out for ``tests/test_outer.py``'s written-out reference.
+what every round did written out for ``tests/outer/test_rounds.py``'s written-out reference.
 
 The model's gradient is what the worker passes (``loss = sum(p * g)``, with
 ``tests.workers.given_gradients``); each rank starts from its own parameters (seeded by rank), so

@@ -13,8 +13,8 @@ Scenarios (one JSON record and one ``.npz`` per record name and rank; the test a
   ``loss_scaler=``), ``get_unscaled_gradients``, ``apply_gradients`` of a LossScaleOptimizer
   around a plain SGD. Records ``recipe_{loop}_{method}``: per step the scale it ran at, whether
   the weights moved, the loss and the residuals' finiteness; the final weights (the format
-  ``tests.test_amp.check_recipe`` reads).
-* ``units``: loss-scale units, exactly. Given gradients ``G_t`` (``tests.streams.raw_gradient``)
+  ``tests.torch.test_amp.check_recipe`` reads).
+* ``units``: loss-scale units, exactly. Given gradients ``G_t`` (``tests.support.streams.raw_gradient``)
   enter as ``S_t * G_t`` through a LossScaleOptimizer whose scale is set to a power of two
   ``S_t`` that changes from step to step; the reference run feeds ``G_t`` with no loss scaling.
   APIs: ``tape`` and ``tape_function`` (the tape given ``loss_scaler=``) and ``keras`` and
@@ -41,7 +41,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hsk
-from tests.streams import raw_gradient
+from tests.support.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 BATCH = 32

@@ -41,7 +41,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
-from tests.streams import raw_gradient
+from tests.support.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 SHAPES = [[12, 64], [64], [64, 6], [6]]

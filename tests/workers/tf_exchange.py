@@ -1,6 +1,6 @@
 """Worker: trains a set of TensorFlow variables on known per-rank gradients through horovod_sparse
 and writes what it observed (aggregated gradients, residuals, variables, statistics) in the same
-file format as ``torch_exchange.py``, so the same checks (``tests/checks.py``) apply.
+file format as ``torch_exchange.py``, so the same checks (``tests/support/checks.py``) apply.
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "dtype", "stream",
 "zero_ranks", "zero_after", "api", "backward_passes", "compare_stock", "expect_error", "stock",
@@ -37,8 +37,8 @@ import horovod_sparse.tensorflow.keras as hs_keras
 from horovod_sparse.common.cost_model import AlphaBeta
 from horovod_sparse.common.cost_model import LocalCost
 from horovod_sparse.common.mergecomp import MergeCompOptions
-from tests.reference_partitioned import stream_gradient
-from tests.streams import raw_gradient
+from tests.support.reference_partitioned import stream_gradient
+from tests.support.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 from tests.workers.virtual_time import VirtualClock, step_seconds
 
@@ -50,7 +50,7 @@ def make_variables(shapes, seed, dtype, prefix):
 
 def gradient_stream(variables, config, step, rank):
     """This rank's raw gradient of every variable at ``step`` (the loss below has exactly it):
-    ``tests.streams`` (``stream``), or, for the normal stream, the partitioned tests' variant
+    ``tests.support.streams`` (``stream``), or, for the normal stream, the partitioned tests' variant
     (``zero_ranks``, ``zero_after``)."""
     stream = config.get("stream", "normal")
     return [tf.constant(stream_gradient(config, step, rank, v.shape, i) if stream == "normal"

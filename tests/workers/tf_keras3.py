@@ -4,13 +4,13 @@ launched without ``TF_USE_LEGACY_KERAS`` (``tf.keras`` is Keras 3), on known per
 The model holds variables of ``shapes`` and its loss on a sample ``x`` (every variable's flat
 gradient at one step, concatenated) is ``sum_i <v_i, x_i>``: ``model.fit`` (traced, batch size 1,
 no shuffling) then differentiates exactly the gradient stream of ``tests/workers/tf_exchange.py``
-(``tests.reference_partitioned.stream_gradient``), so the slow references of the Keras 2 tests
+(``tests.support.reference_partitioned.stream_gradient``), so the slow references of the Keras 2 tests
 apply. Each rank starts from its own weights (rank 0 from zeros), and
 ``callbacks.BroadcastGlobalVariablesCallback(0)`` must make them rank 0's. The optimizer is
 ``SGD(learning_rate=1)`` without momentum, so the aggregated gradient of step t is the difference
 of the weights before and after it: they are recorded after every batch and written in
 ``tf_exchange.py``'s format (``agg_{t}_{i}``, ``param_{i}``, ``residual_{g}``; the groups and
-statistics in the JSON record), which ``tests/checks.py`` reads.
+statistics in the JSON record), which ``tests/support/checks.py`` reads.
 
 Config: {"name", "method" ("none": Horovod's Compression.none), "options", "groups", "shapes",
 "seed", "steps", "scenario", "run_eagerly"}, the scenario one of
@@ -36,7 +36,7 @@ import tensorflow as tf
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hsk
 from horovod_sparse.tensorflow.keras3 import tf_variable
-from tests.reference_partitioned import stream_gradient
+from tests.support.reference_partitioned import stream_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker, write_record
 
 

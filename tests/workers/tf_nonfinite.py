@@ -1,5 +1,5 @@
 """Worker: NaN/Inf gradients on any rank for every method, TensorFlow front end
-(``tests/nonfinite_faults.py``); the counterpart of ``torch_nonfinite.py``.
+(``tests/support/nonfinite_faults.py``); the counterpart of ``torch_nonfinite.py``.
 
 A config is a method, the ``runs`` to make (pairs of an API of
 ``tests.workers.tf_reliability.Trainer`` and a policy) and the API of its reference run. The
@@ -29,7 +29,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from tests import nonfinite_faults as faults
+from tests.support import nonfinite_faults as faults
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 from tests.workers.tf_reliability import Trainer
 

@@ -16,8 +16,8 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
-from tests.mismatch import BASE_OPTIONS, wrapper_arguments
-from tests.streams import raw_gradient
+from tests.support.mismatch import BASE_OPTIONS, wrapper_arguments
+from tests.support.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 SHAPES = [[40, 30], [30], [20, 9]]
@@ -100,7 +100,7 @@ class Trainer:
 
 
 def scenario_mismatches(config):
-    """Each case (``tests/mismatch.py``): rank 1's settings differ in one field; every rank must
+    """Each case (``tests/support/mismatch.py``): rank 1's settings differ in one field; every rank must
     raise ValueError at the first exchange. Settings: ``method``, ``options``, ``wrapper``
     arguments of the tape (``op`` by name, ``groups`` with ``{"mergecomp": {...}}``), ``shapes``,
     ``dtype``; the variables are named after the case."""

@@ -1,4 +1,4 @@
-"""Worker: exact resume of the TensorFlow front end (``tests/test_tf_resume.py``).
+"""Worker: exact resume of the TensorFlow front end (``tests/tensorflow/test_resume.py``).
 
 A small Keras model trains on per-rank batches through ``DistributedGradientTape`` (``api``
 ``"tape"``, eager, or ``"tape_function"``, the whole step inside a ``tf.function``) or through the
@@ -28,7 +28,7 @@ import tensorflow as tf
 
 import horovod_sparse.tensorflow as hs
 import horovod_sparse.tensorflow.keras as hs_keras
-from tests.streams import raw_gradient
+from tests.support.streams import raw_gradient
 from tests.workers.cli import configs_and_out, init_tensorflow_worker
 
 INPUTS, HIDDEN, OUTPUTS, BATCH = 40, 30, 9, 8

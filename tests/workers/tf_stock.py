@@ -1,6 +1,6 @@
 """Worker: horovod_sparse's TensorFlow wrappers with Horovod's own compressions against the stock
 ``hvd.DistributedGradientTape`` and Keras ``hvd.DistributedOptimizer``, one wrapper argument at a
-time (tests/test_stock.py).
+time (tests/engine/test_stock.py).
 
 Scenarios (one JSON record per rank each, the test asserts on them):
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
-from tests.amp_loop import regression_model, train
+from tests.support.amp_loop import regression_model, train
 from tests.workers.cli import configs_and_out, init_torch_worker, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 
@@ -38,7 +38,7 @@ def compression(config: Dict[str, Any]) -> Any:
 
 # -- recipe ---------------------------------------------------------------------------------------
 def recipe(config: Dict[str, Any], stock: bool) -> Dict[str, Any]:
-    """Train ``config["steps"]`` steps with Horovod's AMP recipe (:func:`tests.amp_loop.train`)
+    """Train ``config["steps"]`` steps with Horovod's AMP recipe (:func:`tests.support.amp_loop.train`)
     under ``config["autocast"]`` (float16 by default; bfloat16 runs with the scaler disabled, as
     users do); with ``config["pass_scaler"]`` false our optimizer is not given the scaler. Also
     records the warnings the run raised."""

@@ -29,7 +29,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.common.consensus import json_bytes
-from tests.streams import raw_gradient
+from tests.support.streams import raw_gradient
 
 SHAPES = [[40, 30], [30]]
 #: Seconds between two idle commits while waiting for the driver to report a membership change:

@@ -5,7 +5,7 @@ Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", 
 "compare_stock", "stream", "backward_passes", "backward_seconds", "step_seconds", "cost_model",
 "local_cost", "hierarchical"}:
 
-- ``stream``: see ``tests.streams.raw_gradient``;
+- ``stream``: see ``tests.support.streams.raw_gradient``;
 - ``groups``: what ``groups=`` takes, with lists of parameter indices for lists of parameters
   and ``{"mergecomp": {options}}`` for ``MergeCompOptions``;
 - ``backward_passes``: each step's gradient arrives over that many backward passes

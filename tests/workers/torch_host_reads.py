@@ -3,7 +3,7 @@
 Every method trains given gradients (``given_gradients.py``) through ``hs.DistributedOptimizer``
 with one group per tensor; after two steps (the state agreement and the first exchange are
 behind), one step's ``step()`` runs inside
-:func:`horovod_sparse.torch_core.selection.accelerator_paths` and :class:`tests.host_reads.HostReads`;
+:func:`horovod_sparse.torch_core.selection.accelerator_paths` and :class:`tests.support.host_reads.HostReads`;
 the same run on the host paths must give bitwise the same aggregates, residuals and statistics.
 The gradients are set, not backpropagated, so that ``step()`` launches every group's exchange
 itself, through the same code as the hooks (the autograd engine runs hooks outside Python's
@@ -29,7 +29,7 @@ import torch
 
 import horovod_sparse.torch as hs
 from horovod_sparse.torch_core.selection import accelerator_paths
-from tests.host_reads import DispatchedOps, HostReads
+from tests.support.host_reads import DispatchedOps, HostReads
 from tests.workers.cli import configs_and_out, write_record
 from tests.workers.given_gradients import make_params, step_gradients
 

@@ -1,4 +1,4 @@
-"""Worker: NaN/Inf gradients on any rank for every method (``tests/nonfinite_faults.py``).
+"""Worker: NaN/Inf gradients on any rank for every method (``tests/support/nonfinite_faults.py``).
 
 Each config (a method) trains three times on every rank, from the same start:
 
@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
-from tests import nonfinite_faults as faults
+from tests.support import nonfinite_faults as faults
 from tests.workers.cli import configs_and_out, init_torch_worker, write_record
 from tests.workers.torch_reliability import make_params
 

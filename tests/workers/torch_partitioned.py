@@ -1,10 +1,10 @@
 """Worker for the MiCRO/ExDyna tests: like ``torch_exchange.py``, with the
-gradient streams of ``tests.reference_partitioned.stream_gradient`` (ranks that only produce
+gradient streams of ``tests.support.reference_partitioned.stream_gradient`` (ranks that only produce
 zeros, zero gradients from some step on).
 
 Each config: {"name", "method", "options", "groups", "steps", "seed", "shapes", "zero_ranks",
 "zero_after", "momentum"} (``momentum``: the wrapped SGD's, default 0.9). Writes the files that
-``tests.checks.Observed`` reads.
+``tests.support.checks.Observed`` reads.
 """
 import json
 from pathlib import Path
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
-from tests.reference_partitioned import stream_gradient
+from tests.support.reference_partitioned import stream_gradient
 from tests.workers.torch_exchange import main, make_params
 
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 import horovod_sparse.torch as hs
-from tests.mismatch import BASE_OPTIONS, wrapper_arguments
-from tests.streams import raw_gradient
+from tests.support.mismatch import BASE_OPTIONS, wrapper_arguments
+from tests.support.streams import raw_gradient
 
 from tests.workers.cli import configs_and_out
 
@@ -43,7 +43,7 @@ def backward(params, step, seed=5, skip=()):
 
 
 def build(settings):
-    """An optimizer from a mismatch case's settings (see ``tests/mismatch.py``): ``method`` (a
+    """An optimizer from a mismatch case's settings (see ``tests/support/mismatch.py``): ``method`` (a
     registered one, or Horovod's ``none`` / ``fp16``), ``options`` over ``BASE_OPTIONS``,
     ``wrapper`` arguments (``op`` by name, ``groups`` with ``{"mergecomp": {...}}``), ``shapes``,
     ``dtype``."""

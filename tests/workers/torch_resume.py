@@ -1,7 +1,7 @@
 """Worker: exact resume from per-rank checkpoints, and loading into another worker count or
-grouping (see ``tests/test_torch_resume.py``).
+grouping (see ``tests/torch/test_resume.py``).
 
-Each config trains a parameter set on the known per-rank gradients of ``tests/streams.py`` with
+Each config trains a parameter set on the known per-rank gradients of ``tests/support/streams.py`` with
 one method (keys as in ``tests/workers/torch_exchange.py``: ``method``, ``options``, ``groups``,
 ``shapes``, ``seed``, given times ``backward_seconds`` / ``step_seconds`` / ``cost_model`` / ``local_cost``) and
 ``half`` = N, in one ``phase``:

@@ -1,5 +1,5 @@
 """Worker: horovod_sparse's PyTorch wrapper with Horovod's own compressions against the stock
-``hvd.DistributedOptimizer``, one wrapper argument at a time (tests/test_stock.py).
+``hvd.DistributedOptimizer``, one wrapper argument at a time (tests/engine/test_stock.py).
 
 Scenarios (one JSON record per rank each, the test asserts on them):
 

@@ -1,0 +1,223 @@
+"""SparseLoCo's selection in one process: its options' checks, its count, chunk by chunk, its
+selection and quantizer on both backends against the slow reference (bitwise), the packing of its
+codes, and whole exchanges of several ranks on a loopback communicator (PyTorch's real
+communicator class, its collectives replaced by concatenation): the update and the residuals
+against the reference, the bytes on the wire, and error feedback (nothing lost). No Horovod job;
+the multi-process matrices run it through every front end."""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from horovod_sparse.common import registry
+from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.topology import Transport
+from horovod_sparse.methods.sparseloco import chunk_counts, quantize
+from horovod_sparse.tensorflow import backend as tf_backend
+from horovod_sparse.torch import backend as torch_backend
+from horovod_sparse.torch_core.communicator import TorchCommunicator, nbytes
+from tests.support import reference_sparseloco as R
+
+BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
+
+
+@pytest.mark.parametrize("option,value,error,says", [
+    ("chunk_size", 0, ValueError, "chunk_size must be an integer >= 1"),
+    ("chunk_size", 64.0, TypeError, "chunk_size must be an integer"),
+    ("bits", 3, ValueError, "bits must be one of 1, 2, 4, 8"),
+    ("bits", True, ValueError, "bits must be one of"),
+    ("bits", 2.0, ValueError, "bits must be one of"),
+    ("quantization_range", 0.0, ValueError, "quantization_range must be a finite number > 0"),
+    ("quantization_range", -6.0, ValueError, "quantization_range"),
+    ("density_schedule", "piecewise:0.1@3", ValueError, "give density_schedule=None"),
+    ("error_decay", 0.0, ValueError, r"error_decay must be a number in \(0, 1\].*error_decay=0.95"),
+    ("error_decay", 1.5, ValueError, "error_decay must be a number in"),
+    ("error_decay", float("nan"), ValueError, "error_decay must be a number in"),
+    ("error_decay", True, ValueError, "error_decay must be a number in"),
+])
+def test_bad_options_are_refused_naming_the_field(option, value, error, says):
+    with pytest.raises(error, match=says):
+        registry.make_options("sparseloco", **{option: value})
+
+
+def test_defaults_are_the_papers():
+    options = registry.make_options("sparseloco")
+    assert (options.density, options.chunk_size, options.bits, options.quantization_range) == (1 / 64, 4096, 2, 6.0)
+    assert options.count(4096) == 64 and registry.make_options("sparseloco", bits=None).bits is None
+
+
+@pytest.mark.parametrize("numel,chunk,density,expected", [
+    (4096 * 3, 4096, 1 / 64, 3 * 64),
+    (10000, 4096, 1 / 64, 64 + 64 + 28),  # a last chunk of 1808 keeps int(1808 / 64)
+    (8193, 4096, 1 / 64, 64 + 64 + 1),  # a last chunk of one element keeps it
+    (25, 10, 1 / 64, 3),  # chunks shorter than 1 / density keep one each
+    (30, 10, 1.0, 30),  # a density of 1 keeps everything
+    (7, 4096, 0.5, 3),  # one chunk, shorter than chunk_size
+])
+def test_count_is_the_sum_over_the_chunks(numel, chunk, density, expected):
+    options = registry.make_options("sparseloco", chunk_size=chunk, density=density)
+    assert options.count(numel) == expected
+    assert registry.create("torch", "sparseloco", chunk_size=chunk, density=density).count(numel, 3) == expected
+    full, k, last, k_last = chunk_counts(density, numel, chunk)
+    assert full * k + k_last == expected and full * chunk + last == numel
+
+
+def test_the_engines_plan_targets_the_chunked_count():
+    """What the front ends use as the group's target: 129 for 8193 elements (chunks of 4096, 4096
+    and 1), where a density over the whole group would give 128."""
+    method = registry.create("torch", "sparseloco", min_numel=0)
+    engine = StepEngine(method, SimpleNamespace(sparse=True), Transport(None, None))
+    plan, stats = engine.plan("g", 8193, dense_step=False)
+    assert plan.sparse and plan.target == stats.target == 129 != int(8193 / 64)
+
+
+def buffer(numel: int, seed: int) -> np.ndarray:
+    """Normal values with runs of ties (equal magnitudes of both signs) across chunk boundaries."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(numel).astype(np.float32)
+    x[3:40:2], x[4:40:2] = 2.5, -2.5
+    return x
+
+
+CASES = [(1000, 64, 1 / 16, 2), (4096 * 2 + 100, 4096, 1 / 64, 2), (37, 10, 0.05, 1), (500, 100, 0.3, 4),
+         (300, 7, 0.5, 8), (1, 4096, 1 / 64, 2)]
+
+
+@pytest.mark.parametrize("framework", list(BACKENDS))
+@pytest.mark.parametrize("numel,chunk,density,bits", CASES)
+def test_selection_and_quantizer_match_the_reference_bitwise(framework, numel, chunk, density, bits):
+    B, tensor = BACKENDS[framework]
+    x = buffer(numel, numel)
+    full, k, last, k_last = chunk_counts(density, numel, chunk)
+    idx = B.top_k_chunks(tensor(x), chunk, k, k_last)
+    expected = R.chunk_select(x, density, chunk)
+    assert B.to_numpy(idx).tolist() == expected
+    codes, table = quantize(B, B.gather(tensor(x), idx), bits, 6.0)
+    ref_codes, ref_table = R.quantize([np.float32(v) for v in x[expected]], bits, 6.0)
+    assert B.to_numpy(codes).tolist() == ref_codes
+    assert B.to_numpy(table).tobytes() == np.array(ref_table, np.float32).tobytes()
+    _, ref_values = R.delivered(x, {"density": density, "chunk_size": chunk, "bits": bits})
+    assert B.to_numpy(B.dequantize(codes, table, len(expected))).tobytes() == np.array(ref_values, np.float32).tobytes()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("numel,chunk,density", [case[:3] for case in CASES])
+def test_chunk_selection_of_other_dtypes_is_the_reference_set(dtype, numel, chunk, density):
+    """float64 rows (no ranked keys: the k-th magnitude, all above it, the first ties) and
+    float16 and bfloat16 ones (keys of 16-bit magnitudes) select the reference's set of the
+    same values, ties to the lower index."""
+    values = torch.from_numpy(buffer(numel, numel)).to(dtype)
+    _, k, _, k_last = chunk_counts(density, numel, chunk)
+    expected = R.chunk_select(values.double().numpy(), density, chunk)
+    assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
+
+
+@pytest.mark.parametrize("framework", list(BACKENDS))
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("count", [1, 3, 8, 13])
+def test_packing_round_trips_and_puts_each_code_in_its_place(framework, bits, count):
+    B, tensor = BACKENDS[framework]
+    codes = np.random.default_rng(count).integers(0, 2 ** bits, size=count).astype(np.uint8)
+    packed = B.to_numpy(B.pack_codes(tensor(codes), bits))
+    per = 8 // bits
+    assert packed.dtype == np.uint8 and packed.size == R.packed_size(count, bits) == math.ceil(count * bits / 8)
+    expected = np.zeros(packed.size, np.int64)
+    for i, code in enumerate(codes):  # code i in byte i // per, at bit (i % per) * bits
+        expected[i // per] |= int(code) << ((i % per) * bits)
+    assert packed.tolist() == expected.tolist()
+    rows = np.concatenate([packed, packed[::-1].copy(), packed])
+    assert B.to_numpy(B.unpack_codes(tensor(rows), bits, count)).tolist() == (
+        codes.tolist() + B.to_numpy(B.unpack_codes(tensor(packed[::-1].copy()), bits, count)).tolist()
+        + codes.tolist())
+
+
+class Loopback(TorchCommunicator):
+    """PyTorch's communicator with its allgathers done by concatenation across the ranks of one
+    process (the exchanges run in lockstep: every rank launches, then every rank waits)."""
+
+    def __init__(self, board: dict, rank: int, size: int, numel: int, target: int) -> None:
+        super().__init__(None, "g", GroupStats("g", numel, target), 1.0 / size, size=size, rank=rank)
+        self.board = board
+
+    def allgather(self, tensor, tag, kind, rows=None):
+        self.board.setdefault(tag, {})[self.rank] = tensor.clone()
+        return self._launched(tag, tag, kind, sent=nbytes(tensor), own=nbytes(tensor))
+
+    def _complete(self, handle, timeout):
+        return torch.cat([self.board[handle][r] for r in range(self.size)])
+
+
+def loopback_exchange(method, xs):
+    """Every rank's exchange of its buffer ``xs[r]``: ``(updates, residuals, comms)``."""
+    board: dict = {}
+    numel = xs[0].numel()
+    comms = [Loopback(board, r, len(xs), numel, method.count(numel, 0)) for r in range(len(xs))]
+    runs = [method.exchange(x, comm, None, 0) for x, comm in zip(xs, comms)]
+    pendings = [next(run) for run in runs]
+    results = []
+    for run, comm, pending in zip(runs, comms, pendings):
+        with pytest.raises(StopIteration) as done:
+            run.send(comm.wait(pending))
+        results.append(done.value.value)
+    return [u for u, _ in results], [e for _, e in results], comms
+
+
+@pytest.mark.parametrize("options", [{}, {"chunk_size": 64, "density": 0.1, "bits": 1},
+                                     {"chunk_size": 100, "density": 0.05, "bits": 4, "quantization_range": 3.0},
+                                     {"chunk_size": 50, "density": 0.1, "bits": 8}, {"chunk_size": 64, "bits": None}])
+def test_exchange_matches_the_reference_bitwise_and_loses_nothing(options):
+    ranks, numel = 3, 4096 * 2 + 333
+    method = registry.create("torch", "sparseloco", **options)
+    xs = [buffer(numel, 10 + r) * (r + 1) for r in range(ranks)]
+    updates, residuals, comms = loopback_exchange(method, [torch.from_numpy(x.copy()) for x in xs])
+    ref_xs = [x.copy() for x in xs]
+    expected = R.sparseloco_step(ref_xs, 0, options, np.float32(1 / ranks))
+    m = registry.make_options("sparseloco", **options).count(numel)
+    bits = registry.make_options("sparseloco", **options).bits
+    for r in range(ranks):
+        assert updates[r].numpy().tobytes() == expected.tobytes()
+        assert residuals[r].numpy().tobytes() == ref_xs[r].tobytes()
+        stats = comms[r].stats
+        assert stats.selected == m and stats.collectives == (3 if bits else 2)
+        if bits:  # packed codes, the table (2**bits + 1 float32) and the int32 indices
+            assert stats.sent == {"values": math.ceil(m * bits / 8), "meta": (2 ** bits + 1) * 4, "indices": 4 * m,
+                                  "node": 0}
+            assert stats.received["values"] == (ranks - 1) * math.ceil(m * bits / 8)
+        # Error feedback: the residual is x less what was delivered, one float32 subtraction at
+        # each selected index (so delivered + residual == x up to that rounding, exactly where
+        # Sterbenz's lemma makes the subtraction exact) and x itself everywhere else.
+        idx, values = R.delivered(xs[r], options)
+        delivered = np.zeros(numel, np.float32)
+        delivered[idx] = values
+        residual = residuals[r].numpy()
+        assert np.array_equal(residual, xs[r] - delivered)
+        others = np.setdiff1d(np.arange(numel), idx)
+        assert np.array_equal(residual[others], xs[r][others])
+        exact = np.abs(residual.astype(np.float64) + delivered - xs[r])
+        assert np.all(exact <= np.spacing(np.abs(residual)) / 2)
+        if bits:  # the quantization error stays in the residual
+            assert np.any(residual[idx] != 0)
+    # Nothing lost: the update and the mean residual add up to the mean buffer (up to rounding).
+    kept = sum(e.numpy().astype(np.float64) for e in residuals) / ranks
+    np.testing.assert_allclose(kept + updates[0].numpy(), sum(x.astype(np.float64) for x in xs) / ranks,
+                               rtol=0, atol=1e-6)
+
+
+def test_a_bfloat16_group_quantizes_in_float32_and_keeps_the_rounding():
+    method = registry.create("torch", "sparseloco", chunk_size=64, density=0.1)
+    xs = [torch.from_numpy(buffer(640, r)).to(torch.bfloat16) for r in range(2)]
+    originals = [x.clone() for x in xs]
+    updates, residuals, _ = loopback_exchange(method, xs)
+    assert updates[0].dtype == residuals[0].dtype == torch.bfloat16
+    assert torch.equal(updates[0], updates[1])
+    for x, e in zip(originals, residuals):
+        idx, values = R.delivered(x.float().numpy(), {"chunk_size": 64, "density": 0.1})
+        delivered = torch.zeros(640, dtype=torch.bfloat16)
+        delivered[idx] = torch.tensor(values).to(torch.bfloat16)
+        assert torch.equal(e, x - delivered)

@@ -1,0 +1,315 @@
+"""Outer steps (``horovod_sparse.outer``) on real ``torchrun`` jobs over Gloo, against a written-out
+reference of DiLoCo's rounds.
+
+``tests/workers/outer_steps.py`` trains on known per-rank gradients and records, every round,
+each rank's parameters before the exchange, the averaged pseudo-gradient, the parameters after
+the outer step and the residuals. The reference here takes only each rank's parameters at the
+end of a round (what its inner optimizer did is not the algorithm under test) and recomputes
+everything else: the pseudo-gradient ``anchor - θ``, the method's exchange of it with error
+feedback (``tests.support.reference_grouping``'s per-method references, a round being a step), and the
+outer step from the anchor.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import horovod_sparse.outer as hso
+from horovod_sparse.common.registry import method_names
+from tests.support.checks import Observed, assert_conserved
+from tests.support.launch import HANG_TIMEOUT, run_configs, worker_env
+from tests.support.reference_grouping import group_exchange
+from tests.torch.test_threshold_baselines import DENSITY as BASELINE_DENSITY
+from tests.workers.given_gradients import make_params
+
+
+SHAPES = [[30, 20], [20], [40, 30], [7]]
+EVERY, STEPS, SEED = 3, 9, 5
+#: The threshold baselines' references are written for their own density.
+THRESHOLDS = ("threshold", "dgc", "gaussiank")
+
+
+def options(method):
+    base = {"density": BASELINE_DENSITY if method in THRESHOLDS else 0.05, "min_numel": 0}
+    return {**base, "adaptive": False} if method == "lags" else base
+
+
+def config(name, method, **extra):
+    return {"name": name, "method": method, "options": {} if method == "none" else options(method),
+            "every": EVERY, "steps": STEPS, "seed": SEED, "shapes": SHAPES, "outer": "sgd1", **extra}
+
+
+METHODS = method_names()
+EXACT = [config(m, m) for m in METHODS]
+#: The default outer optimizer (DiLoCo's Nesterov SGD), dense and sparse, with a final sync after
+#: a part round.
+DILOCO = [config("diloco_none", "none", outer="diloco", steps=STEPS + 1, sync_at_end=True),
+          config("diloco_topk", "topk", outer="diloco", steps=STEPS + 1, sync_at_end=True)]
+#: Saved mid-round (after 4 inner steps: 1 into the second round) and resumed in fresh objects.
+RESUME = [config(f"{m}_{via}_{part}", m, steps=STEPS + 3,
+                 **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
+          for m in ("topk", "micro") for via in ("torch", "dcp") for part in ("whole", "resumed")]
+#: Rank 1's gradient is NaN in the second round (inner step 4); plain SGD inside (a NaN in the inner
+#: optimizer's momentum would stay there: the inner optimizer's state is the user's).
+NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0)
+             for policy in ("skip", "raise")]
+MISMATCH = [config("mismatch", "topk", every_of_rank={"1": EVERY + 1})]
+#: SparseLoCo with error feedback with decay (Templar's e <- 0.95 e + g).
+DECAY = config("sparseloco_decay", "sparseloco", options={**options("sparseloco"), "error_decay": 0.95})
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    out = tmp_path_factory.mktemp("outer")
+    run_configs("outer_steps.py", 2, out, EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY], backend="torchrun")
+    return out
+
+
+def as32(array):
+    return array.astype(np.float32)
+
+
+def round_thetas(obs, j):
+    """``thetas[r][i]``: rank r's parameter i (flat, float32) at the end of round j."""
+    return [[as32(obs.arrays[r][f"theta_{j}_{i}"]).reshape(-1) for i in range(len(SHAPES))] for r in range(obs.size)]
+
+
+def start_params():
+    """Rank 0's initial parameters, flat float32 (what every rank takes at construction)."""
+    return [p.detach().numpy().reshape(-1).copy() for p in make_params(SHAPES, SEED, torch.float32)]
+
+
+def dense_average(numel, ranks):
+    """DiLoCo's dense exchange: the mean of the ranks' pseudo-gradients, no residual kept."""
+    def exchange(xs, step):
+        mean = sum(xs) / np.float32(ranks)
+        for x in xs:
+            x[:] = 0
+        return mean
+
+    return exchange
+
+
+def reference_rounds(cfg, obs, outer_step, exchange_of=None):
+    """The written-out rounds: per round j the expected averaged pseudo-gradients and parameters
+    after the outer step (``outer_step(anchor, update, i)`` of parameter i), and the final
+    residuals ``[rank][i]``; each parameter's exchange from ``exchange_of(numel, ranks)``
+    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
+    ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
+    anchor = start_params()
+    exchange_of = exchange_of or (lambda numel, n: group_exchange(cfg["method"], cfg["options"], numel, n))
+    exchanges = [exchange_of(a.size, ranks) for a in anchor]
+    residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
+    expected = []
+    for j in range(rounds):
+        thetas, updates = round_thetas(obs, j), []
+        for i, exchange in enumerate(exchanges):
+            xs = [residuals[r][i] + (anchor[i] - thetas[r][i]) for r in range(ranks)]
+            updates.append(exchange(xs, j))
+            for r in range(ranks):
+                residuals[r][i] = xs[r]
+        anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
+        expected.append((updates, anchor))
+    return expected, residuals
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_rounds_match_the_written_out_reference_bitwise(job, method):
+    """Every round on both ranks, bitwise: the averaged pseudo-gradient is the method's exchange
+    of ``anchor - θ`` plus the residual (the reference of every method), the parameters after the
+    outer step (SGD, lr 1: an exact subtraction) are ``anchor - average``, the residuals carry
+    over; and the rounds close where they should, after every ``every``-th inner step."""
+    cfg, obs = config(method, method), Observed(job, method, 2)
+    assert [r["step"] for r in obs.meta[0]["rounds"]] == [EVERY - 1, 2 * EVERY - 1, 3 * EVERY - 1]
+    assert_rounds(cfg, obs)
+
+
+def test_error_feedback_decay_matches_the_written_out_rounds_bitwise(job):
+    """SparseLoCo's ``error_decay=0.95``: every round's average and parameters, and the final
+    residuals, bitwise those of the written-out rounds whose residuals are multiplied by 0.95
+    after each round (the engine's decay, applied by every PyTorch front end); what was not sent
+    fades, so the residuals differ from the undecayed rounds'."""
+    obs = Observed(job, DECAY["name"], 2)
+    assert_rounds(DECAY, obs)
+    _, undecayed = reference_rounds(config("sparseloco", "sparseloco"), obs, lambda anchor, update, i: anchor - update)
+    assert not np.array_equal(as32(obs.arrays[0]["residual_2_0"]), undecayed[0][0])
+
+
+def assert_rounds(cfg, obs):
+    """Every round of ``obs`` on both ranks, and the final residuals, bitwise those of
+    :func:`reference_rounds` with plain SGD of lr 1 outside."""
+    method = cfg["name"]
+    expected, residuals = reference_rounds(cfg, obs, lambda anchor, update, i: anchor - update)
+    for j, (updates, params) in enumerate(expected):
+        for r in range(2):
+            for i in range(len(SHAPES)):
+                where = f"{method} round {j} rank {r} parameter {i}"
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
+                                              err_msg=where)
+    for r in range(2):
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{len(expected) - 1}_{i}"]), residuals[r][i],
+                                          err_msg=f"{method} final residual rank {r} parameter {i}")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_identical_replicas_nothing_lost_and_the_round_statistics(job, method):
+    """Every rank starts from rank 0's parameters and holds bitwise the same after every outer
+    step; nothing is lost (the averages delivered plus the mean residual are the mean of every
+    rank's pseudo-gradients, to within float32's rounding bound); each round's statistics say
+    what moved: every group sparse with its target, bytes of values and indices sent."""
+    cfg, obs = config(method, method), Observed(job, method, 2)
+    start = start_params()
+    for r in range(2):
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"start_{i}"]).reshape(-1), start[i])
+    rounds = obs.meta[0]["rounds"]
+    for j in range(len(rounds)):
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(obs.arrays[1][f"param_{j}_{i}"], obs.arrays[0][f"param_{j}_{i}"])
+    method_options = hso.Compression.create(method, **cfg["options"]).options
+    for i in range(len(SHAPES)):
+        anchors = [start[i]] + [as32(obs.arrays[0][f"param_{j}_{i}"]).reshape(-1) for j in range(len(rounds) - 1)]
+        raw = np.stack([np.stack([(anchors[j] - round_thetas(obs, j)[r][i]).astype(np.float64) for r in range(2)])
+                        for j in range(len(rounds))])
+        delivered = sum(obs.arrays[0][f"agg_{j}_{i}"] for j in range(len(rounds)))
+        final = [obs.arrays[r][f"residual_{len(rounds) - 1}_{i}"] for r in range(2)]
+        assert_conserved(delivered, final, raw, "float32", f"{method} parameter {i}")
+    for j, entry in enumerate(rounds):
+        groups = entry["stats"]["groups"]
+        assert [g["name"] for g in groups] == [f"params.{i}" for i in range(len(SHAPES))]
+        for g in groups:
+            assert not g["dense"] and g["target"] == method_options.count(g["numel"], j), g
+        assert sum(g["sent"]["values"] + g["sent"]["indices"] for g in groups) > 0, groups
+
+
+def nesterov_reference():
+    """DiLoCo's outer step (SGD, lr 0.7, momentum 0.9, Nesterov) in float64 per round, as torch
+    defines it: ``b = 0.9 b + g`` (``b = g`` at first), ``θ = anchor - 0.7 (g + 0.9 b)``."""
+    buffers = {}
+
+    def step(anchor, update, i):
+        b = buffers.get(i)
+        b = update.astype(np.float64) if b is None else 0.9 * b + update
+        buffers[i] = b
+        return (anchor - 0.7 * (update + 0.9 * b)).astype(np.float32)
+
+    return step
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in DILOCO])
+def test_diloco_outer_optimizer_by_default(job, name):
+    """Without ``outer_optimizer`` the outer step is DiLoCo's Nesterov SGD (lr 0.7, momentum
+    0.9) from the anchor, dense (``Compression.none``: plain DiLoCo) or sparse, to within a few
+    float32 roundings of the float64 reference; a final :meth:`sync` after a part round closes it
+    and leaves identical replicas."""
+    cfg = next(c for c in DILOCO if c["name"] == name)
+    obs = Observed(job, name, 2)
+    assert [r["step"] for r in obs.meta[0]["rounds"]] == [2, 5, 8, STEPS + 1]
+    exchanges = dense_average if cfg["method"] == "none" else None
+    expected, _ = reference_rounds(cfg, obs, nesterov_reference(), exchanges)
+    for j, (_, params) in enumerate(expected):
+        for i in range(len(SHAPES)):
+            got = [as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1) for r in range(2)]
+            np.testing.assert_array_equal(got[0], got[1])
+            np.testing.assert_allclose(got[0], params[i], rtol=1e-6, atol=1e-6 * float(np.abs(params[i]).max()),
+                                       err_msg=f"{name} round {j} parameter {i}")
+
+
+@pytest.mark.parametrize("name", sorted({c["name"].rsplit("_", 1)[0] for c in RESUME}))
+def test_exact_resume_mid_round(job, name):
+    """Saved one inner step into a round (``torch.save``, or ``torch.distributed.checkpoint``) and
+    loaded into a fresh model, inner optimizer and ``OuterSteps`` built from other parameters,
+    training goes on bitwise as without the interruption: every round's parameters, averages
+    and residuals on both ranks."""
+    whole, resumed = Observed(job, f"{name}_whole", 2), Observed(job, f"{name}_resumed", 2)
+    for r in range(2):
+        assert sorted(whole.arrays[r]) == sorted(resumed.arrays[r])
+        for key, value in whole.arrays[r].items():
+            np.testing.assert_array_equal(resumed.arrays[r][key], value, err_msg=f"{name} rank {r} {key}")
+        assert [x["step"] for x in whole.meta[r]["rounds"]] == [x["step"] for x in resumed.meta[r]["rounds"]]
+
+
+@pytest.mark.parametrize("policy", ["skip", "raise"])
+def test_nonfinite_round_abandoned_everywhere(job, policy):
+    """Rank 1's NaN in the second round: the round is abandoned on both ranks (no outer step:
+    both back at the round's anchor, bitwise), ``"raise"`` raises ``FloatingPointError`` on
+    both at the round's end, every finite pseudo-gradient stays in its residual (nothing lost:
+    rank 0's, and rank 1's of the other parameters) and rank 1's residual of the NaN's parameter
+    is untouched (the NaN never reaches it); the third round runs normally."""
+    obs = Observed(job, f"nan_{policy}", 2)
+    for r in range(2):
+        rounds = obs.meta[r]["rounds"]
+        assert [x["stats"]["abandoned"] for x in rounds] == [False, True, False]
+        errors = obs.meta[r]["errors"]
+        if policy == "raise":
+            assert [e[0] for e in errors] == [2 * EVERY - 1] and "rank(s) [1]" in errors[0][1], errors
+        else:
+            assert errors == []
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(obs.arrays[r][f"param_1_{i}"], obs.arrays[r][f"param_0_{i}"])
+            np.testing.assert_array_equal(obs.arrays[r][f"param_2_{i}"], obs.arrays[1 - r][f"param_2_{i}"])
+            assert np.isfinite(obs.arrays[r][f"residual_2_{i}"]).all()
+    for r in range(2):
+        for i in range(len(SHAPES)):
+            before = obs.arrays[r][f"residual_0_{i}"]
+            if (r, i) == (1, 0):  # the NaN
+                np.testing.assert_array_equal(obs.arrays[r][f"residual_1_{i}"], before)
+                continue
+            anchor = as32(obs.arrays[r][f"param_0_{i}"]).reshape(-1)
+            kept = as32(before) + (anchor - as32(obs.arrays[r][f"theta_1_{i}"]).reshape(-1))
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_1_{i}"]), kept, err_msg=f"rank {r} {i}")
+
+
+def test_a_configuration_that_differs_between_ranks_raises_everywhere(job):
+    """``every`` differs on rank 1: construction raises the same ``ValueError`` on both ranks,
+    naming it, before anything trains."""
+    obs = Observed(job, "mismatch", 2)
+    messages = [obs.meta[r]["errors"] for r in range(2)]
+    assert messages[0] == messages[1] and messages[0][0][0] == -1 and "every" in messages[0][0][1], messages
+
+
+REFUSALS = r"""
+import os, io
+import torch, torch.distributed as dist
+import horovod_sparse.outer as hso
+from horovod_sparse.torch import Compression as HorovodCompression
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = torch.nn.Linear(4, 2)
+inner = torch.optim.SGD(model.parameters(), lr=0.1)
+def refused(make):
+    try:
+        make()
+    except (ValueError, TypeError) as error:
+        print(str(error).replace("\n", " "))
+    else:
+        print("accepted")
+refused(lambda: hso.OuterSteps(model, inner, every=0))
+refused(lambda: hso.OuterSteps(model, inner, HorovodCompression.topk(density=0.1)))
+refused(lambda: hso.OuterSteps(model, inner, outer_optimizer=torch.optim.SGD([model.weight], lr=1.0)))
+refused(lambda: hso.OuterSteps(torch.nn.ReLU(), inner))
+saved = hso.OuterSteps(model, inner, every=3).state_dict()
+refused(lambda: hso.OuterSteps(model, inner, every=4).load_state_dict(saved))
+refused(lambda: hso.OuterSteps(torch.nn.Linear(4, 3), inner, every=3).load_state_dict(saved))
+dist.destroy_process_group()
+"""
+
+
+def test_what_cannot_work_is_refused_with_the_fix():
+    """``every`` below 1, a method built for Horovod, an outer optimizer over other parameters, a
+    model without parameters, and a state saved with another ``every`` or model are refused, each
+    naming the fix."""
+    result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
+                            timeout=HANG_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    every, horovod, outer, empty, other_every, other_model = result.stdout.strip().splitlines()[-6:]
+    assert "every must be an integer >= 1" in every, every
+    assert "horovod_sparse.outer.Compression.topk" in horovod, horovod
+    assert "exactly the model's trainable parameters" in outer and "['bias']" in outer, outer
+    assert "no trainable parameters" in empty, empty
+    assert "every=3" in other_every and "every=4" in other_every, other_every
+    assert "checkpoint does not match the model's groups" in other_model, other_model

@@ -1,0 +1,139 @@
+"""Host synchronisations and operations dispatched per step, counted on the CPU as a GPU would
+make them (``tests/workers/torch_host_reads.py``, a 2-worker horovodrun job, three groups of 1200,
+30 and 1440 elements, so one gTop-k round; ``tests/support/host_reads.py`` says what counts): no method's
+host reads may grow beyond :data:`READS_PER_STEP` (docs/benchmarks.md's table), nor its operations
+beyond :data:`OPS_PER_STEP`."""
+import pytest
+
+import horovod_sparse.methods  # noqa: F401  (registers the methods)
+from horovod_sparse.common.registry import method_names
+from tests.support.checks import Observed
+from tests.support.launch import job_fixture
+
+SHAPES = [[40, 30], [30], [36, 40]]
+OPTIONS = {"density": 0.05, "min_numel": 0}
+#: Host reads of a step on the accelerators' paths, whatever the groups, once the last group is
+#: done: one read of every group's finiteness (decided on the device) together with every figure
+#: the statistics leave on the device (union counts, DGC's threshold), and the agreement on
+#: non-finite gradients (a host collective: no device read on a GPU, counted all the same).
+PER_STEP = 2
+#: Host reads of a step of :data:`SHAPES` per method, the most of either rank (their selections
+#: differ: Gaussian-k's and DGC's retries depend on the data), as measured when last lowered:
+#: :data:`PER_STEP` and, per group, what the method still reads inside its exchange:
+#: MiCRO/ExDyna's candidates and summed histogram (4-5, one histogram round); Top-k, LAGS, the
+#: threshold baselines (payloads of fixed capacity; counts and thresholds on the device),
+#: gTop-k (fixed-size merges; what each rank still carries a mask over its own set) and SparseLoCo
+#: (a count known from the group's size) nothing.
+READS_PER_STEP = {method: PER_STEP + groups for method, groups in
+                  {"topk": 0, "lags": 0, "threshold": 0, "dgc": 0, "gaussiank": 0, "gtopk": 0, "micro": 0,
+                   "exdyna": 0, "sparseloco": 0}.items()}
+
+#: Operations dispatched (``tests.support.host_reads.DispatchedOps``) in one step of :data:`SHAPES` on the
+#: accelerators' paths, the most of either rank, as measured when last lowered: each is a kernel
+#: launch or a host-side call on a GPU (issue 43's profile: +121 launches per step for Top-k). A
+#: change that adds any fails :func:`test_operations_dispatched_per_step_do_not_grow`; one that
+#: removes some lowers the figure here. The threshold baselines' grew when their host reads
+#: went (hard threshold 175, Gaussian-k 212, DGC 255 before): a padded payload, and every
+#: correction or refinement runs on the device, a pass each (Gaussian-k's three, DGC's ten),
+#: where the host stopped at the first settled count. SparseLoCo's quantizer (moments, codes,
+#: per-level means, packing, dequantizing) and its third allgather (the tables) cost more than Top-k.
+#: DGC's grew by 2 a group (546 before) when its first settled threshold was gathered instead of
+#: indexed with a 0-dim tensor (a host read C++ made, seen once the count reached the dispatcher).
+#: Every method's fell by 15 when a group's gradients were staged flat (one copy per parameter
+#: into views made once, then one finiteness check and one addition per group, where each
+#: parameter took its own views, check, staging and addition). Then by 33-72 when a group's
+#: finiteness took one product and one sum (``isfinite`` is four operations), an unusable
+#: group's ``-0.0`` was made once, the figures left on the device were gathered by dtype (a
+#: stack and a cast each, not a view and a cast per figure) and the selections' top-k became one
+#: ``torch.topk`` of keys that hold the tie rule (the k-th magnitude, the coordinates above it
+#: and the ties within room were eleven). The threshold baselines', MiCRO's and ExDyna's fell by
+#: 18-35 more when a scan on the device stopped taking block maxima that only the host's
+#: selections read (taken from the magnitudes when asked for); SparseLoCo's by 3 when its last
+#: chunk took the same keyed top-k as the others.
+OPS_PER_STEP = {"topk": 98, "lags": 98, "threshold": 128, "dgc": 445, "gaussiank": 352, "gtopk": 194, "micro": 829,
+                "exdyna": 829, "sparseloco": 323}
+
+
+def budget(method: str) -> int:
+    """The most host reads a step of :data:`SHAPES` may make (:data:`READS_PER_STEP`)."""
+    return READS_PER_STEP[method]
+
+CONFIGS = [{"method": m, "shapes": SHAPES, "options": {**OPTIONS, **({"adaptive": False} if m == "lags" else {})}}
+           for m in method_names()]
+#: The same with a NaN in rank 1's first gradient (group ``p0``) at step 1, policy ``"skip"``.
+NAN_STEP = 1
+NAN_CONFIGS = [{**c, "name": f"{c['method']}_nan", "steps": 4, "nan_step": NAN_STEP, "nonfinite": "skip"}
+               for c in CONFIGS]
+#: The methods whose payload has a capacity, set below k (MiCRO's and ExDyna's: below a rank's share):
+#: padded payloads that overflow.
+CAPPED = ["threshold", "gaussiank", "dgc", "micro", "exdyna"]
+CAPPED_CONFIGS = [{**c, "name": f"{c['method']}_capped", "options": {**c["options"], "capacity": 0.5,
+                                                                      "capacity_floor": 1}}
+                  for c in CONFIGS if c["method"] in CAPPED]
+
+#: Top-k with the gradients written into the ``.grad`` tensors the last step published.
+IN_PLACE = {**CONFIGS[method_names().index("topk")], "name": "topk_in_place", "grads": "in place"}
+
+job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [IN_PLACE])
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_host_reads_per_step_within_the_budget(job, method):
+    """Within :func:`budget`, and the accelerators' paths (run on the CPU) computing bitwise what
+    the host paths compute."""
+    obs = Observed(job, method, 2)
+    for rank, record in enumerate(obs.meta):
+        assert record["groups"] == len(SHAPES)
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        print(f"{method} rank {rank}: {len(record['reads'])} host reads per step ({len(SHAPES)} groups)")
+        assert len(record["reads"]) <= budget(method), (rank, len(record["reads"]), record["reads"])
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_nonfinite_gradient_decided_on_the_device_abandons_the_step_as_on_the_host(job, method):
+    """The accelerators' paths keep a group's finiteness on the device until the step ends (no
+    read per group): rank 1's NaN at step 1 still abandons that step on both ranks (NaN
+    aggregates there only), leaves the same residuals and aggregates as the host paths, bitwise,
+    and gives the same warning, naming rank 1 and, on rank 1, its group ``p0``; the finite step
+    after it stays within the budget."""
+    obs = Observed(job, f"{method}_nan", 2)
+    for rank, record in enumerate(obs.meta):
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert record["abandoned"] == [step == NAN_STEP for step in range(4)], (rank, record["abandoned"])
+        assert record["warnings"] == record["host_warnings"] and len(record["warnings"]) == 1, record["warnings"]
+        message = record["warnings"][0]
+        assert f"rank(s) [1] at step {NAN_STEP}" in message, message
+        assert ("affected groups: p0." in message) == (rank == 1), message
+        assert len(record["reads"]) <= budget(method), (rank, len(record["reads"]), record["reads"])
+
+
+@pytest.mark.parametrize("method", method_names())
+def test_operations_dispatched_per_step_do_not_grow(job, method):
+    """No more operations dispatched per step than :data:`OPS_PER_STEP` records (a CPU proxy of
+    the launches a GPU step pays for)."""
+    ops = max(record["ops"] for record in Observed(job, method, 2).meta)
+    print(f"{method}: {ops} operations dispatched per step ({len(SHAPES)} groups), {OPS_PER_STEP[method]} recorded")
+    assert ops <= OPS_PER_STEP[method], f"{method}: {ops} operations per step, {OPS_PER_STEP[method]} recorded"
+
+
+@pytest.mark.parametrize("method", CAPPED)
+def test_a_payload_that_overflows_its_capacity_reads_nothing_more(job, method):
+    """A capacity below k: the accelerators' paths send a padded payload of the capacity's size
+    and keep the rest in the residual, bitwise as the host paths cut the selection, within the
+    budget; the overflow is counted alike on both paths."""
+    for rank, record in enumerate(Observed(job, f"{method}_capped", 2).meta):
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert record["overflow"] == record["host_overflow"] and sum(record["overflow"]) > 0, record
+        assert len(record["reads"]) <= budget(method), (rank, len(record["reads"]), record["reads"])
+
+
+def test_gradients_left_in_the_published_views_are_not_copied_again(job):
+    """After ``zero_grad(set_to_none=False)`` the ``.grad`` tensors are still the views of the
+    groups' buffers the last step published, so backward's gradients are staged already: the
+    step copies none of them (one operation fewer per parameter) and delivers the same
+    aggregates, bitwise."""
+    fresh, kept = Observed(job, "topk", 2), Observed(job, "topk_in_place", 2)
+    for rank, (a, b) in enumerate(zip(fresh.meta, kept.meta)):
+        assert b["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert b["ops"] == a["ops"] - len(SHAPES), (rank, a["ops"], b["ops"])
+        assert b["last_aggregates"] == a["last_aggregates"], rank

@@ -1,0 +1,64 @@
+"""The block-scan selection (``horovod_sparse.torch_core.selection``) against ``torch.where`` over
+``|x|``: same indices, ascending, for any slice, block length (power of two or not, partial last
+block), threshold (reached or, ``strict``, exceeded; ties included) and candidates that filter to
+exactly the same set; the scan's moments against NumPy's mean and deviation. The exact top-k
+built on it is tested in ``tests/torch_core/test_top_k.py``."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from horovod_sparse.methods.micro.candidates import Candidates
+from horovod_sparse.torch import backend
+from horovod_sparse.torch_core.selection import pick_with_magnitudes, scan, select
+
+
+def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:
+    magnitudes = x[start:end].abs()
+    return torch.nonzero(magnitudes > threshold if strict else magnitudes >= threshold).squeeze(1) + start
+
+
+@settings(max_examples=60, deadline=None)
+@given(numel=st.integers(1, 3000), block=st.sampled_from([1, 3, 32, 48, 64, 100, 512]),
+       cut=st.tuples(st.floats(0, 1), st.floats(0, 1)), quantile=st.floats(0, 1), seed=st.integers(0, 2**31),
+       ties=st.booleans(), strict=st.booleans())
+def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed, ties, strict):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    if ties:  # the threshold is then one of few magnitudes, held by many coordinates
+        x = x.mul(2).round()
+    start, end = sorted(int(c * numel) for c in cut)
+    if start == end:
+        end = min(numel, start + 1)
+        start = end - 1
+    threshold = float(torch.quantile(x[start:end].abs(), quantile))
+    indices, magnitudes = pick_with_magnitudes(scan(x, start, end, block), threshold, strict)
+    expected = naive(x, start, end, threshold, strict)
+    assert torch.equal(indices, expected)
+    assert torch.equal(magnitudes, x[expected].abs())
+
+
+@settings(max_examples=30, deadline=None)
+@given(numel=st.integers(64, 5000), budget=st.integers(1, 50), factor=st.floats(0.5, 3.0), seed=st.integers(0, 2**31))
+def test_candidates_select_what_pick_selects(numel, budget, factor, seed):
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(seed))
+    scanned = scan(x, 0, numel, 32)
+    candidates = Candidates.collect(backend, scanned, budget)
+    threshold = candidates.bar * factor
+    for filterable in ([True, False] if threshold >= candidates.bar else [False]):
+        assert torch.equal(candidates.select(threshold, filterable), naive(x, 0, numel, threshold))
+    assert torch.equal(select(x, threshold, 32), naive(x, 0, numel, threshold))
+
+
+@settings(max_examples=40, deadline=None)
+@given(numel=st.integers(1, 300_000), block=st.sampled_from([1, 3, 32, 64, 512]), shift=st.floats(-3, 3),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]), seed=st.integers(0, 2**31))
+def test_scan_moments_give_the_mean_and_deviation(numel, block, shift, dtype, seed):
+    x = (torch.randn(numel, generator=torch.Generator().manual_seed(seed)) + shift).to(dtype)
+    start = numel // 3
+    mean, std = scan(x, start, numel, block, moments=True).mean_std()
+    exact = x[start:].double().numpy()
+    tolerance = 1e-12 if dtype == torch.float64 else 1e-4  # single-precision chunk sums, |mean| <= 3 std
+    assert mean == pytest.approx(exact.mean(), rel=tolerance, abs=tolerance)
+    assert std == pytest.approx(exact.std(ddof=1) if exact.size > 1 else 0.0, rel=tolerance, abs=tolerance)
