@@ -262,8 +262,8 @@ class StepEngine:
         no ``nonfinite`` policy), the step abandoned everywhere if any did (:meth:`abandon`),
         else the residuals decayed (:meth:`decay_residuals`), ``deliver(abandoned)`` (the front
         end puts the results where they go, or replaces them), then closed (:meth:`close` with
-        ``end_step``). The front end reports the outcome its
-        own way (:meth:`StepOutcome.apply_policy`)."""
+        ``end_step``). The front end reports the outcome its own way
+        (:meth:`StepOutcome.apply_policy`)."""
         nonfinite_groups = finiteness.nonfinite(self.read_with_figures)
         bad_ranks = agree(nonfinite_groups)
         if bad_ranks:
