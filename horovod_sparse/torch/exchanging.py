@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
-import warnings
-from contextlib import contextmanager
-from typing import IO, Any, Dict, Iterator, List, Optional
+from typing import IO, Any, Dict, List, Optional
 
 import horovod.torch as hvd
 import torch
 
-from horovod_sparse.common.arguments import check_backward_passes
 from horovod_sparse.common.dense_choice import DenseSpec, chosen_dense
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.stats import GroupStats
@@ -39,6 +36,7 @@ from horovod_sparse.torch.parameters import (NamedParameters, Ordered, exchanged
                                              hook_gradients, parameter_names)
 from horovod_sparse.torch.readiness import Readiness
 from horovod_sparse.torch.shared_state import SharedState
+from horovod_sparse.torch.loop_calls import LoopCalls
 from horovod_sparse.torch.sparse_rows import SparseRows
 from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch_core.device_timing import ready_timeline
@@ -47,11 +45,13 @@ from horovod_sparse.torch_core.loss_scale import LossScale, StepScale, step_scal
 from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
-class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
+class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optimizer):
     """The gradient exchange mixed into the user's optimizer class by
     :func:`horovod_sparse.torch.optimizer.DistributedOptimizer` (as Horovod does), with the
-    state every rank shares (:class:`~horovod_sparse.torch.shared_state.SharedState`) and its
-    ``steps`` and ``last_stats`` (:class:`~horovod_sparse.engine.step.EngineSteps`)."""
+    state every rank shares (:class:`~horovod_sparse.torch.shared_state.SharedState`), the calls
+    of the training loop (:class:`~horovod_sparse.torch.loop_calls.LoopCalls`: ``step()``,
+    ``zero_grad()``, ...) and its ``steps`` and ``last_stats``
+    (:class:`~horovod_sparse.engine.step.EngineSteps`)."""
 
     def __init__(self, params: Any, named_parameters: Optional[NamedParameters], compression: Any,
                  backward_passes_per_step: int, op: Any, gradient_predivide_factor: float,
@@ -269,36 +269,3 @@ class ExchangingOptimizer(SharedState, EngineSteps, torch.optim.Optimizer):
         (on every rank, outside the hooks) and switch groups when the scheduler says so."""
         self._model.end_step(timeline, self._groups, lambda group, factor: group.residual.mul_(factor),
                              self._use_groups)
-
-    @contextmanager
-    def skip_synchronize(self) -> Iterator[None]:
-        """Within this context ``step()`` does not synchronize (call ``synchronize()`` first)."""
-        self._should_synchronize = False
-        try:
-            yield
-        finally:
-            self._should_synchronize = True
-
-    def step(self, closure: Any = None) -> Any:
-        if self._should_synchronize:
-            if self._synchronized:
-                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() context "
-                              "after optimizer.synchronize(). This can cause training slowdown.", stacklevel=2)
-            self.synchronize()
-        self._synchronized = False
-        # A GradScaler stepping a fused optimizer sets its found_inf attribute on an overflow.
-        if self._abandoned.skips_update(kernel_skips=getattr(self, "found_inf", None) is not None):
-            return None
-        return self._base_step(closure)  # type: ignore[attr-defined]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if self._engine.flights:  # launched this step, not finished
-            raise AssertionError("optimizer.zero_grad() was called after loss.backward() but before "
-                                 "optimizer.step() or optimizer.synchronize(). This is prohibited as "
-                                 "it can cause a race condition.")
-        super(self.__class__, self).zero_grad(set_to_none)  # type: ignore[misc]
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        self.backward_passes_per_step = passes = check_backward_passes(passes)
-        self._readiness.restart(passes)
-

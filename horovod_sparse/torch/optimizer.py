@@ -25,6 +25,7 @@ from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.methods.base import Sparsifier
 from horovod_sparse.torch.exchanging import ExchangingOptimizer
+from horovod_sparse.torch.loop_calls import LoopCalls
 from horovod_sparse.torch.parameters import NamedParameters
 from horovod_sparse.torch.shared_state import SharedState
 from horovod_sparse.torch_core.loss_scale import LossScale
@@ -157,7 +158,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     # function (hvd.DistributedOptimizer = hs.DistributedOptimizer) changed the latter.
     # What the mixed-in classes define, not their instance-dict descriptors (the user's class has its own).
     attributes: Dict[str, Any] = {}
-    for mixin in (EngineSteps, SharedState, ExchangingOptimizer):
+    for mixin in (EngineSteps, LoopCalls, SharedState, ExchangingOptimizer):
         attributes.update((name, value) for name, value in mixin.__dict__.items()
                           if name not in ("__dict__", "__weakref__"))
     attributes.update(__module__=horovod_optimizer.__name__, _base_step=base.step)
