@@ -34,7 +34,7 @@ from horovod_sparse.distributed.process_group import ProcessGroup
 from horovod_sparse.distributed.tiers import ddp_tiers
 from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
-from horovod_sparse.engine.flight import ExchangeFlight
+from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import EngineSteps, StepOutcome
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.device_timing import ready_timeline
@@ -117,7 +117,7 @@ class State(EngineSteps):
         self._hierarchical_arg = hierarchical
         self._node_size = node_size
         self.buckets = BucketGroups(self._model)
-        self._buckets_in_flight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[ExchangeFlight]]] = []
+        self._buckets_in_flight: List[Tuple[torch.futures.Future, List[torch.Tensor], List[Flight]]] = []
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self._check_due = True
         self._dense_spec = dense
@@ -175,7 +175,7 @@ class State(EngineSteps):
             if self.tiers is not None:
                 self._model.use_tiers(self.tiers)
 
-    def _start(self, group: FlatGroup, gradient: torch.Tensor, finite: Finite) -> ExchangeFlight:
+    def _start(self, group: FlatGroup, gradient: torch.Tensor, finite: Finite) -> Flight:
         """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
         engine = self._engine
         engine.timeline.group_ready(group.name)
@@ -209,7 +209,7 @@ class State(EngineSteps):
         if error is not None:
             futures[-1].set_exception(error)
 
-    def _finish_bucket(self, params: List[torch.Tensor], started: List[ExchangeFlight]) -> torch.Tensor:
+    def _finish_bucket(self, params: List[torch.Tensor], started: List[Flight]) -> torch.Tensor:
         """Finish the exchanges of one bucket's groups: the bucket's aggregate."""
         updates = [self._engine.finish_one(flight, self._scale.scale) for flight in started]
         return join(updates, params, [flight.group for flight in started])

@@ -42,6 +42,8 @@ class Group(Protocol):
 
     def load_residual(self, saved: Any) -> None: ...
 
+    def decay_residual(self, factor: float) -> None: ...
+
 
 #: Switches the model to new groups (lists of positions in the parameter order), carrying the
 #: residuals over, and returns the new groups.
@@ -183,21 +185,20 @@ class ModelState:
 
     # -- the end of a step ------------------------------------------------------------------------
     def end_step(self, timeline: StepTimeline, groups: Sequence[Group] = (),
-                 decay: Optional[Callable[[Group, float], None]] = None, regroup: Optional[Regroup] = None) -> None:
+                 regroup: Optional[Regroup] = None) -> None:
         """Close a step on every rank, after its collectives and outside the backward hooks:
         hand its ``timeline`` to the method (LAGS measures here) and to MergeComp, apply
-        MergeComp's ``residual_decay`` (``decay(group, factor)`` scales a group's residual)
-        and switch groups when MergeComp says so (``groups``, ``decay`` and ``regroup`` are
-        needed with MergeComp only)."""
+        MergeComp's ``residual_decay`` to ``groups`` (``group.decay_residual``) and switch groups
+        when MergeComp says so (``groups`` and ``regroup`` are needed with MergeComp only)."""
         if self.sparse:
             self.compression.on_step_end(self.process_set if self.method_set is None else self.method_set, timeline)
         if self.mergecomp is None:
             return
-        assert decay is not None and regroup is not None, "MergeComp regroups through the front end"
+        assert regroup is not None, "MergeComp regroups through the front end"
         factor = self.mergecomp.options.residual_decay
         for group in groups if factor != 1.0 else []:
             if group.residual is not None:
-                decay(group, factor)
+                group.decay_residual(factor)
         members = self.mergecomp.after_step(timeline)
         if members is not None:
             regroup(members)

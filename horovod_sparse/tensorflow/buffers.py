@@ -94,6 +94,10 @@ class FlatGroup:
         """Keep ``residual`` for the next step."""
         self._ensure_residual().assign(residual)
 
+    def decay_residual(self, factor: float) -> None:
+        """Multiply the residual by ``factor`` (MergeComp's ``residual_decay``)."""
+        self.store_residual(self.residual_value() * factor)
+
     def load_residual(self, saved: np.ndarray) -> None:
         """Restore the residual from a checkpoint (``Backend.saved``'s NumPy form)."""
         self.store_residual(tf.constant(saved, dtype=self.dtype))

@@ -294,7 +294,6 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
         timeline to the method (LAGS measures here) and to MergeComp, apply MergeComp's
         ``residual_decay`` and switch groups when it says so."""
         layout.model.end_step(layout.engine.timeline.end_step(), layout.groups,
-                              lambda group, factor: group.store_residual(group.residual_value() * factor),
                               functools.partial(self._use_groups, layout))
 
     def _exchange_groups(self, kept: List[Any], layout: Layout, step: Any, warm: bool,

@@ -267,5 +267,4 @@ class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optim
     def _end_step(self, timeline: Any) -> None:
         """Hand the finished step's ``timeline`` to the sparsifier and to the MergeComp scheduler
         (on every rank, outside the hooks) and switch groups when the scheduler says so."""
-        self._model.end_step(timeline, self._groups, lambda group, factor: group.residual.mul_(factor),
-                             self._use_groups)
+        self._model.end_step(timeline, self._groups, self._use_groups)

@@ -169,7 +169,8 @@ class FlatGroup:
         self.output.mul_(scale)
 
     def decay_residual(self, factor: float) -> None:
-        """Multiply the residual by ``factor``, in place (error feedback with decay)."""
+        """Multiply the residual by ``factor``, in place (error feedback with decay, MergeComp's
+        ``residual_decay``)."""
         assert self.residual is not None
         self.residual.mul_(factor)
 
