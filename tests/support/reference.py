@@ -18,13 +18,22 @@ def topk_indices(x: np.ndarray, k: int) -> np.ndarray:
     return np.argsort(-np.abs(x), kind="stable")[:k]
 
 
-def error_feedback_start(grads: Sequence[Sequence[np.ndarray]], dtype, average: bool
-                         ) -> Tuple[int, List[np.ndarray], np.floating]:
-    """What an error-feedback reference starts from, given ``grads[t][r]``: the rank count n, a
-    zero residual per rank in ``dtype``, and the factor each rank's contribution is scaled by
-    (1/n when averaging, else 1)."""
+def error_feedback_steps(grads: Sequence[Sequence[np.ndarray]], dtype, average: bool,
+                         exchange: Callable[[List[np.ndarray], int, np.floating], np.ndarray]
+                         ) -> Tuple[List[np.ndarray], List[np.ndarray]]:
+    """Error feedback over the steps of one group, given ``grads[t][r]``: from a zero residual per
+    rank in ``dtype``, each step adds rank r's gradient into its residual (``x = g + e``) and
+    ``exchange(xs, step, scale)`` changes every ``x`` into its residual and returns the update,
+    each rank's contribution scaled by ``scale`` (1/n when averaging, else 1). Returns (the update
+    of each step, each rank's final residual)."""
     n = len(grads[0])
-    return n, [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)], dtype(1.0 / n) if average else dtype(1.0)
+    residuals = [np.zeros_like(grads[0][0], dtype=dtype) for _ in range(n)]
+    scale = dtype(1.0 / n) if average else dtype(1.0)
+    updates = []
+    for step, per_rank in enumerate(grads):
+        residuals = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
+        updates.append(exchange(residuals, step, scale))
+    return updates, residuals
 
 
 def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dtype=np.float32,
@@ -39,12 +48,7 @@ def allgather_method(grads: Sequence[Sequence[np.ndarray]], select: Selector, dt
     Returns:
         (aggregated update per step, final residual per rank).
     """
-    n, residuals, scale = error_feedback_start(grads, dtype, average)
-    updates = []
-    for step, per_rank in enumerate(grads):
-        residuals = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
-        updates.append(allgather_step(residuals, step, select, scale))
-    return updates, residuals
+    return error_feedback_steps(grads, dtype, average, lambda xs, step, scale: allgather_step(xs, step, select, scale))
 
 
 def allgather_step(xs: List[np.ndarray], step: int, select: Selector, scale: np.floating) -> np.ndarray:

@@ -12,7 +12,7 @@ from typing import Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from tests.support.reference import error_feedback_start, topk_indices
+from tests.support.reference import error_feedback_steps, topk_indices
 
 Entry = Tuple[np.floating, FrozenSet[int]]
 SparseDict = Dict[int, Entry]
@@ -68,12 +68,8 @@ def gtopk_method(grads: Sequence[Sequence[np.ndarray]], k_at: Callable[[int], in
     Returns:
         (aggregated update per step, final residual per rank).
     """
-    n, residuals, scale = error_feedback_start(grads, dtype, average)
-    updates = []
-    for step, per_rank in enumerate(grads):
-        residuals = [residuals[r] + per_rank[r].astype(dtype) for r in range(n)]
-        updates.append(gtopk_step(residuals, k_at(step), scale, residual, trace))
-    return updates, residuals
+    return error_feedback_steps(grads, dtype, average,
+                                lambda xs, step, scale: gtopk_step(xs, k_at(step), scale, residual, trace))
 
 
 def gtopk_step(xs: List[np.ndarray], k: int, scale: np.floating, residual: str = "exact",

