@@ -8,7 +8,7 @@ is in memory (:meth:`~horovod_sparse.torch_core.buffers.FlatGroup.views`).
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Iterable, List, Optional, Sequence
 
 import torch
 
@@ -28,11 +28,16 @@ class Anchor:
             torch.empty(g.numel, dtype=g.dtype, device=g.params[0].device) for g in self.groups]
         self.take()
 
+    def _chosen(self, indices: Optional[Iterable[int]]) -> Iterable[int]:
+        return range(len(self.groups)) if indices is None else indices
+
     @torch.no_grad()
-    def take(self) -> None:
-        """Make the parameters' current values the anchor (after an outer step, or the first)."""
-        for group, flat in zip(self.groups, self.flat):
-            for view, p in zip(group.views(flat), group.params):
+    def take(self, indices: Optional[Iterable[int]] = None) -> None:
+        """Make the parameters' current values the anchor of the groups ``indices`` (default:
+        every group), after their outer step or at the first."""
+        for index in self._chosen(indices):
+            group = self.groups[index]
+            for view, p in zip(group.views(self.flat[index]), group.params):
                 view.copy_(p)
 
     @torch.no_grad()
@@ -45,11 +50,12 @@ class Anchor:
         return delta
 
     @torch.no_grad()
-    def reset(self) -> None:
-        """Put every parameter back at the anchor (the start of an outer step, or of an
-        abandoned round's replacement)."""
-        for group, flat in zip(self.groups, self.flat):
-            for view, p in zip(group.views(flat), group.params):
+    def reset(self, indices: Optional[Iterable[int]] = None) -> None:
+        """Put the parameters of the groups ``indices`` (default: every group) back at their
+        anchor (the start of an outer step, or of the next round)."""
+        for index in self._chosen(indices):
+            group = self.groups[index]
+            for view, p in zip(group.views(self.flat[index]), group.params):
                 p.copy_(view)
 
     def load(self, saved: Sequence[torch.Tensor]) -> None:

@@ -14,6 +14,19 @@ averaged, every replica resets to the anchor and the outer optimizer (DiLoCo's N
 lr 0.7, momentum 0.9, by default) applies the average as a gradient: every replica starts the
 next round from the same parameters. ``Compression.none`` is plain DiLoCo (a dense average).
 
+Two options take the exchange off the critical path (:mod:`horovod_sparse.outer.fragments`):
+
+* ``overlap=True``: a fragment's exchange runs while the inner steps of its next round proceed
+  (a one-round delay, as PCCL's DiLoCo): at a round's end the pseudo-gradient is taken and
+  its exchange started, and the parameters go back to the anchor; the exchange started a round
+  earlier ends there and its outer step is taken first, so every replica starts the next round
+  from the same parameters, each round's progress on the wire until the next.
+* ``fragments=F``: the parameters cut into ``F`` fragments, each with its own round boundary
+  in the cycle of ``every`` inner steps (Streaming DiLoCo), one fragment's exchange on the wire
+  at a time. A fragment's outer step moves its parameters by what it moved the anchor: what the
+  inner steps did since the fragment's last boundary is kept (``θ <- anchor' - (anchor - θ)``),
+  so the fragment's replicas agree at its boundaries.
+
 The exchange is the DDP hook's and FSDP2's (:class:`~horovod_sparse.engine.step.StepEngine`):
 one group per parameter, planned, started, finished in parameter order, agreed on non-finite
 values over the job and closed, a round being the engine's step (its statistics, warm-up and
@@ -21,19 +34,22 @@ schedules count rounds).
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, Dict, List, Optional
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from horovod_sparse.common.nonfinite import resolve_nonfinite
-from horovod_sparse.common.validation import check_int
+from horovod_sparse.common.validation import check_bool, check_int
 from horovod_sparse.distributed.process_group import ProcessGroup
 from horovod_sparse.distributed.compression import Compression, checked_sparse
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
+from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import EngineSteps
+from horovod_sparse.outer import fragments as fragmenting
 from horovod_sparse.outer.anchor import Anchor
+from horovod_sparse.outer.landing import Landed
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 
@@ -69,7 +85,19 @@ class OuterSteps(EngineSteps):
             residual). ``"raise"`` then makes :meth:`step` raise ``FloatingPointError`` on every
             rank, ``"skip"`` warns. The inner optimizer's state is not rolled back: a NaN in its
             moments stays there.
-        stats_log: a text stream receiving one JSON line of statistics per round.
+        stats_log: a text stream receiving one JSON line of statistics per exchange.
+        overlap: whether a round's exchange runs during the next round's inner steps (the
+            module's docstring): its outer step is taken at the next boundary of the same
+            fragment. Every replica still starts each round from the same parameters; a round's
+            progress reaches them one round later. Call :meth:`flush` after training to take
+            the last outer step.
+        fragments: how many fragments the trainable parameters are cut into (runs of whole
+            parameters, about even in elements: :func:`~horovod_sparse.outer.fragments.cut`),
+            each ending its round at its own inner step of the cycle
+            (:func:`~horovod_sparse.outer.fragments.offsets`); 1 (default): every parameter ends
+            its round after every ``every``-th inner step. At most ``every`` and the number of
+            trainable parameters. The outer optimizer steps one fragment at a time (the other
+            parameters have no gradient then), so its state is each fragment's own.
 
     At construction every rank takes rank 0's parameters (of ``process_group``) and checks that
     the configuration (method and options, ``every``, ``nonfinite``, the parameters' names,
@@ -77,20 +105,28 @@ class OuterSteps(EngineSteps):
     naming what differs: collective, like every outer step.
 
     Attributes:
-        steps: outer steps closed so far (rounds, abandoned ones included).
-        position: inner steps taken in the current round.
-        last_stats: the last round's statistics (bytes, density, seconds; ``abandoned``).
+        steps: exchanges closed so far (a fragment's round each, abandoned ones included); an
+            engine step, whose count warm-up and schedules follow.
+        position: inner steps taken in the current cycle of ``every``.
+        last_stats: the last closed exchange's statistics (bytes, density, seconds; ``abandoned``).
         groups: the groups, one per trainable parameter, in the model's order.
+        fragments: each fragment's groups (indices into :attr:`groups`).
+        offsets: the :attr:`position` at which each fragment ends its round (0: the cycle's end).
     """
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = Compression.none, every: int = 50,
                  outer_optimizer: Optional[torch.optim.Optimizer] = None,
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
-                 stats_log: Optional[IO[str]] = None) -> None:
+                 stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1) -> None:
         self.sparse = checked_sparse(compression, "outer")
         self.compression = compression
         self.every = check_int("every", every, minimum=1)
+        self.overlap = check_bool("overlap", overlap)
+        count = check_int("fragments", fragments, minimum=1)
+        if count > self.every:
+            raise ValueError(f"fragments={count} needs every >= fragments (each fragment ends its round at its own "
+                             f"inner step of the {self.every}); give fragments <= every={self.every}")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse)
         self.model = model
         self.inner_optimizer = inner_optimizer
@@ -98,6 +134,8 @@ class OuterSteps(EngineSteps):
         if not named:
             raise ValueError("OuterSteps: the model has no trainable parameters")
         self.groups = [FlatGroup(i, [name], [p], name=name) for i, (name, p) in enumerate(named)]
+        self.fragments = fragmenting.cut([g.numel for g in self.groups], count)
+        self.offsets = fragmenting.offsets(self.every, count)
         params = [p for _, p in named]
         self.outer_optimizer = outer_optimizer if outer_optimizer is not None else diloco_outer_optimizer(params)
         _require_over(self.outer_optimizer, params, named)
@@ -107,18 +145,21 @@ class OuterSteps(EngineSteps):
         self._agree = nonfinite_agreement(self.nonfinite, self.process_group)
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self.position = 0
+        self._in_flight: Optional[Tuple[int, List[Flight]]] = None
+        self._landed: Optional[Landed] = None
         self._require_same_configuration()
         self._broadcast_parameters()
         self.anchor = Anchor(self.groups)
 
     # -- the training loop ---------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
-        """The inner step (``inner_optimizer.step(closure)``, whose result is returned); after
-        every ``every``-th, the outer step (collective: every rank of the group calls it)."""
+        """The inner step (``inner_optimizer.step(closure)``, whose result is returned); then the
+        round's end of each fragment whose offset the position reaches (collective: every rank
+        of the group calls it)."""
         loss = self.inner_optimizer.step(closure) if closure is not None else self.inner_optimizer.step()
-        self.position += 1
-        if self.position == self.every:
-            self.sync()
+        self.position = (self.position + 1) % self.every
+        self._report([landed for f, offset in enumerate(self.offsets) if offset == self.position
+                      for landed in self._boundary(f)])
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -126,50 +167,106 @@ class OuterSteps(EngineSteps):
         self.inner_optimizer.zero_grad(set_to_none=set_to_none)
 
     def sync(self) -> None:
-        """The outer step now, ending the round early (after the last inner step of training,
-        so that every replica holds the same parameters; a round of no inner steps exchanges
-        zero pseudo-gradients, which still delivers residuals). Collective."""
+        """Every fragment's round ended now, in fragment order, and a new cycle begun (after the
+        last inner step of training, so that every replica holds the same parameters; a round of
+        no inner steps exchanges zero pseudo-gradients, which still delivers residuals). With
+        ``overlap`` the last fragment's exchange is then still in flight: :meth:`flush` it.
+        Collective."""
         self.position = 0
-        engine = self._engine
-        self.process_group.place_payloads_with(self.groups[0].params[0])  # NCCL: host payloads to the model's device
-        flights = [self._start(group) for group in self.groups]
-        updates = [engine.finish_one(flight) for flight in flights]
-        engine.end(self._finiteness, self._agree, lambda abandoned: self._deliver(updates, abandoned),
-                   self._state.end_step).apply_policy(self.nonfinite)
+        self._report([landed for f in range(len(self.fragments)) for landed in self._boundary(f)])
 
-    def _start(self, group: FlatGroup) -> Any:
-        """Launch ``group``'s exchange of its pseudo-gradient (dense in the rounds before
-        ``warmup_steps``)."""
-        delta = self.anchor.pseudo_gradient(group.index)
+    def flush(self) -> None:
+        """End the exchange in flight (``overlap``) and take its outer step now, what the inner
+        steps did since its fragment's boundary kept; nothing without one. After :meth:`sync`,
+        every replica holds the same parameters with every round applied. Collective."""
+        self._land()
+        self._report([self._take_landed(boundary=None)])
+
+    def _boundary(self, fragment: int) -> List[Optional[Landed]]:
+        """Fragment ``fragment``'s round ends: its pseudo-gradients taken, the exchange in flight
+        ended and its outer step taken, the fragment's parameters back at its anchor, its
+        exchange started and, without ``overlap``, ended and its outer step taken. Returns what
+        landed, for :meth:`_report` once every boundary of the step is done."""
+        indices = self.fragments[fragment]
+        deltas = [self.anchor.pseudo_gradient(i) for i in indices]
+        self._land()
+        landed = [self._take_landed(boundary=fragment)]
+        self.anchor.reset(indices)
+        self._start(fragment, deltas)
+        if not self.overlap:
+            self._land()
+            landed.append(self._take_landed(boundary=fragment))
+        return landed
+
+    def _start(self, fragment: int, deltas: Sequence[torch.Tensor]) -> None:
+        """Launch the exchange of the fragment's pseudo-gradients (dense in the exchanges before
+        ``warmup_steps``); it is in flight until :meth:`_land`."""
+        self.process_group.place_payloads_with(self.groups[0].params[0])  # NCCL: host payloads to the model's device
+        self._in_flight = (fragment, [self._start_group(self.groups[index], delta)
+                                      for index, delta in zip(self.fragments[fragment], deltas)])
+
+    def _start_group(self, group: FlatGroup, delta: torch.Tensor) -> Flight:
+        """Launch ``group``'s exchange of its pseudo-gradient ``delta``."""
         finite = self._finiteness.check([group.name], delta)
         return self._engine.start(group, lambda: group.load_flat(delta, None, finite),
                                   dense_average(self._engine, group, delta, self.compression, finite))
 
-    def _deliver(self, updates: List[torch.Tensor], abandoned: bool) -> None:
-        """Every replica back at the anchor: an abandoned round's inner steps undone, else the
-        outer step taken from there (:meth:`_apply`)."""
-        self.anchor.reset()
-        if not abandoned:
-            self._apply(updates)
+    def _land(self) -> None:
+        """End the exchange in flight, if any (collective): its averages, agreed non-finite
+        pseudo-gradients (abandoned on every rank if any rank saw one) and the engine's step
+        closed, kept as :class:`Landed` for :meth:`_take_landed`."""
+        if self._in_flight is None:
+            return
+        fragment, flights = self._in_flight
+        self._in_flight = None
+        updates = [self._engine.finish_one(flight) for flight in flights]
+        outcome = self._engine.end(self._finiteness, self._agree, lambda abandoned: None, self._state.end_step)
+        self._landed = Landed.of(fragment, updates, outcome)
 
     @torch.no_grad()
-    def _apply(self, updates: List[torch.Tensor]) -> None:
-        """The outer optimizer's step from the anchor (where every parameter is now) with each
-        group's average pseudo-gradient as the gradient; the result is the next anchor. The
-        parameters' inner gradients are put back afterwards."""
-        inner_grads = [p.grad for group in self.groups for p in group.params]
-        for group, update in zip(self.groups, updates):
+    def _take_landed(self, boundary: Optional[int]) -> Optional[Landed]:
+        """The outer step of what landed (nothing when it was abandoned): the fragment's
+        parameters at its anchor, the outer optimizer's step with each group's average as the
+        gradient (the other parameters have none), the result its next anchor. Unless the
+        fragment is ``boundary`` (its parameters' progress is on the wire already), what its
+        inner steps did since its anchor is put back on top: ``θ <- anchor' - (anchor - θ)``.
+        The parameters' inner gradients are put back afterwards. Returns what was taken."""
+        landed, self._landed = self._landed, None
+        if landed is None or landed.updates is None:
+            return landed
+        indices = self.fragments[landed.fragment]
+        progress = [self.anchor.pseudo_gradient(i) for i in indices] if landed.fragment != boundary else []
+        self.anchor.reset(indices)
+        every_param = [p for group in self.groups for p in group.params]
+        inner_grads = [p.grad for p in every_param]
+        for p in every_param:
+            p.grad = None
+        for index, update in zip(indices, landed.updates):
+            group = self.groups[index]
             for p, view in zip(group.params, group.views(update)):
                 p.grad = view
         self.outer_optimizer.step()
-        for p, grad in zip((p for group in self.groups for p in group.params), inner_grads):
+        for p, grad in zip(every_param, inner_grads):
             p.grad = grad
-        self.anchor.take()
+        self.anchor.take(indices)
+        for index, delta in zip(indices, progress):
+            group = self.groups[index]
+            for p, view in zip(group.params, group.views(delta)):
+                p.sub_(view)
+        return landed
+
+    def _report(self, landed: List[Optional[Landed]]) -> None:
+        """Report each abandoned exchange of ``landed`` (None: nothing landed) under the
+        ``nonfinite`` policy, once every outer step of the call is taken."""
+        for each in landed:
+            if each is not None:
+                each.report(self.nonfinite)
 
     # -- agreement ------------------------------------------------------------------------------
     def _require_same_configuration(self) -> None:
         keys = [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self.groups]
         self._state.require_same_configuration({"every": self.every, "nonfinite": self.nonfinite,
+                                                "overlap": self.overlap, "fragments": len(self.fragments),
                                                 "steps": self.steps, "position": self.position}, keys)
 
     @torch.no_grad()
@@ -185,18 +282,22 @@ class OuterSteps(EngineSteps):
         """This rank's state under a key of its own, ``{"rank<r>": bytes}``
         (:mod:`horovod_sparse.distributed.rank_state`): the model's state (mid-round each
         replica's own parameters), the inner and outer optimizers', the anchors, the round's
-        position, the step counter and, per group, its residual and method state. ``torch.save``
-        it on every rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every
-        rank's."""
+        position, the step counter, per group its residual and method state, and with ``overlap``
+        the averages of the exchange in flight, which is ended first (collective then: every
+        rank saves) and whose outer step stays for its boundary. ``torch.save`` it on every
+        rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every rank's."""
+        self._land()
         return rank_entry({"engine": self._state.record(self.groups, self.steps, per_rank=True),
+                           "landed": None if self._landed is None else self._landed.record(),
                            "position": self.position, "every": self.every, "anchor": self.anchor.flat,
                            "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
                            "outer": self.outer_optimizer.state_dict()})
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue exactly from a :meth:`state_dict` this rank saved in a job of the same size
-        and model (mid-round too). Collective: every rank loads, and the configuration is
-        checked again. Raises ``ValueError`` naming the mismatch before anything is loaded when
+        and model (mid-round too, an overlapped exchange's outer step still to take). Collective:
+        every rank loads (an exchange in flight here is ended and dropped), and the
+        configuration is checked again. Raises ``ValueError`` naming the mismatch before anything is loaded when
         the state was saved by another job size, rank, model or ``every``."""
         saved = state_of_this_rank(state_dict, "the outer steps' state")
         if saved["every"] != self.every:
@@ -206,6 +307,7 @@ class OuterSteps(EngineSteps):
                                               self.groups, decided=False)
         if problem:
             raise ValueError(problem)
+        self._land()
         self.anchor.load(saved["anchor"])
         self.model.load_state_dict(saved["model"])
         self.inner_optimizer.load_state_dict(saved["inner"])
@@ -215,6 +317,8 @@ class OuterSteps(EngineSteps):
         self._state.states.clear()
         self._engine.restart_at(self._state.restore(saved["engine"], self.groups, _no_regrouping))
         self.position = int(saved["position"])
+        devices = [[self.groups[i].params[0].device for i in indices] for indices in self.fragments]
+        self._landed = Landed.from_record(saved.get("landed"), devices)
         self._require_same_configuration()
 
 

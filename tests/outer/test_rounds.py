@@ -14,105 +14,12 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 
 import horovod_sparse.outer as hso
-from horovod_sparse.common.registry import method_names
+from tests.outer.jobs import (DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32, config,
+                              dense_average, reference_rounds, round_thetas, start_params)
 from tests.support.checks import Observed, assert_conserved
-from tests.support.launch import HANG_TIMEOUT, run_configs, worker_env
-from tests.support.reference_grouping import group_exchange
-from tests.torch.test_threshold_baselines import DENSITY as BASELINE_DENSITY
-from tests.workers.given_gradients import make_params
-
-
-SHAPES = [[30, 20], [20], [40, 30], [7]]
-EVERY, STEPS, SEED = 3, 9, 5
-#: The threshold baselines' references are written for their own density.
-THRESHOLDS = ("threshold", "dgc", "gaussiank")
-
-
-def options(method):
-    base = {"density": BASELINE_DENSITY if method in THRESHOLDS else 0.05, "min_numel": 0}
-    return {**base, "adaptive": False} if method == "lags" else base
-
-
-def config(name, method, **extra):
-    return {"name": name, "method": method, "options": {} if method == "none" else options(method),
-            "every": EVERY, "steps": STEPS, "seed": SEED, "shapes": SHAPES, "outer": "sgd1", **extra}
-
-
-METHODS = method_names()
-EXACT = [config(m, m) for m in METHODS]
-#: The default outer optimizer (DiLoCo's Nesterov SGD), dense and sparse, with a final sync after
-#: a part round.
-DILOCO = [config("diloco_none", "none", outer="diloco", steps=STEPS + 1, sync_at_end=True),
-          config("diloco_topk", "topk", outer="diloco", steps=STEPS + 1, sync_at_end=True)]
-#: Saved mid-round (after 4 inner steps: 1 into the second round) and resumed in fresh objects.
-RESUME = [config(f"{m}_{via}_{part}", m, steps=STEPS + 3,
-                 **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
-          for m in ("topk", "micro") for via in ("torch", "dcp") for part in ("whole", "resumed")]
-#: Rank 1's gradient is NaN in the second round (inner step 4); plain SGD inside (a NaN in the inner
-#: optimizer's momentum would stay there: the inner optimizer's state is the user's).
-NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0)
-             for policy in ("skip", "raise")]
-MISMATCH = [config("mismatch", "topk", every_of_rank={"1": EVERY + 1})]
-#: SparseLoCo with error feedback with decay (Templar's e <- 0.95 e + g).
-DECAY = config("sparseloco_decay", "sparseloco", options={**options("sparseloco"), "error_decay": 0.95})
-
-
-@pytest.fixture(scope="module")
-def job(tmp_path_factory):
-    out = tmp_path_factory.mktemp("outer")
-    run_configs("outer_steps.py", 2, out, EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY], backend="torchrun")
-    return out
-
-
-def as32(array):
-    return array.astype(np.float32)
-
-
-def round_thetas(obs, j):
-    """``thetas[r][i]``: rank r's parameter i (flat, float32) at the end of round j."""
-    return [[as32(obs.arrays[r][f"theta_{j}_{i}"]).reshape(-1) for i in range(len(SHAPES))] for r in range(obs.size)]
-
-
-def start_params():
-    """Rank 0's initial parameters, flat float32 (what every rank takes at construction)."""
-    return [p.detach().numpy().reshape(-1).copy() for p in make_params(SHAPES, SEED, torch.float32)]
-
-
-def dense_average(numel, ranks):
-    """DiLoCo's dense exchange: the mean of the ranks' pseudo-gradients, no residual kept."""
-    def exchange(xs, step):
-        mean = sum(xs) / np.float32(ranks)
-        for x in xs:
-            x[:] = 0
-        return mean
-
-    return exchange
-
-
-def reference_rounds(cfg, obs, outer_step, exchange_of=None):
-    """The written-out rounds: per round j the expected averaged pseudo-gradients and parameters
-    after the outer step (``outer_step(anchor, update, i)`` of parameter i), and the final
-    residuals ``[rank][i]``; each parameter's exchange from ``exchange_of(numel, ranks)``
-    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
-    ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
-    anchor = start_params()
-    exchange_of = exchange_of or (lambda numel, n: group_exchange(cfg["method"], cfg["options"], numel, n))
-    exchanges = [exchange_of(a.size, ranks) for a in anchor]
-    residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
-    expected = []
-    for j in range(rounds):
-        thetas, updates = round_thetas(obs, j), []
-        for i, exchange in enumerate(exchanges):
-            xs = [residuals[r][i] + (anchor[i] - thetas[r][i]) for r in range(ranks)]
-            updates.append(exchange(xs, j))
-            for r in range(ranks):
-                residuals[r][i] = xs[r]
-        anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
-        expected.append((updates, anchor))
-    return expected, residuals
+from tests.support.launch import HANG_TIMEOUT, worker_env
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -219,12 +126,13 @@ def test_diloco_outer_optimizer_by_default(job, name):
                                        err_msg=f"{name} round {j} parameter {i}")
 
 
-@pytest.mark.parametrize("name", sorted({c["name"].rsplit("_", 1)[0] for c in RESUME}))
+@pytest.mark.parametrize("name", sorted({c["name"].rsplit("_", 1)[0] for c in RESUME + STREAMED_RESUME}))
 def test_exact_resume_mid_round(job, name):
     """Saved one inner step into a round (``torch.save``, or ``torch.distributed.checkpoint``) and
     loaded into a fresh model, inner optimizer and ``OuterSteps`` built from other parameters,
     training goes on bitwise as without the interruption: every round's parameters, averages
-    and residuals on both ranks."""
+    and residuals on both ranks. Overlapped over 2 fragments too, saved with fragment 0's
+    exchange in flight (ended by the save; its outer step taken at the next boundary)."""
     whole, resumed = Observed(job, f"{name}_whole", 2), Observed(job, f"{name}_resumed", 2)
     for r in range(2):
         assert sorted(whole.arrays[r]) == sorted(resumed.arrays[r])
@@ -292,6 +200,9 @@ refused(lambda: hso.OuterSteps(model, inner, every=0))
 refused(lambda: hso.OuterSteps(model, inner, HorovodCompression.topk(density=0.1)))
 refused(lambda: hso.OuterSteps(model, inner, outer_optimizer=torch.optim.SGD([model.weight], lr=1.0)))
 refused(lambda: hso.OuterSteps(torch.nn.ReLU(), inner))
+refused(lambda: hso.OuterSteps(model, inner, every=1, fragments=2))
+refused(lambda: hso.OuterSteps(model, inner, every=4, fragments=3))
+refused(lambda: hso.OuterSteps(model, inner, overlap="yes"))
 saved = hso.OuterSteps(model, inner, every=3).state_dict()
 refused(lambda: hso.OuterSteps(model, inner, every=4).load_state_dict(saved))
 refused(lambda: hso.OuterSteps(torch.nn.Linear(4, 3), inner, every=3).load_state_dict(saved))
@@ -301,15 +212,20 @@ dist.destroy_process_group()
 
 def test_what_cannot_work_is_refused_with_the_fix():
     """``every`` below 1, a method built for Horovod, an outer optimizer over other parameters, a
-    model without parameters, and a state saved with another ``every`` or model are refused, each
+    model without parameters, more fragments than ``every`` or than parameters, an ``overlap``
+    that is not a bool, and a state saved with another ``every`` or model are refused, each
     naming the fix."""
     result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
                             timeout=HANG_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
-    every, horovod, outer, empty, other_every, other_model = result.stdout.strip().splitlines()[-6:]
+    lines = result.stdout.strip().splitlines()[-9:]
+    every, horovod, outer, empty, over_every, over_params, overlap, other_every, other_model = lines
     assert "every must be an integer >= 1" in every, every
     assert "horovod_sparse.outer.Compression.topk" in horovod, horovod
     assert "exactly the model's trainable parameters" in outer and "['bias']" in outer, outer
     assert "no trainable parameters" in empty, empty
+    assert "fragments=2 needs every >= fragments" in over_every and "fragments <= every=1" in over_every, over_every
+    assert "the model has 2" in over_params and "fragments <= 2" in over_params, over_params
+    assert "overlap" in overlap and "'yes'" in overlap, overlap
     assert "every=3" in other_every and "every=4" in other_every, other_every
     assert "checkpoint does not match the model's groups" in other_model, other_model

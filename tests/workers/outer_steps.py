@@ -10,7 +10,7 @@ each rank's parameters at the end of every round.
 Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed", "shapes",
 "outer" ("diloco": the default outer optimizer; "sgd1": SGD lr 1, no momentum, whose step is an
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
-"every_of_rank", "sync_at_end"}:
+"every_of_rank", "sync_at_end", "overlap", "fragments", "flush_at_end"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -19,12 +19,17 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
 - ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that inner step;
 - ``every_of_rank``: ``{rank: every}`` replacing ``every`` on that rank (construction must raise
   the same error everywhere);
-- ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step.
+- ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step;
+- ``overlap``, ``fragments``: :class:`OuterSteps`'s options of those names;
+- ``flush_at_end``: :meth:`OuterSteps.flush` at the very end.
 
-Records per closed round ``j``: ``theta_{j}_{i}`` (this rank's parameter i at the round's end,
-before the exchange), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups),
-``param_{j}_{i}`` (after the outer step), ``residual_{j}_{i}``; ``start_{i}`` (the parameters
-after construction); the JSON record: each round's statistics, the inner step it closed at, errors.
+Records per round boundary ``j`` (an inner step where a fragment's round ends, by the object's
+``offsets``): ``theta_{j}_{i}`` (this rank's parameter i after the inner step, before the
+boundary), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups, without ``overlap``),
+``param_{j}_{i}`` (after the boundary), ``residual_{j}_{i}``; ``start_{i}`` (the parameters
+after construction); ``final_{i}`` and ``final_residual_{i}`` after the flush; the JSON record:
+each boundary's inner step, fragment, exchanges closed and last statistics, the object's
+``fragments`` and ``offsets``, errors.
 """
 import io
 import json
@@ -70,7 +75,8 @@ def build(config, rank, seed):
     compression = (hso.Compression.none if config["method"] == "none"
                    else hso.Compression.create(config["method"], **config.get("options", {})))
     outer = hso.OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
-                           nonfinite=config.get("nonfinite", "default"))
+                           nonfinite=config.get("nonfinite", "default"), overlap=config.get("overlap", False),
+                           fragments=config.get("fragments", 1))
     return model, inner, outer
 
 
@@ -98,20 +104,21 @@ def run(config, out: Path):
         model, inner, outer = build(config, rank, config["seed"] + rank)
     except ValueError as error:
         errors.append([-1, str(error)])
-        write(out, config, rank, arrays, rounds, errors)
+        write(out, config, rank, arrays, rounds, errors, {})
         return
     arrays.update({f"start_{i}": p.detach().double().numpy().copy() for i, p in enumerate(model.params)})
 
-    def record_round(step, theta):
+    def record_round(step, theta, fragment):
         j = len(rounds)
         for i, (group, p) in enumerate(zip(outer.groups, model.params)):
             arrays[f"theta_{j}_{i}"] = theta[i].double().numpy()
             arrays[f"param_{j}_{i}"] = p.detach().double().numpy().copy()
-            if group.output is not None:
+            if group.output is not None and not outer.overlap:
                 arrays[f"agg_{j}_{i}"] = group.output.double().numpy().copy()
             if group.residual is not None:
                 arrays[f"residual_{j}_{i}"] = group.residual.double().numpy().copy()
-        rounds.append({"step": step, "stats": outer.last_stats.as_dict()})
+        rounds.append({"step": step, "fragment": fragment, "steps": outer.steps,
+                       "stats": None if outer.last_stats is None else outer.last_stats.as_dict()})
 
     for step in range(config["steps"]):
         if step == config.get("resume_at"):
@@ -120,25 +127,30 @@ def run(config, out: Path):
         if config.get("nan_at") == [step, rank]:
             grads[0] = grads[0] * float("nan")
         model(grads).backward()
-        closed = outer.steps
         try:
             outer.step()
         except FloatingPointError as error:
             errors.append([step, str(error)])
         outer.zero_grad()
-        if outer.steps != closed:
-            record_round(step, inner.last)
+        for fragment in [f for f, offset in enumerate(outer.offsets) if offset == outer.position]:
+            record_round(step, inner.last, fragment)
     if config.get("sync_at_end"):
         theta = [p.detach().clone() for p in model.params]
         outer.sync()
-        record_round(config["steps"], theta)
-    write(out, config, rank, arrays, rounds, errors)
+        record_round(config["steps"], theta, 0)
+    if config.get("flush_at_end"):
+        outer.flush()
+        for i, (group, p) in enumerate(zip(outer.groups, model.params)):
+            arrays[f"final_{i}"] = p.detach().double().numpy().copy()
+            if group.residual is not None:
+                arrays[f"final_residual_{i}"] = group.residual.double().numpy().copy()
+    write(out, config, rank, arrays, rounds, errors, {"fragments": outer.fragments, "offsets": outer.offsets})
 
 
-def write(out, config, rank, arrays, rounds, errors):
+def write(out, config, rank, arrays, rounds, errors, layout):
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
-        {"rounds": rounds, "errors": errors, "horovod_imported": "horovod" in sys.modules}))
+        {"rounds": rounds, "errors": errors, "horovod_imported": "horovod" in sys.modules, **layout}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,167 @@
+"""The outer-steps job shared by ``tests/outer``'s modules (one ``torchrun`` launch: the configs
+of ``tests/workers/outer_steps.py``) and the written-out reference of the synchronous rounds.
+"""
+import numpy as np
+import torch
+
+import horovod_sparse.methods  # noqa: F401  (registers every method)
+from horovod_sparse.common.registry import method_names
+from tests.support.reference_grouping import group_exchange
+from tests.torch.test_threshold_baselines import DENSITY as BASELINE_DENSITY
+from tests.workers.given_gradients import make_params
+
+
+SHAPES = [[30, 20], [20], [40, 30], [7]]
+EVERY, STEPS, SEED = 3, 9, 5
+#: The threshold baselines' references are written for their own density.
+THRESHOLDS = ("threshold", "dgc", "gaussiank")
+
+
+def options(method):
+    base = {"density": BASELINE_DENSITY if method in THRESHOLDS else 0.05, "min_numel": 0}
+    return {**base, "adaptive": False} if method == "lags" else base
+
+
+def config(name, method, **extra):
+    return {"name": name, "method": method, "options": {} if method == "none" else options(method),
+            "every": EVERY, "steps": STEPS, "seed": SEED, "shapes": SHAPES, "outer": "sgd1", **extra}
+
+
+METHODS = method_names()
+EXACT = [config(m, m) for m in METHODS]
+#: The default outer optimizer (DiLoCo's Nesterov SGD), dense and sparse, with a final sync after
+#: a part round.
+DILOCO = [config("diloco_none", "none", outer="diloco", steps=STEPS + 1, sync_at_end=True),
+          config("diloco_topk", "topk", outer="diloco", steps=STEPS + 1, sync_at_end=True)]
+#: Saved mid-round (after 4 inner steps: 1 into the second round) and resumed in fresh objects.
+RESUME = [config(f"{m}_{via}_{part}", m, steps=STEPS + 3,
+                 **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
+          for m in ("topk", "micro") for via in ("torch", "dcp") for part in ("whole", "resumed")]
+#: Rank 1's gradient is NaN in the second round (inner step 4); plain SGD inside (a NaN in the inner
+#: optimizer's momentum would stay there: the inner optimizer's state is the user's).
+NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0)
+             for policy in ("skip", "raise")]
+MISMATCH = [config("mismatch", "topk", every_of_rank={"1": EVERY + 1})]
+#: SparseLoCo with error feedback with decay (Templar's e <- 0.95 e + g).
+DECAY = config("sparseloco_decay", "sparseloco", options={**options("sparseloco"), "error_decay": 0.95})
+#: Overlapped rounds (``overlap=True``) of every method; streamed fragments (2, overlapped) of every
+#: method; 3 fragments of synchronous rounds. Each flushed at the end (after the last boundary).
+OVERLAP = [config(f"overlap_{m}", m, overlap=True, flush_at_end=True) for m in METHODS]
+STREAMED = ([config(f"streamed_{m}", m, overlap=True, fragments=2, flush_at_end=True) for m in METHODS]
+            + [config("streamed_sync_topk", "topk", fragments=3, flush_at_end=True)])
+#: Overlapped and streamed, saved one inner step after fragment 0's boundary at step 3 (its
+#: exchange in flight) and resumed in fresh objects.
+STREAMED_RESUME = [config(f"streamed_{m}_{via}_{part}", m, overlap=True, fragments=2, flush_at_end=True,
+                          steps=STEPS + 3, **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
+                   for m, via in (("topk", "torch"), ("micro", "dcp")) for part in ("whole", "resumed")]
+#: Overlapped rounds with rank 1's NaN in the second round (inner step 4): its exchange ends, and
+#: is abandoned, at the third round's end.
+NONFINITE_OVERLAP = [config(f"nan_overlap_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0,
+                            overlap=True, flush_at_end=True) for policy in ("skip", "raise")]
+#: Overlapped over 2 fragments, ended as the docs say: ``sync()`` after the last inner step (mid-cycle,
+#: step 7 of 3-step rounds), then ``flush()``.
+STREAMED_END = config("streamed_end_topk", "topk", overlap=True, fragments=2, steps=STEPS - 1, sync_at_end=True,
+                      flush_at_end=True)
+CONFIGS = (EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY] + OVERLAP + STREAMED + STREAMED_RESUME
+           + NONFINITE_OVERLAP + [STREAMED_END])
+
+
+def as32(array):
+    return array.astype(np.float32)
+
+
+def round_thetas(obs, j):
+    """``thetas[r][i]``: rank r's parameter i (flat, float32) at the end of round j."""
+    return [[as32(obs.arrays[r][f"theta_{j}_{i}"]).reshape(-1) for i in range(len(SHAPES))] for r in range(obs.size)]
+
+
+def start_params():
+    """Rank 0's initial parameters, flat float32 (what every rank takes at construction)."""
+    return [p.detach().numpy().reshape(-1).copy() for p in make_params(SHAPES, SEED, torch.float32)]
+
+
+def dense_average(numel, ranks):
+    """DiLoCo's dense exchange: the mean of the ranks' pseudo-gradients, no residual kept."""
+    def exchange(xs, step):
+        mean = sum(xs) / np.float32(ranks)
+        for x in xs:
+            x[:] = 0
+        return mean
+
+    return exchange
+
+
+def reference_rounds(cfg, obs, outer_step, exchange_of=None):
+    """The written-out rounds: per round j the expected averaged pseudo-gradients and parameters
+    after the outer step (``outer_step(anchor, update, i)`` of parameter i), and the final
+    residuals ``[rank][i]``; each parameter's exchange from ``exchange_of(numel, ranks)``
+    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
+    ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
+    anchor = start_params()
+    exchange_of = exchange_of or (lambda numel, n: group_exchange(cfg["method"], cfg["options"], numel, n))
+    exchanges = [exchange_of(a.size, ranks) for a in anchor]
+    residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
+    expected = []
+    for j in range(rounds):
+        thetas, updates = round_thetas(obs, j), []
+        for i, exchange in enumerate(exchanges):
+            xs = [residuals[r][i] + (anchor[i] - thetas[r][i]) for r in range(ranks)]
+            updates.append(exchange(xs, j))
+            for r in range(ranks):
+                residuals[r][i] = xs[r]
+        anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
+        expected.append((updates, anchor))
+    return expected, residuals
+
+
+
+
+def reference_streamed(cfg, obs, abandoned=(), nan=None):
+    """The written-out overlapped and streamed rounds, with SGD of lr 1 outside: per boundary
+    ``j`` (fragment ``f`` of the worker's record) each rank's expected parameters after it, then
+    after the final flush, and the final residuals ``[rank][i]``.
+
+    At a boundary: ``d = anchor - θ`` of fragment ``f``'s parameters; the exchange in flight ends
+    and its outer step is taken (``anchor' = anchor - average``; a parameter of another fragment
+    keeps its progress, ``θ = anchor' - (anchor - θ)``); ``f``'s parameters go back to their
+    anchor and the method's exchange of ``residual + d`` starts (the ``j``-th exchange); without
+    ``overlap`` it ends at once. Exchanges ``abandoned`` deliver nothing and leave each
+    residual ``residual + d``, except where ``nan = (rank, parameter)`` was not finite."""
+    ranks, meta = obs.size, obs.meta[0]
+    fragments = meta["fragments"]
+    anchor = start_params()
+    exchanges = [group_exchange(cfg["method"], cfg["options"], a.size, ranks) for a in anchor]
+    residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
+    landed, expected = None, []
+
+    def take(params, boundary):
+        fragment, updates = landed
+        for i, update in zip(fragments[fragment], updates or []):
+            new = anchor[i] - update
+            for r in range(ranks):
+                params[r][i] = new.copy() if fragment == boundary else new - (anchor[i] - params[r][i])
+            anchor[i] = new
+
+    for j, entry in enumerate(meta["rounds"]):
+        f, thetas = entry["fragment"], round_thetas(obs, j)
+        params = [[t.copy() for t in thetas[r]] for r in range(ranks)]
+        deltas = {i: [anchor[i] - thetas[r][i] for r in range(ranks)] for i in fragments[f]}
+        if landed is not None:
+            take(params, f)
+        updates = []
+        for i in fragments[f]:
+            xs = [residuals[r][i] + deltas[i][r] for r in range(ranks)]
+            if j not in abandoned:
+                updates.append(exchanges[i](xs, j))
+            for r in range(ranks):
+                residuals[r][i] = residuals[r][i] if j in abandoned and (r, i) == nan else xs[r]
+                params[r][i] = anchor[i].copy()
+        landed = (f, None if j in abandoned else updates)
+        if not cfg.get("overlap"):
+            take(params, f)
+            landed = None
+        expected.append(params)
+    final = [[p.copy() for p in expected[-1][r]] for r in range(ranks)]
+    if landed is not None:
+        take(final, None)
+    return expected, final, residuals
