@@ -4,6 +4,7 @@ namespaces, :mod:`benchmarks.emulated.netem`).
 
     python -m benchmarks.outer.outer_steps --rates 100mbit 1gbit [--workers 2] [--steps 300] [--every 10 50]
     python -m benchmarks.outer.outer_steps --rates local ...   # this machine's loopback, no shaping (no root)
+    python -m benchmarks.outer.outer_steps --schedules sync overlap streamed --fragments 4 ...
 
 For every rate one ``torch.distributed`` job (Gloo) across the emulated cluster trains, one after
 the other from the same initial weights (:mod:`benchmarks.outer.outer_training`): per-step DDP (DDP's
@@ -36,8 +37,9 @@ from benchmarks.shared import plots
 from benchmarks.shared.results import RESULTS_DIR, command_line, write_results
 
 LOCAL = "local"
-WORKER_OPTIONS = ("--tasks", "--steps", "--eval-every", "--every", "--methods", "--outer-methods", "--density",
-                  "--sparse-outer", "--lr", "--batch-size", "--digits-batch-size", "--seed")
+WORKER_OPTIONS = ("--tasks", "--steps", "--outer-steps", "--eval-every", "--every", "--methods", "--outer-methods",
+                  "--density", "--sparse-outer", "--lr", "--batch-size", "--digits-batch-size", "--seed",
+                  "--schedules", "--fragments")
 
 
 def worker_argv(args: argparse.Namespace, torchft: bool) -> List[str]:
@@ -46,7 +48,8 @@ def worker_argv(args: argparse.Namespace, torchft: bool) -> List[str]:
     argv = [sys.executable, "-m", "benchmarks.outer.outer_steps", "--worker", *(["--torchft"] if torchft else [])]
     for option in WORKER_OPTIONS:
         value = getattr(args, option[2:].replace("-", "_"))
-        argv += [option, *map(str, value if isinstance(value, list) else [value])]
+        if value is not None:
+            argv += [option, *map(str, value if isinstance(value, list) else [value])]
     return argv
 
 
@@ -83,7 +86,8 @@ def reached(row: Dict[str, Any], target: float, lower_is_better: bool) -> Option
 def add_comparisons(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Each row with ``to_dense_ddp`` (seconds to dense DDP's final metric), ``time_fraction``
     (that over dense DDP's seconds) and, for outer rows with a method, ``dense_diloco_final`` and
-    ``bytes_ratio`` (dense DiLoCo's final metric, and its bytes over the row's, at the same H)."""
+    ``bytes_ratio`` (dense DiLoCo's final metric, and its bytes over the row's, at the same H and
+    schedule)."""
     out = []
     for row in rows:
         same = [r for r in rows if r["rate"] == row["rate"] and r["task"] == row["task"]]
@@ -92,8 +96,8 @@ def add_comparisons(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         extra: Dict[str, Any] = {"to_dense_ddp": seconds,
                                  "time_fraction": None if seconds is None else seconds / dense["seconds"]}
         if row["kind"] == "outer" and row["method"] != "none":
-            diloco = next(r for r in same
-                          if r["kind"] == "outer" and r["method"] == "none" and r["every"] == row["every"])
+            diloco = next(r for r in same if r["kind"] == "outer" and r["method"] == "none"
+                          and r["every"] == row["every"] and r.get("schedule") == row.get("schedule"))
             extra.update(dense_diloco_final=diloco["final"], bytes_ratio=diloco["bytes"] / row["bytes"])
         out.append({**row, **extra})
     return out

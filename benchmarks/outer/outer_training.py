@@ -6,7 +6,10 @@ Tasks: ``lm``, a byte-level causal transformer on the standard library's sources
 (:mod:`benchmarks.outer.text`; validation loss), and ``digits``, the main job's MLP on scikit-learn's
 digits (test accuracy). Configurations: per-step DDP (``ddp none``: DDP's own allreduce; ``ddp
 <method>``: horovod_sparse's comm hook) and outer steps (``outer none H=…``: DiLoCo; ``outer
-<method> H=…``: the method on the pseudo-gradients), all with AdamW inside. Every ``eval_every``
+<method> H=…``: the method on the pseudo-gradients; each schedule of ``--schedules``: ``sync``,
+``overlap`` (a round's exchange during the next round) and ``streamed`` (``--fragments``
+fragments, overlapped)), all with AdamW inside. Streamed replicas differ between the fragments'
+boundaries: rank 0's is evaluated. Every ``eval_every``
 steps (a multiple of every H, so replicas agree) rank 0 evaluates while the others wait; the
 clock stops meanwhile, so ``seconds`` is training time alone (compute and exchange). Bytes are the
 payload a worker handed its collectives (the front ends' statistics; ``4 x parameters`` per step
@@ -18,7 +21,7 @@ import argparse
 import json
 import socket
 import time
-from typing import Any, Callable, Dict, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, List, NamedTuple, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -32,6 +35,8 @@ from benchmarks.shared.data import digits_split, shard
 from benchmarks.shared.models import CausalTransformer, count_parameters, digits_mlp
 
 RESULT_PREFIX = "OUTER-RESULT "
+#: The outer steps' schedules and their labels' suffixes (formatted with the fragments' count).
+SCHEDULE_LABELS = {"sync": "", "overlap": " overlap", "streamed": " streamed F={}"}
 #: The language model: width 128, 2 blocks, 4 heads, 64 bytes of context (about 0.4 M parameters).
 LM_SHAPE = {"context": 64, "width": 128, "layers": 2, "heads": 4}
 
@@ -177,7 +182,8 @@ def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
                    else hso.Compression.create(config["method"], **options))
     outer_optimizer = (torch.optim.SGD(model.parameters(), lr=1.0)
                        if config["method"] != "none" and args.sparse_outer == "sgd" else None)
-    outer = hso.OuterSteps(model, inner, compression, every=config["every"], outer_optimizer=outer_optimizer)
+    outer = hso.OuterSteps(model, inner, compression, every=config["every"], outer_optimizer=outer_optimizer,
+                           overlap=config["schedule"] != "sync", fragments=config["fragments"])
     closed = [0]
 
     def round_sent() -> int:
@@ -190,12 +196,14 @@ def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
 
 
 def train(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
-    """Train ``config`` for ``args.steps`` steps; its curve and totals (on rank 0)."""
+    """Train ``config`` for ``args.steps`` steps (an outer configuration for ``args.outer_steps``
+    when given); its curve and totals (on rank 0)."""
     model, step, sent, optimizers, close = build(task, config, args)
     curve: List[Dict[str, float]] = []
     seconds, sent_bytes = 0.0, 0
+    steps = args.outer_steps if config["kind"] == "outer" and args.outer_steps else args.steps
     dist.barrier()
-    for number in range(1, args.steps + 1):
+    for number in range(1, steps + 1):
         x, y = task.batch_of()
         start = time.perf_counter()
         for optimizer in optimizers:
@@ -217,17 +225,21 @@ def train(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Dict[
 
 
 def configurations(methods: List[str], outer_methods: List[str], every: List[int],
-                   torchft: bool = False) -> List[Dict[str, Any]]:
-    """Per-step DDP (dense, then ``methods``), then at every H of ``every`` outer steps (dense
-    DiLoCo, then ``outer_methods``); with ``torchft``, torchft's DiLoCo at every H instead (a job
-    of its own: a failure of torchft's quorum loses none of the others' rows). Each with its
-    ``label`` and ``index``."""
+                   torchft: bool = False, schedules: Sequence[str] = ("sync",),
+                   fragments: int = 4) -> List[Dict[str, Any]]:
+    """Per-step DDP (dense, then ``methods``), then at every H of ``every`` and each of
+    ``schedules`` (``sync``; ``overlap``; ``streamed``: ``fragments`` fragments, overlapped) outer
+    steps (dense DiLoCo, then ``outer_methods``); with ``torchft``, torchft's DiLoCo at every H
+    instead (a job of its own: a failure of torchft's quorum loses none of the others' rows).
+    Each with its ``label`` and ``index``."""
     if torchft:
         configs = [{"kind": "torchft", "method": "none", "every": h, "label": f"torchft diloco H={h}"} for h in every]
     else:
         configs = [{"kind": "ddp", "method": m, "label": f"ddp {m}"} for m in ["none", *methods]]
-        configs += [{"kind": "outer", "method": m, "every": h, "label": f"outer {m} H={h}"}
-                    for h in every for m in ["none", *outer_methods]]
+        configs += [{"kind": "outer", "method": m, "every": h, "schedule": schedule,
+                     "fragments": fragments if schedule == "streamed" else 1,
+                     "label": f"outer {m} H={h}" + SCHEDULE_LABELS[schedule].format(fragments)}
+                    for h in every for schedule in schedules for m in ["none", *outer_methods]]
     return [{**c, "index": i} for i, c in enumerate(configs)]
 
 
@@ -237,7 +249,8 @@ def run_worker(args: argparse.Namespace) -> None:
     rank = dist.get_rank()
     for task_name in args.tasks:
         task = Task(task_name, args.batch_size if task_name == "lm" else args.digits_batch_size, args.seed)
-        for config in configurations(args.methods, args.outer_methods, args.every, args.torchft):
+        for config in configurations(args.methods, args.outer_methods, args.every, args.torchft, args.schedules,
+                                     args.fragments):
             result = train(task, config, args)
             if rank == 0:
                 print(RESULT_PREFIX + json.dumps(result), flush=True)
@@ -247,9 +260,13 @@ def run_worker(args: argparse.Namespace) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", nargs="+", default=["lm", "digits"], choices=["lm", "digits"])
     parser.add_argument("--steps", type=int, default=300, help="inner steps of every configuration")
+    parser.add_argument("--outer-steps", type=int, default=None,
+                        help="inner steps of the outer configurations (default --steps): more, to see when they "
+                             "reach per-step DDP's final metric")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between evaluations (a multiple of --every)")
     parser.add_argument("--every", type=int, nargs="+", default=[10, 50], help="inner steps per round (H)")
-    parser.add_argument("--methods", nargs="+", default=["topk", "micro"], help="per-step methods (DDP hook)")
+    parser.add_argument("--methods", nargs="*", default=["topk", "micro"],
+                        help="per-step methods (DDP hook), besides dense DDP (none: dense DDP alone)")
     parser.add_argument("--outer-methods", nargs="+", default=["topk", "micro", "gtopk", "sparseloco"],
                         help="methods on the pseudo-gradients")
     parser.add_argument("--density", type=float, default=1 / 64)
@@ -260,6 +277,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=16, help="the language model's windows per step")
     parser.add_argument("--digits-batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--schedules", nargs="+", default=["sync"], choices=list(SCHEDULE_LABELS),
+                        help="the outer steps' schedules: sync, overlap (a round's exchange during the next round), "
+                             "streamed (--fragments fragments, overlapped)")
+    parser.add_argument("--fragments", type=int, default=4, help="fragments of the streamed schedule")
     parser.add_argument("--torchft", action="store_true",
                         help="also train torchft's DiLoCo (dense) at every H, the anchor, in a job of its own after "
                              "the others (pip install torchft)")
@@ -271,7 +292,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     if bad:
         parser.error(f"--eval-every {args.eval_every} is not a multiple of --every {bad}: evaluations must fall "
                      "at the end of a round, where every replica holds the same parameters")
-    if args.steps % args.eval_every:
-        parser.error(f"--steps {args.steps} must be a multiple of --eval-every {args.eval_every}")
+    for option, steps in (("--steps", args.steps), ("--outer-steps", args.outer_steps or args.steps)):
+        if steps % args.eval_every:
+            parser.error(f"{option} {steps} must be a multiple of --eval-every {args.eval_every}")
     for method in sorted(set(args.methods) | set(args.outer_methods)):
         hso.Compression.create(method, density=args.density)  # raises naming the known methods

@@ -636,14 +636,16 @@ def test_node_collectives_times_the_inside_tier_beside_the_allreduce(tmp_path):
 # -- outer steps against per-step exchange -------------------------------------------------------------------
 def test_outer_steps_benchmark_end_to_end(tmp_path):
     """``benchmarks.outer.outer_steps`` on this machine's loopback (``--rates local``), both tasks at a
-    tiny size: every configuration's row, their bytes (plain DDP every parameter every step, dense
-    DiLoCo every parameter once a round, a method on the pseudo-gradients fewer), the comparisons
-    against dense DDP, the JSON and the figures."""
+    tiny size, every schedule: every configuration's row, their bytes (plain DDP every parameter
+    every step, dense DiLoCo every parameter once a round, the last round's exchange still in
+    flight when overlapped, a method on the pseudo-gradients fewer), the comparisons against dense
+    DDP and against dense DiLoCo of the same schedule, the JSON and the figures."""
     result = run([sys.executable, "-m", "benchmarks.outer.outer_steps", "--rates", "local", "--steps", "10",
                   "--eval-every", "5", "--every", "5", "--methods", "topk", "--outer-methods", "topk", "--out",
-                  str(tmp_path)])
+                  str(tmp_path), "--schedules", "sync", "overlap", "streamed", "--fragments", "2"])
     rows = json.loads((tmp_path / "outer_steps.json").read_text())["results"]
-    labels = ["ddp none", "ddp topk", "outer none H=5", "outer topk H=5"]
+    labels = ["ddp none", "ddp topk"] + [f"outer {m} H=5{suffix}" for suffix in ("", " overlap", " streamed F=2")
+                                         for m in ("none", "topk")]
     assert [(r["task"], r["label"]) for r in rows] == [(t, label) for t in ("lm", "digits") for label in labels]
     for r in rows:
         assert [p["step"] for p in r["curve"]] == [5, 10] and r["final"] == r["curve"][-1]["value"]
@@ -654,10 +656,15 @@ def test_outer_steps_benchmark_end_to_end(tmp_path):
             assert r["bytes"] == 10 * dense and r["time_fraction"] == 1.0
         elif r["label"] == "outer none H=5":
             assert r["bytes"] == 2 * dense
-        elif r["label"] == "outer topk H=5":
-            assert 0 < r["bytes"] < by_label["outer none H=5"]["bytes"] / 10
-            assert r["bytes_ratio"] == by_label["outer none H=5"]["bytes"] / r["bytes"]
-            assert r["dense_diloco_final"] == by_label["outer none H=5"]["final"]
+        elif r["label"] == "outer none H=5 overlap":
+            assert r["bytes"] == dense
+        elif r["label"] == "outer none H=5 streamed F=2":  # fragments 0, 1, 0 landed; 1 in flight
+            assert dense < r["bytes"] < 2 * dense
+        elif r["kind"] == "outer":
+            diloco = by_label[r["label"].replace("topk", "none")]
+            assert 0 < r["bytes"] < diloco["bytes"] / 10
+            assert r["bytes_ratio"] == diloco["bytes"] / r["bytes"]
+            assert r["dense_diloco_final"] == diloco["final"]
     assert rows[0]["metric"] == "validation loss" and rows[-1]["metric"] == "test accuracy (%)"
     for name in ("lm_seconds", "lm_bytes", "digits_seconds", "digits_bytes"):
         assert (tmp_path / f"outer_steps_{name}.png").read_bytes()[:8] == PNG
