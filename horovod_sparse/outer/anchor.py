@@ -4,7 +4,9 @@ A round's pseudo-gradient is ``anchor - θ`` (what the inner steps moved, with D
 descent direction, as a gradient is), and an outer step starts from the anchor again: every
 replica resets to it, the outer optimizer applies the averaged pseudo-gradient, and the result
 is the next anchor. One flat buffer per group, each parameter's slice laid out as the parameter
-is in memory (:meth:`~horovod_sparse.torch_core.buffers.FlatGroup.views`).
+is in memory (:meth:`~horovod_sparse.torch_core.buffers.FlatGroup.views`), on the parameters'
+device or, offloaded, in CPU memory (pinned where the parameters are on a GPU), where the outer
+optimizer then steps it (:attr:`Anchor.masters`).
 """
 from __future__ import annotations
 
@@ -20,12 +22,23 @@ class Anchor:
 
     Args:
         groups: the front end's groups, every parameter in exactly one.
+        offload: keep the anchor in CPU memory (pinned where a group's parameters are on a GPU)
+            instead of on the parameters' device.
+
+    Attributes:
+        masters: offloaded, per group the anchor of each of its parameters as a leaf tensor of
+            the parameter's shape sharing the anchor's memory (what the outer optimizer steps);
+            else empty.
     """
 
-    def __init__(self, groups: Sequence[FlatGroup]) -> None:
+    def __init__(self, groups: Sequence[FlatGroup], offload: bool = False) -> None:
         self.groups = list(groups)
         self.flat: List[torch.Tensor] = [
-            torch.empty(g.numel, dtype=g.dtype, device=g.params[0].device) for g in self.groups]
+            torch.empty(g.numel, dtype=g.dtype, device="cpu", pin_memory=g.params[0].is_cuda) if offload
+            else torch.empty(g.numel, dtype=g.dtype, device=g.params[0].device) for g in self.groups]
+        self.masters: List[List[torch.nn.Parameter]] = [
+            [torch.nn.Parameter(view) for view in g.views(flat)] for g, flat in zip(self.groups, self.flat)
+        ] if offload else []
         self.take()
 
     def _chosen(self, indices: Optional[Iterable[int]]) -> Iterable[int]:
@@ -42,9 +55,9 @@ class Anchor:
 
     @torch.no_grad()
     def pseudo_gradient(self, index: int) -> torch.Tensor:
-        """Group ``index``'s pseudo-gradient ``anchor - θ``, flat (a new tensor)."""
+        """Group ``index``'s pseudo-gradient ``anchor - θ``, flat (a new tensor on the parameters' device)."""
         group = self.groups[index]
-        delta = self.flat[index].clone()
+        delta = self.flat[index].to(group.params[0].device, copy=True)
         for view, p in zip(group.views(delta), group.params):
             view.sub_(p)
         return delta

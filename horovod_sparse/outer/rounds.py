@@ -34,7 +34,7 @@ schedules count rounds).
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -53,11 +53,14 @@ from horovod_sparse.outer.landing import Landed
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 
+#: A function building an optimizer over the tensors it is given (``outer_optimizer`` with ``offload``).
+OptimizerFactory = Callable[[List[torch.Tensor]], torch.optim.Optimizer]
+
 #: DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov SGD, learning rate 0.7, momentum 0.9.
 DILOCO_OUTER = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
 
 
-def diloco_outer_optimizer(params: List[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def diloco_outer_optimizer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
     """DiLoCo's outer optimizer over ``params`` (:data:`DILOCO_OUTER`)."""
     return torch.optim.SGD(params, **DILOCO_OUTER)
 
@@ -75,7 +78,10 @@ class OuterSteps(EngineSteps):
         every: inner steps per round (DiLoCo's H), at least 1.
         outer_optimizer: the optimizer of the outer steps, over exactly the model's trainable
             parameters (the average pseudo-gradient is its gradient); default
-            :func:`diloco_outer_optimizer`.
+            :func:`diloco_outer_optimizer`. With ``offload``, a function building it over the
+            tensors it is given (the anchor's, in the model's parameter order), such as
+            :func:`diloco_outer_optimizer` (the default) or
+            ``lambda params: torch.optim.SGD(params, lr=1.0)``.
         process_group: the ``torch.distributed`` group of the replicas (None: every process).
         nonfinite: what a NaN/Inf pseudo-gradient on any rank does, as in the other front ends:
             ``"raise"`` (default with a sparsifier) or ``"skip"``; None (default densely) checks
@@ -98,6 +104,11 @@ class OuterSteps(EngineSteps):
             its round after every ``every``-th inner step. At most ``every`` and the number of
             trainable parameters. The outer optimizer steps one fragment at a time (the other
             parameters have no gradient then), so its state is each fragment's own.
+        offload: keep the anchor and the outer optimizer's state in CPU memory (pinned where the
+            model is on a GPU; :class:`~horovod_sparse.outer.anchor.Anchor`): the outer
+            optimizer steps the anchor there, with the average copied to it, and the parameters
+            take the result; the pseudo-gradient is taken on the model's device. The same
+            results as without it, bitwise where the outer optimizer computes alike on both.
 
     At construction every rank takes rank 0's parameters (of ``process_group``) and checks that
     the configuration (method and options, ``every``, ``nonfinite``, the parameters' names,
@@ -116,13 +127,15 @@ class OuterSteps(EngineSteps):
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = Compression.none, every: int = 50,
-                 outer_optimizer: Optional[torch.optim.Optimizer] = None,
+                 outer_optimizer: Union[None, torch.optim.Optimizer, OptimizerFactory] = None,
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
-                 stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1) -> None:
+                 stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
+                 offload: bool = False) -> None:
         self.sparse = checked_sparse(compression, "outer")
         self.compression = compression
         self.every = check_int("every", every, minimum=1)
         self.overlap = check_bool("overlap", overlap)
+        self.offload = check_bool("offload", offload)
         count = check_int("fragments", fragments, minimum=1)
         if count > self.every:
             raise ValueError(f"fragments={count} needs every >= fragments (each fragment ends its round at its own "
@@ -137,8 +150,13 @@ class OuterSteps(EngineSteps):
         self.fragments = fragmenting.cut([g.numel for g in self.groups], count)
         self.offsets = fragmenting.offsets(self.every, count)
         params = [p for _, p in named]
-        self.outer_optimizer = outer_optimizer if outer_optimizer is not None else diloco_outer_optimizer(params)
-        _require_over(self.outer_optimizer, params, named)
+        if not self.offload:
+            self.outer_optimizer = outer_optimizer if outer_optimizer is not None else diloco_outer_optimizer(params)
+            _require_over(self.outer_optimizer, params, named)
+        elif isinstance(outer_optimizer, torch.optim.Optimizer):
+            raise TypeError("with offload=True the outer optimizer steps the anchor in CPU memory: give "
+                            "outer_optimizer as a function of the tensors to step, e.g. "
+                            "outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0), or None for DiLoCo's")
         self.process_group = ProcessGroup(process_group)
         self._engine = distributed_engine(compression, self.process_group, stats_log)
         self._state = self._engine.model
@@ -149,7 +167,13 @@ class OuterSteps(EngineSteps):
         self._landed: Optional[Landed] = None
         self._require_same_configuration()
         self._broadcast_parameters()
-        self.anchor = Anchor(self.groups)
+        self.anchor = Anchor(self.groups, self.offload)
+        #: The tensors the outer optimizer steps, group by group: the parameters, or the anchor's.
+        self._stepped = self.anchor.masters or [group.params for group in self.groups]
+        if self.offload:
+            masters = [t for tensors in self._stepped for t in tensors]
+            self.outer_optimizer = (outer_optimizer or diloco_outer_optimizer)(masters)
+            _require_over(self.outer_optimizer, masters, named)
 
     # -- the training loop ---------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
@@ -227,33 +251,43 @@ class OuterSteps(EngineSteps):
     def _take_landed(self, boundary: Optional[int]) -> Optional[Landed]:
         """The outer step of what landed (nothing when it was abandoned): the fragment's
         parameters at its anchor, the outer optimizer's step with each group's average as the
-        gradient (the other parameters have none), the result its next anchor. Unless the
-        fragment is ``boundary`` (its parameters' progress is on the wire already), what its
-        inner steps did since its anchor is put back on top: ``θ <- anchor' - (anchor - θ)``.
-        The parameters' inner gradients are put back afterwards. Returns what was taken."""
+        gradient (the other parameters have none), the result its next anchor (offloaded: the
+        step taken on the anchor, the parameters set to it). Unless the fragment is
+        ``boundary`` (its parameters' progress is on the wire already), what its inner steps
+        did since its anchor is put back on top: ``θ <- anchor' - (anchor - θ)``. Returns what
+        was taken."""
         landed, self._landed = self._landed, None
         if landed is None or landed.updates is None:
             return landed
         indices = self.fragments[landed.fragment]
         progress = [self.anchor.pseudo_gradient(i) for i in indices] if landed.fragment != boundary else []
-        self.anchor.reset(indices)
-        every_param = [p for group in self.groups for p in group.params]
-        inner_grads = [p.grad for p in every_param]
-        for p in every_param:
-            p.grad = None
-        for index, update in zip(indices, landed.updates):
-            group = self.groups[index]
-            for p, view in zip(group.params, group.views(update)):
-                p.grad = view
-        self.outer_optimizer.step()
-        for p, grad in zip(every_param, inner_grads):
-            p.grad = grad
-        self.anchor.take(indices)
+        if not self.offload:
+            self.anchor.reset(indices)
+        self._outer_step(indices, landed.updates)
+        if self.offload:
+            self.anchor.reset(indices)
+        else:
+            self.anchor.take(indices)
         for index, delta in zip(indices, progress):
             group = self.groups[index]
             for p, view in zip(group.params, group.views(delta)):
                 p.sub_(view)
         return landed
+
+    def _outer_step(self, indices: Sequence[int], updates: Sequence[torch.Tensor]) -> None:
+        """The outer optimizer's step with the averages ``updates`` of the groups ``indices`` as
+        the gradients of what it steps (:attr:`_stepped`; copied to its device), the others
+        without one; their gradients (the parameters' inner ones) put back afterwards."""
+        stepped = [t for tensors in self._stepped for t in tensors]
+        saved = [t.grad for t in stepped]
+        for t in stepped:
+            t.grad = None
+        for index, update in zip(indices, updates):
+            for t, view in zip(self._stepped[index], self.groups[index].views(update)):
+                t.grad = view.to(t.device)
+        self.outer_optimizer.step()
+        for t, grad in zip(stepped, saved):
+            t.grad = grad
 
     def _report(self, landed: List[Optional[Landed]]) -> None:
         """Report each abandoned exchange of ``landed`` (None: nothing landed) under the
@@ -267,6 +301,7 @@ class OuterSteps(EngineSteps):
         keys = [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self.groups]
         self._state.require_same_configuration({"every": self.every, "nonfinite": self.nonfinite,
                                                 "overlap": self.overlap, "fragments": len(self.fragments),
+                                                "offload": self.offload,
                                                 "steps": self.steps, "position": self.position}, keys)
 
     @torch.no_grad()
@@ -326,12 +361,13 @@ def _no_regrouping(members: List[List[int]]) -> List[FlatGroup]:
     raise AssertionError("the outer steps' groups never change")
 
 
-def _require_over(optimizer: torch.optim.Optimizer, params: List[torch.nn.Parameter], named: List[Any]) -> None:
-    """Raise ``ValueError`` unless ``optimizer`` steps exactly ``params`` (the model's trainable parameters)."""
+def _require_over(optimizer: torch.optim.Optimizer, params: List[torch.Tensor], named: List[Any]) -> None:
+    """Raise ``ValueError`` unless ``optimizer`` steps exactly ``params`` (the model's trainable
+    parameters, or their anchors with ``offload``; ``named``: the parameters' names, in order)."""
     given = {id(p) for group in optimizer.param_groups for p in group["params"]}
     if given != {id(p) for p in params}:
-        names = {id(p): name for name, p in named}
-        missing = [names[id(p)] for p in params if id(p) not in given]
+        missing = [name for (name, _), p in zip(named, params) if id(p) not in given]
         raise ValueError(f"outer_optimizer must step exactly the model's trainable parameters: it misses "
-                         f"{missing[:5]} and has {len(given - set(names))} others; build it over "
-                         "model.parameters() (or leave it None for DiLoCo's Nesterov SGD)")
+                         f"{missing[:5]} and has {len(given - {id(p) for p in params})} others; build it over "
+                         "model.parameters() (with offload=True: over the tensors it is given), or leave it None "
+                         "for DiLoCo's Nesterov SGD")

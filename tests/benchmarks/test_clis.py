@@ -693,6 +693,22 @@ def test_outer_steps_comparisons_and_refusals():
         main(["--rates", "local", "--every", "10", "--eval-every", "15"])
 
 
+def test_outer_offload_cost_measures_both_settings_side_by_side(tmp_path):
+    """``benchmarks.outer.offload_cost`` on the CPU, a tiny MLP: a row per setting (on the
+    device, offloaded), each with its boundaries' median time and the outer state's bytes read
+    from its tensors: the anchor and DiLoCo's momentum, 8 bytes per parameter, in host memory
+    here either way; the ratio printed."""
+    result = run([sys.executable, "-m", "benchmarks.outer.offload_cost", "--width", "32", "--layers", "2",
+                  "--rounds", "2", "--warmup", "1", "--results", str(tmp_path / "offload.json")])
+    rows = json.loads((tmp_path / "offload.json").read_text())["results"]
+    assert [r["offload"] for r in rows] == [False, True]
+    for r in rows:
+        assert r["parameters"] == 2 * (32 * 32 + 32) and r["boundary_ms"] > 0
+        assert r["state_host_mb"] == 8 * r["parameters"] / 1e6 and r["state_device_mb"] is None
+    ratio = rows[1]["boundary_ms"] / rows[0]["boundary_ms"]
+    assert f"boundary time: {ratio:.2f}x" in result.stdout
+
+
 def test_exchange_cost_counts_each_exchanges_operations_beside_dense(tmp_path):
     """Issue 57's exchange cost on ResNet-50's parameter list, one rank: per front end a dense row
     and the asked methods. DDP: the methods' operations counted inside their hooks (more than

@@ -50,10 +50,12 @@ OVERLAP = [config(f"overlap_{m}", m, overlap=True, flush_at_end=True) for m in M
 STREAMED = ([config(f"streamed_{m}", m, overlap=True, fragments=2, flush_at_end=True) for m in METHODS]
             + [config("streamed_sync_topk", "topk", fragments=3, flush_at_end=True)])
 #: Overlapped and streamed, saved one inner step after fragment 0's boundary at step 3 (its
-#: exchange in flight) and resumed in fresh objects.
-STREAMED_RESUME = [config(f"streamed_{m}_{via}_{part}", m, overlap=True, fragments=2, flush_at_end=True,
-                          steps=STEPS + 3, **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
-                   for m, via in (("topk", "torch"), ("micro", "dcp")) for part in ("whole", "resumed")]
+#: exchange in flight) and resumed in fresh objects; the last with the outer state offloaded.
+STREAMED_RESUME = [config(f"streamed_{m}_{via}{'_offload' if offload else ''}_{part}", m, overlap=True, fragments=2,
+                          flush_at_end=True, steps=STEPS + 3, offload=offload,
+                          **({"resume_at": 4, "resume_via": via} if part == "resumed" else {}))
+                   for m, via, offload in (("topk", "torch", False), ("micro", "dcp", False), ("topk", "dcp", True))
+                   for part in ("whole", "resumed")]
 #: Overlapped rounds with rank 1's NaN in the second round (inner step 4): its exchange ends, and
 #: is abandoned, at the third round's end.
 NONFINITE_OVERLAP = [config(f"nan_overlap_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0,
@@ -62,8 +64,14 @@ NONFINITE_OVERLAP = [config(f"nan_overlap_{policy}", "topk", nan_at=[4, 1], nonf
 #: step 7 of 3-step rounds), then ``flush()``.
 STREAMED_END = config("streamed_end_topk", "topk", overlap=True, fragments=2, steps=STEPS - 1, sync_at_end=True,
                       flush_at_end=True)
+#: The outer state offloaded (``offload=True``), each the twin of a config above on the device:
+#: overlapped Top-k, streamed MiCRO, DiLoCo's default Nesterov step with Top-k.
+OFFLOAD = {"offload_overlap_topk": "overlap_topk", "offload_streamed_micro": "streamed_micro",
+           "offload_diloco_topk": "diloco_topk"}
+OFFLOADED = [{**next(c for c in OVERLAP + STREAMED + DILOCO if c["name"] == twin), "name": name, "offload": True}
+             for name, twin in OFFLOAD.items()]
 CONFIGS = (EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY] + OVERLAP + STREAMED + STREAMED_RESUME
-           + NONFINITE_OVERLAP + [STREAMED_END])
+           + NONFINITE_OVERLAP + [STREAMED_END] + OFFLOADED)
 
 
 def as32(array):

@@ -203,6 +203,7 @@ refused(lambda: hso.OuterSteps(torch.nn.ReLU(), inner))
 refused(lambda: hso.OuterSteps(model, inner, every=1, fragments=2))
 refused(lambda: hso.OuterSteps(model, inner, every=4, fragments=3))
 refused(lambda: hso.OuterSteps(model, inner, overlap="yes"))
+refused(lambda: hso.OuterSteps(model, inner, offload=True, outer_optimizer=torch.optim.SGD(model.parameters(), lr=1.0)))
 saved = hso.OuterSteps(model, inner, every=3).state_dict()
 refused(lambda: hso.OuterSteps(model, inner, every=4).load_state_dict(saved))
 refused(lambda: hso.OuterSteps(torch.nn.Linear(4, 3), inner, every=3).load_state_dict(saved))
@@ -213,13 +214,14 @@ dist.destroy_process_group()
 def test_what_cannot_work_is_refused_with_the_fix():
     """``every`` below 1, a method built for Horovod, an outer optimizer over other parameters, a
     model without parameters, more fragments than ``every`` or than parameters, an ``overlap``
-    that is not a bool, and a state saved with another ``every`` or model are refused, each
+    that is not a bool, an optimizer instance with ``offload`` (it must step the anchor), and a
+    state saved with another ``every`` or model are refused, each
     naming the fix."""
     result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
                             timeout=HANG_TIMEOUT)
     assert result.returncode == 0, result.stderr[-2000:]
-    lines = result.stdout.strip().splitlines()[-9:]
-    every, horovod, outer, empty, over_every, over_params, overlap, other_every, other_model = lines
+    lines = result.stdout.strip().splitlines()[-10:]
+    every, horovod, outer, empty, over_every, over_params, overlap, offload, other_every, other_model = lines
     assert "every must be an integer >= 1" in every, every
     assert "horovod_sparse.outer.Compression.topk" in horovod, horovod
     assert "exactly the model's trainable parameters" in outer and "['bias']" in outer, outer
@@ -227,5 +229,6 @@ def test_what_cannot_work_is_refused_with_the_fix():
     assert "fragments=2 needs every >= fragments" in over_every and "fragments <= every=1" in over_every, over_every
     assert "the model has 2" in over_params and "fragments <= 2" in over_params, over_params
     assert "overlap" in overlap and "'yes'" in overlap, overlap
+    assert "offload=True" in offload and "outer_optimizer=lambda params" in offload, offload
     assert "every=3" in other_every and "every=4" in other_every, other_every
     assert "checkpoint does not match the model's groups" in other_model, other_model

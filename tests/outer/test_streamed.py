@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from horovod_sparse.outer import fragments as fragmenting
-from tests.outer.jobs import (EVERY, NONFINITE_OVERLAP, OVERLAP, SHAPES, STREAMED, STREAMED_END, as32,
+from tests.outer.jobs import (EVERY, NONFINITE_OVERLAP, OFFLOAD, OVERLAP, SHAPES, STREAMED, STREAMED_END, as32,
                               reference_streamed)
 from tests.support.checks import Observed
 
@@ -87,6 +87,23 @@ def test_an_overlapped_nonfinite_round_is_abandoned_everywhere_when_its_exchange
         else:
             assert errors == []
     assert_streamed(cfg, obs, abandoned=(1,), nan=(1, 0))
+
+
+@pytest.mark.parametrize("name", sorted(OFFLOAD))
+def test_offloaded_outer_state_gives_the_same_rounds_bitwise(job, name):
+    """``offload=True`` (the anchor and the outer optimizer's state in CPU memory, the outer
+    optimizer built by the function given, or DiLoCo's by default, over the anchor's tensors):
+    every array each rank recorded (every boundary's parameters, averages and residuals, the
+    final ones) and every boundary's record bitwise those of the same config without it, and its
+    outer optimizer steps tensors in the anchor's memory (without it, the parameters)."""
+    offloaded, twin = Observed(job, name, 2), Observed(job, OFFLOAD[name], 2)
+    for r in range(2):
+        assert sorted(offloaded.arrays[r]) == sorted(twin.arrays[r])
+        for key, value in twin.arrays[r].items():
+            np.testing.assert_array_equal(offloaded.arrays[r][key], value, err_msg=f"{name} rank {r} {key}")
+        assert [(x["step"], x["fragment"], x["steps"]) for x in offloaded.meta[r]["rounds"]] == [
+            (x["step"], x["fragment"], x["steps"]) for x in twin.meta[r]["rounds"]]
+        assert offloaded.meta[r]["steps_the_anchor"] and not twin.meta[r]["steps_the_anchor"]
 
 
 def test_fragments_are_contiguous_nonempty_runs_about_even_in_elements():

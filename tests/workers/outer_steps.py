@@ -10,7 +10,7 @@ each rank's parameters at the end of every round.
 Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed", "shapes",
 "outer" ("diloco": the default outer optimizer; "sgd1": SGD lr 1, no momentum, whose step is an
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
-"every_of_rank", "sync_at_end", "overlap", "fragments", "flush_at_end"}:
+"every_of_rank", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -20,7 +20,7 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
 - ``every_of_rank``: ``{rank: every}`` replacing ``every`` on that rank (construction must raise
   the same error everywhere);
 - ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step;
-- ``overlap``, ``fragments``: :class:`OuterSteps`'s options of those names;
+- ``overlap``, ``fragments``, ``offload``: :class:`OuterSteps`'s options of those names;
 - ``flush_at_end``: :meth:`OuterSteps.flush` at the very end.
 
 Records per round boundary ``j`` (an inner step where a fragment's round ends, by the object's
@@ -29,7 +29,8 @@ boundary), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups, without
 ``param_{j}_{i}`` (after the boundary), ``residual_{j}_{i}``; ``start_{i}`` (the parameters
 after construction); ``final_{i}`` and ``final_residual_{i}`` after the flush; the JSON record:
 each boundary's inner step, fragment, exchanges closed and last statistics, the object's
-``fragments`` and ``offsets``, errors.
+``fragments`` and ``offsets``, whether its outer optimizer steps tensors in the anchor's memory
+(``steps_the_anchor``), errors.
 """
 import io
 import json
@@ -70,13 +71,17 @@ def build(config, rank, seed):
     params = make_params(config["shapes"], seed, torch.float32)
     model = Given(params)
     inner = RecordingSGD(model.parameters(), lr=0.1, momentum=config.get("inner_momentum", 0.9))
-    outer_opt = torch.optim.SGD(model.parameters(), lr=1.0) if config.get("outer") == "sgd1" else None
+    offload = config.get("offload", False)
+    outer_opt = None
+    if config.get("outer") == "sgd1":  # offloaded: a function of the anchor's tensors
+        outer_opt = (lambda params: torch.optim.SGD(params, lr=1.0)) if offload else torch.optim.SGD(
+            model.parameters(), lr=1.0)
     every = config.get("every_of_rank", {}).get(str(rank), config["every"])
     compression = (hso.Compression.none if config["method"] == "none"
                    else hso.Compression.create(config["method"], **config.get("options", {})))
     outer = hso.OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
                            nonfinite=config.get("nonfinite", "default"), overlap=config.get("overlap", False),
-                           fragments=config.get("fragments", 1))
+                           fragments=config.get("fragments", 1), offload=offload)
     return model, inner, outer
 
 
@@ -144,7 +149,11 @@ def run(config, out: Path):
             arrays[f"final_{i}"] = p.detach().double().numpy().copy()
             if group.residual is not None:
                 arrays[f"final_residual_{i}"] = group.residual.double().numpy().copy()
-    write(out, config, rank, arrays, rounds, errors, {"fragments": outer.fragments, "offsets": outer.offsets})
+    anchors = {f.untyped_storage().data_ptr() for f in outer.anchor.flat}
+    stepped = [p for group in outer.outer_optimizer.param_groups for p in group["params"]]
+    write(out, config, rank, arrays, rounds, errors, {
+        "fragments": outer.fragments, "offsets": outer.offsets,
+        "steps_the_anchor": all(p.untyped_storage().data_ptr() in anchors for p in stepped)})
 
 
 def write(out, config, rank, arrays, rounds, errors, layout):
