@@ -320,18 +320,18 @@ def top_k_chunks(x: tf.Tensor, chunk: int, k: int, k_last: int) -> tf.Tensor:
 
 
 def _sum(values: tf.Tensor) -> tf.Tensor:
-    """The 1-element sum of ``values``, added in order (one segment: the CPU kernel adds the
-    values to it one after the other)."""
-    return tf.math.unsorted_segment_sum(values, tf.zeros(tf.shape(values), tf.int32), 1)
+    """The 1-element float64 sum of ``values`` (converted to float64), by one reduction (the
+    float32 rounding of an exact sum but near a boundary: see :mod:`horovod_sparse.torch_core.chunked`)."""
+    return tf.reshape(tf.reduce_sum(tf.cast(values, tf.float64)), [1])
 
 
 def moments(values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     m = numel(values)
-    mean = _sum(values) / tf.constant([m], tf.float32)
+    mean = tf.cast(_sum(values) / m, tf.float32)
     if m <= 1:
         return mean, tf.zeros([1], tf.float32)
-    centred = values - mean
-    return mean, tf.sqrt(_sum(centred * centred)) / tf.constant([np.sqrt(m - 1)], tf.float32)
+    centred = tf.cast(values - mean, tf.float64)
+    return mean, tf.cast(tf.sqrt(_sum(centred * centred)) / np.sqrt(m - 1), tf.float32)
 
 
 def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:
@@ -341,9 +341,9 @@ def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:
 
 def bin_means(values: tf.Tensor, codes: tf.Tensor, levels: int) -> tf.Tensor:
     index = tf.cast(codes, tf.int32)
-    sums = tf.math.unsorted_segment_sum(values, index, levels)
-    counts = tf.cast(tf.math.bincount(index, minlength=levels, maxlength=levels), values.dtype)
-    return tf.where(counts > 0, sums / tf.maximum(counts, 1.0), tf.zeros_like(sums))
+    sums = tf.math.unsorted_segment_sum(tf.cast(values, tf.float64), index, levels)
+    counts = tf.cast(tf.math.bincount(index, minlength=levels, maxlength=levels), tf.float64)
+    return tf.cast(tf.where(counts > 0, sums / tf.maximum(counts, 1.0), tf.zeros_like(sums)), tf.float32)
 
 
 def dequantize(codes: tf.Tensor, tables: tf.Tensor, count: int) -> tf.Tensor:
