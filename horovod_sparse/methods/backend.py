@@ -127,6 +127,20 @@ class ChunkedValues(Protocol):
         """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
         ``count`` per row, in row order)."""
 
+    def pack_offsets(self, idx: Tensor, chunk: int, width: int) -> Tensor:
+        """The ``m`` int64 indices ``idx`` as offsets inside their chunks of ``chunk`` elements
+        (``idx % chunk``, below ``2**width``), ``width`` bits each, packed into ``ceil(m * width / 8)``
+        uint8. Little-endian bit order: bit ``b`` of offset ``j`` is bit ``s = j * width + b`` of
+        the stream, which is bit ``s % 8`` of byte ``s // 8``; the unused high bits of the last byte
+        are 0. Shapes follow from ``m`` and the ints alone (nothing read on the host; traceable)."""
+
+    def unpack_offsets(self, packed: Tensor, chunk: int, k: int, width: int, count: int) -> Tensor:
+        """The global indices of rows of :meth:`pack_offsets` of ``count`` offsets each (``chunk``
+        and ``width`` as packed) of :meth:`top_k_chunks`'s indices, concatenated: int64, ``count``
+        per row, in row order. Offset ``j`` of a row lies in chunk ``j // k`` (``k`` per full chunk,
+        in chunk order, then the last chunk's ``k_last <= k``), so its index is ``(j // k) * chunk``
+        plus the offset: no more is sent."""
+
 
 class Backend(DeviceRounds, ChunkedValues, Protocol):
     """What every front end's backend module provides (module attributes; see the module

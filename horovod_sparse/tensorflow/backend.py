@@ -368,5 +368,31 @@ def unpack_codes(packed: tf.Tensor, bits: int, count: int) -> tf.Tensor:
     return tf.cast(tf.reshape(tf.reshape(codes, [-1, nbytes * per])[:, :count], [-1]), tf.uint8)
 
 
+def _offset_dtype(width: int) -> tf.DType:
+    """The narrowest integer type holding ``width``-bit offsets and their shifts."""
+    return tf.int32 if width < 32 else tf.int64
+
+
+def pack_offsets(idx: tf.Tensor, chunk: int, width: int) -> tf.Tensor:
+    """Traceable: every shape follows from ``idx``'s static length and Python ints."""
+    dtype = _offset_dtype(width)
+    offsets = tf.cast(tf.math.floormod(idx, chunk), dtype)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(offsets[:, None], tf.range(width, dtype=dtype)), 1)
+    stream = tf.reshape(tf.cast(bits, tf.int32), [-1])
+    stream = tf.reshape(tf.pad(stream, [[0, -(numel(idx) * width) % 8]]), [-1, 8])
+    return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(stream, tf.range(8)), axis=1), tf.uint8)
+
+
+def unpack_offsets(packed: tf.Tensor, chunk: int, k: int, width: int, count: int) -> tf.Tensor:
+    dtype = _offset_dtype(width)
+    nbytes = -(-count * width // 8)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, nbytes, 1]),
+                                                         tf.range(8)), 1)
+    bits = tf.cast(tf.reshape(tf.reshape(bits, [-1, nbytes * 8])[:, :count * width], [-1, count, width]), dtype)
+    offsets = tf.reduce_sum(tf.bitwise.left_shift(bits, tf.range(width, dtype=dtype)), axis=2)
+    starts = tf.range(count, dtype=tf.int64) // k * chunk  # offset j lies in chunk j // k
+    return tf.reshape(tf.cast(offsets, tf.int64) + starts, [-1])
+
+
 def float32(t: tf.Tensor) -> tf.Tensor:
     return tf.cast(t, tf.float32)

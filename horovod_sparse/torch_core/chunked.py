@@ -1,8 +1,9 @@
 """PyTorch's primitives of chunked selection and quantized values
 (:class:`horovod_sparse.methods.backend.Backend`: ``top_k_chunks``, ``moments``, ``level_codes``,
-``bin_means``, ``dequantize``, ``pack_codes``, ``unpack_codes``, ``float32``), for SparseLoCo
-(:mod:`horovod_sparse.methods.sparseloco`). Nothing here reads a value on the host: on a device
-every shape follows from the arguments' shapes and Python ints.
+``bin_means``, ``dequantize``, ``pack_codes``, ``unpack_codes``, ``pack_offsets``,
+``unpack_offsets``, ``float32``), for SparseLoCo (:mod:`horovod_sparse.methods.sparseloco`).
+Nothing here reads a value on the host: on a device every shape follows from the arguments' shapes
+and Python ints.
 
 The quantizer's sums (``moments``, ``bin_means``) are taken in float64 and rounded once to
 float32: a reduction (``torch.sum``) for the moments, an ``index_add_`` into a float64 buffer per
@@ -22,8 +23,8 @@ import torch
 
 from horovod_sparse.torch_core.selection import device_top_k, ranked_keys
 
-__all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "top_k_chunks",
-           "unpack_codes"]
+__all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
+           "top_k_chunks", "unpack_codes", "unpack_offsets"]
 
 
 def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tensor:
@@ -113,3 +114,25 @@ def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
 def float32(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
+
+def _offset_dtype(width: int) -> torch.dtype:
+    """The narrowest integer type holding ``width``-bit offsets and their shifts."""
+    return torch.int32 if width < 32 else torch.int64
+
+
+def pack_offsets(idx: torch.Tensor, chunk: int, width: int) -> torch.Tensor:
+    dtype = _offset_dtype(width)
+    bits = ((idx % chunk).to(dtype).unsqueeze(1) >> torch.arange(width, dtype=dtype, device=idx.device)) & 1
+    stream = torch.nn.functional.pad(bits.reshape(-1), (0, -bits.numel() % 8))
+    return (stream.reshape(-1, 8) << _shifts(1, idx)).sum(1).to(torch.uint8)
+
+
+def unpack_offsets(packed: torch.Tensor, chunk: int, k: int, width: int, count: int) -> torch.Tensor:
+    dtype = _offset_dtype(width)
+    nbytes = -(-count * width // 8)
+    bits = (packed.reshape(-1, nbytes, 1).to(torch.int32) >> _shifts(1, packed)) & 1
+    bits = bits.reshape(-1, nbytes * 8)[:, :count * width].reshape(-1, count, width).to(dtype)
+    offsets = (bits << torch.arange(width, dtype=dtype, device=packed.device)).sum(2)
+    # Offset j lies in chunk j // k (k per full chunk, in chunk order, then the last's k_last <= k).
+    starts = torch.arange(count, device=packed.device).div_(k, rounding_mode="floor").mul_(chunk)
+    return (offsets + starts).reshape(-1)

@@ -90,6 +90,23 @@ def packed_size(count: int, bits: int) -> int:
     return -(-count * bits // 8)
 
 
+def offset_width(chunk_size: int) -> int:
+    """The fewest bits (at least 1) that hold every offset below ``chunk_size``."""
+    width = 1
+    while 2 ** width < chunk_size:
+        width += 1
+    return width
+
+
+def packed_offsets(indices: Sequence[int], chunk_size: int, width: int) -> List[int]:
+    """The bytes of ``indices`` sent as their offsets inside their chunks (``i % chunk_size``),
+    ``width`` bits each, little-endian: the bit string of each offset, lowest bit first, one
+    after the other, cut into bytes of 8 (the first bit the lowest), the last one padded with 0."""
+    stream = "".join(str((i % chunk_size) >> b & 1) for i in indices for b in range(width))
+    stream += "0" * (-len(stream) % 8)
+    return [int(stream[start:start + 8][::-1], 2) for start in range(0, len(stream), 8)]
+
+
 def sparseloco_method(grads: Sequence[Sequence[np.ndarray]],
                       options: Dict) -> Tuple[List[np.ndarray], List[np.ndarray]]:
     """Error feedback over the steps of one group (``grads[t][r]``: rank r's flat gradient at step
