@@ -95,10 +95,13 @@ class ChunkedValues(Protocol):
         """``t`` as float32 (rounded to nearest from float64; exact from float16 and bfloat16)."""
 
     def moments(self, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean = sum(v)
-        / m``, ``std = sqrt(sum(c * c)) / sqrt(m - 1)`` with ``c = v - mean`` (0 for ``m <= 1``;
-        ``sqrt(m - 1)`` rounded to float32), each sum added to zero in the order of the values on a
-        CPU, every step in float32."""
+        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean`` the
+        float32 rounding of ``S(v) / m``, ``std`` that of ``sqrt(S(c * c)) / sqrt(m - 1)`` (0 for ``m
+        <= 1``), where ``c = v - mean`` in float32, squared, summed, rooted and divided in float64,
+        and ``S`` a float64 sum in any order (a reduction: within about ``m * 2**-53`` of the exact
+        sum, relative). So each result is the float32 rounding of the exact formula's but where
+        that lies within ``S``'s error of a float32 rounding boundary; frameworks and devices agree
+        bitwise except there."""
 
     def level_codes(self, centred: Tensor, scale: Tensor, levels: int) -> Tensor:
         """uint8 codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
@@ -106,9 +109,9 @@ class ChunkedValues(Protocol):
         finite."""
 
     def bin_means(self, values: Tensor, codes: Tensor, levels: int) -> Tensor:
-        """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b`` (their
-        sum, added to zero in the order of the values on a CPU, divided by their count; 0 when there
-        is none): a float32 tensor of ``levels`` values."""
+        """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b``: the
+        float32 rounding of their float64 sum (in any order, as in :meth:`moments`) divided in
+        float64 by their count; 0 when there is none. A float32 tensor of ``levels`` values."""
 
     def dequantize(self, codes: Tensor, tables: Tensor, count: int) -> Tensor:
         """Rows of ``count`` codes each, one table of ``levels + 1`` float32 per row (the level's
@@ -123,6 +126,20 @@ class ChunkedValues(Protocol):
     def unpack_codes(self, packed: Tensor, bits: int, count: int) -> Tensor:
         """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
         ``count`` per row, in row order)."""
+
+    def pack_offsets(self, idx: Tensor, chunk: int, width: int) -> Tensor:
+        """The ``m`` int64 indices ``idx`` as offsets inside their chunks of ``chunk`` elements
+        (``idx % chunk``, below ``2**width``), ``width`` bits each, packed into ``ceil(m * width / 8)``
+        uint8. Little-endian bit order: bit ``b`` of offset ``j`` is bit ``s = j * width + b`` of
+        the stream, which is bit ``s % 8`` of byte ``s // 8``; the unused high bits of the last byte
+        are 0. Shapes follow from ``m`` and the ints alone (nothing read on the host; traceable)."""
+
+    def unpack_offsets(self, packed: Tensor, chunk: int, k: int, width: int, count: int) -> Tensor:
+        """The global indices of rows of :meth:`pack_offsets` of ``count`` offsets each (``chunk``
+        and ``width`` as packed) of :meth:`top_k_chunks`'s indices, concatenated: int64, ``count``
+        per row, in row order. Offset ``j`` of a row lies in chunk ``j // k`` (``k`` per full chunk,
+        in chunk order, then the last chunk's ``k_last <= k``), so its index is ``(j // k) * chunk``
+        plus the offset: no more is sent."""
 
 
 class Backend(DeviceRounds, ChunkedValues, Protocol):

@@ -30,6 +30,12 @@ def chunk_counts(density: float, numel: int, chunk_size: int) -> Tuple[int, int,
             min(last, target_count(density, last)) if last else 0)
 
 
+def offset_width(chunk_size: int) -> int:
+    """Bits of an index's offset inside its chunk on the wire: ``max(1, ceil(log2(chunk_size)))``
+    (12 for chunks of 4096; a shorter last chunk's offsets fit too)."""
+    return max(1, (chunk_size - 1).bit_length())
+
+
 @dataclass(frozen=True)
 class SparseLoCoOptions(SparsifierOptions):
     """Options of SparseLoCo's selection. The defaults are the paper's: 64 of every 4096
@@ -108,13 +114,16 @@ class SparseLoCo(Sparsifier):
     With ``bits``, each rank quantizes its ``m`` selected values (:func:`quantize`, in float32: a
     float16 or bfloat16 group's values are cast to float32 first, and the residual subtracts the
     dequantized values rounded to the group's dtype, so that rounding stays in the residual too)
-    and allgathers its indices, its codes packed ``8 // bits`` to a byte
-    (:meth:`~horovod_sparse.methods.backend.Backend.pack_codes`: ``ceil(m * bits / 8)`` bytes, the
-    ``values`` bytes) and its table (``2**bits + 1`` float32, the ``meta`` bytes). Every rank
-    unpacks and dequantizes every rank's values with that rank's table, scatter-adds them in rank
-    order and scales by ``comm.scale``. The residual is ``x`` minus the dequantized values at the
-    selected indices: the quantization error is kept, nothing is lost. With ``bits=None`` the
-    values travel as Top-k's do. Traceable.
+    and allgathers its indices as offsets inside their chunks, :func:`offset_width` bits each
+    (:meth:`~horovod_sparse.methods.backend.Backend.pack_offsets`: ``ceil(m * w / 8)`` bytes, the
+    ``indices`` bytes; every rank knows each offset's chunk from its position), its codes packed
+    ``8 // bits`` to a byte (:meth:`~horovod_sparse.methods.backend.Backend.pack_codes`: ``ceil(m *
+    bits / 8)`` bytes, the ``values`` bytes) and its table (``2**bits + 1`` float32, the ``meta``
+    bytes). Every rank unpacks every rank's indices and dequantizes its values with that rank's
+    table, scatter-adds them in rank order and scales by ``comm.scale``. The residual is ``x`` minus
+    the dequantized values at the selected indices: the quantization error is kept, nothing is
+    lost. With ``bits=None`` the values travel as Top-k's do, unquantized, with int32 global
+    indices (int64 from 2**31 elements). Traceable.
     """
 
     options: SparseLoCoOptions
@@ -137,17 +146,19 @@ class SparseLoCo(Sparsifier):
             codes, table = quantize(B, B.float32(B.gather(x, idx)), options.bits, options.quantization_range)
             delivered = B.dequantize(codes, table, m)
             packed = B.pack_codes(codes, options.bits)
+            width = offset_width(options.chunk_size)
+            offsets = B.pack_offsets(idx, options.chunk_size, width)
         n = comm.size
         pendings: List[Any] = [
             comm.allgather(packed, "codes", "values", rows=[B.numel(packed)] * n),
             comm.allgather(table, "tables", "meta", rows=[B.numel(table)] * n),
-            comm.allgather(B.wire_index(idx, numel), "indices", "indices", rows=[m] * n)]
+            comm.allgather(offsets, "indices", "indices", rows=[B.numel(offsets)] * n)]
         comm.stats.selected = m
         residual = comm.remove_delivered(x, idx, delivered)
-        packed, tables, indices = yield pendings
+        packed, tables, offsets = yield pendings
         with comm.timer("apply"):
             values = B.dequantize(B.unpack_codes(packed, options.bits, m), tables, m)
-            indices = B.as_index(indices)
+            indices = B.unpack_offsets(offsets, options.chunk_size, k, width, m)
             update = B.scatter_chunks(comm.output(x), indices, values, B.chunk_counts(m, n, fixed=True), comm.scale)
             comm.stats.union = B.distinct(indices, numel)
         return update, residual

@@ -320,18 +320,18 @@ def top_k_chunks(x: tf.Tensor, chunk: int, k: int, k_last: int) -> tf.Tensor:
 
 
 def _sum(values: tf.Tensor) -> tf.Tensor:
-    """The 1-element sum of ``values``, added in order (one segment: the CPU kernel adds the
-    values to it one after the other)."""
-    return tf.math.unsorted_segment_sum(values, tf.zeros(tf.shape(values), tf.int32), 1)
+    """The 1-element float64 sum of ``values`` (converted to float64), by one reduction (the
+    float32 rounding of an exact sum but near a boundary: see :mod:`horovod_sparse.torch_core.chunked`)."""
+    return tf.reshape(tf.reduce_sum(tf.cast(values, tf.float64)), [1])
 
 
 def moments(values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
     m = numel(values)
-    mean = _sum(values) / tf.constant([m], tf.float32)
+    mean = tf.cast(_sum(values) / m, tf.float32)
     if m <= 1:
         return mean, tf.zeros([1], tf.float32)
-    centred = values - mean
-    return mean, tf.sqrt(_sum(centred * centred)) / tf.constant([np.sqrt(m - 1)], tf.float32)
+    centred = tf.cast(values - mean, tf.float64)
+    return mean, tf.cast(tf.sqrt(_sum(centred * centred)) / np.sqrt(m - 1), tf.float32)
 
 
 def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:
@@ -341,9 +341,9 @@ def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:
 
 def bin_means(values: tf.Tensor, codes: tf.Tensor, levels: int) -> tf.Tensor:
     index = tf.cast(codes, tf.int32)
-    sums = tf.math.unsorted_segment_sum(values, index, levels)
-    counts = tf.cast(tf.math.bincount(index, minlength=levels, maxlength=levels), values.dtype)
-    return tf.where(counts > 0, sums / tf.maximum(counts, 1.0), tf.zeros_like(sums))
+    sums = tf.math.unsorted_segment_sum(tf.cast(values, tf.float64), index, levels)
+    counts = tf.cast(tf.math.bincount(index, minlength=levels, maxlength=levels), tf.float64)
+    return tf.cast(tf.where(counts > 0, sums / tf.maximum(counts, 1.0), tf.zeros_like(sums)), tf.float32)
 
 
 def dequantize(codes: tf.Tensor, tables: tf.Tensor, count: int) -> tf.Tensor:
@@ -366,6 +366,32 @@ def unpack_codes(packed: tf.Tensor, bits: int, count: int) -> tf.Tensor:
     shifted = tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, nbytes, 1]), tf.range(0, 8, bits))
     codes = tf.bitwise.bitwise_and(shifted, 2 ** bits - 1)
     return tf.cast(tf.reshape(tf.reshape(codes, [-1, nbytes * per])[:, :count], [-1]), tf.uint8)
+
+
+def _offset_dtype(width: int) -> tf.DType:
+    """The narrowest integer type holding ``width``-bit offsets and their shifts."""
+    return tf.int32 if width < 32 else tf.int64
+
+
+def pack_offsets(idx: tf.Tensor, chunk: int, width: int) -> tf.Tensor:
+    """Traceable: every shape follows from ``idx``'s static length and Python ints."""
+    dtype = _offset_dtype(width)
+    offsets = tf.cast(tf.math.floormod(idx, chunk), dtype)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(offsets[:, None], tf.range(width, dtype=dtype)), 1)
+    stream = tf.reshape(tf.cast(bits, tf.int32), [-1])
+    stream = tf.reshape(tf.pad(stream, [[0, -(numel(idx) * width) % 8]]), [-1, 8])
+    return tf.cast(tf.reduce_sum(tf.bitwise.left_shift(stream, tf.range(8)), axis=1), tf.uint8)
+
+
+def unpack_offsets(packed: tf.Tensor, chunk: int, k: int, width: int, count: int) -> tf.Tensor:
+    dtype = _offset_dtype(width)
+    nbytes = -(-count * width // 8)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(tf.reshape(tf.cast(packed, tf.int32), [-1, nbytes, 1]),
+                                                         tf.range(8)), 1)
+    bits = tf.cast(tf.reshape(tf.reshape(bits, [-1, nbytes * 8])[:, :count * width], [-1, count, width]), dtype)
+    offsets = tf.reduce_sum(tf.bitwise.left_shift(bits, tf.range(width, dtype=dtype)), axis=2)
+    starts = tf.range(count, dtype=tf.int64) // k * chunk  # offset j lies in chunk j // k
+    return tf.reshape(tf.cast(offsets, tf.int64) + starts, [-1])
 
 
 def float32(t: tf.Tensor) -> tf.Tensor:

@@ -21,7 +21,8 @@ from horovod_sparse.common import threshold_baselines
 from horovod_sparse.common.threshold_baselines import band_factor
 from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
 from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, level_codes, moments,  # noqa: F401
-                                               pack_codes, top_k_chunks, unpack_codes)  # (backend API)
+                                               pack_codes, pack_offsets, top_k_chunks, unpack_codes,
+                                               unpack_offsets)  # (backend API)
 from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_accelerator, pick, pick_capped,
                                                  pick_with_magnitudes, scan, select, top_k)
 
@@ -30,10 +31,10 @@ __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least
            "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
            "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept",
            "kth_magnitude", "level_codes", "local_histogram", "mask", "moments", "momentum_step", "numel",
-           "outside_trace", "pack_codes", "pick", "pick_capped", "pick_with_magnitudes", "reaches", "reshape_one",
-           "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to",
-           "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
-           "unpack_codes", "unpadded", "wire_index"]
+           "outside_trace", "pack_codes", "pack_offsets", "pick", "pick_capped", "pick_with_magnitudes", "reaches",
+           "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set", "select", "size",
+           "splits_to", "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
+           "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``

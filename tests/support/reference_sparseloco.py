@@ -1,7 +1,9 @@
 """Slow reference of SparseLoCo's selection (tests only), written from its definition in
 docs/methods.md with loops over chunks, values and ranks, in float32 (NumPy scalars: every
-operation rounds to float32, in the order written here), so the results match the workers' bit
-for bit on a CPU.
+operation rounds to float32, in the order written here) but for the quantizer's sums, which are
+exact (``math.fsum``) and rounded once, as the workers' float64 sums are but where such a sum
+lies within its ``m * 2**-53`` of a float32 rounding boundary: the results match the workers'
+bit for bit.
 
 * chunk ``c`` of length ``L`` (``chunk_size`` consecutive elements, the last one may be shorter)
   keeps its ``min(L, max(1, int(density * L)))`` largest ``|x|``, ties to the lower index;
@@ -37,19 +39,13 @@ def chunk_select(x: np.ndarray, density: float, chunk_size: int) -> List[int]:
     return chosen
 
 
-def add_in_order(values: Sequence[np.float32]) -> np.float32:
-    total = F(0)
-    for v in values:
-        total = F(total + v)
-    return total
-
-
 def quantize(values: Sequence[np.float32], bits: int, spread: float) -> Tuple[List[int], List[np.float32]]:
     """``(codes, table)``: the table holds the ``2**bits`` level values and then the shift."""
     m, bins = len(values), 2 ** bits
-    shift = F(add_in_order(values) / F(m))
+    shift = F(math.fsum(values) / m)
     centred = [F(v - shift) for v in values]
-    std = F(F(np.sqrt(add_in_order([F(c * c) for c in centred]))) / F(math.sqrt(m - 1))) if m > 1 else F(0)
+    # float(c) * float(c) is exact (24-bit significands); the root and the division in float64.
+    std = F(math.sqrt(math.fsum(float(c) * float(c) for c in centred)) / math.sqrt(m - 1)) if m > 1 else F(0)
     scale = F(F(std * F(spread)) / F(bins))
     if scale == 0 or not np.isfinite(scale):
         scale = F(1)
@@ -57,7 +53,7 @@ def quantize(values: Sequence[np.float32], bits: int, spread: float) -> Tuple[Li
     table = []
     for level in range(bins):
         members = [c for c, code in zip(centred, codes) if code == level]
-        table.append(F(add_in_order(members) / F(len(members))) if members else F(0))
+        table.append(F(math.fsum(members) / len(members)) if members else F(0))
     return codes, table + [shift]
 
 
@@ -92,6 +88,23 @@ def sparseloco_step(xs: List[np.ndarray], step: int, options: Dict, scale: np.fl
 def packed_size(count: int, bits: int) -> int:
     """Bytes of ``count`` codes of ``bits`` bits, ``8 // bits`` to a byte."""
     return -(-count * bits // 8)
+
+
+def offset_width(chunk_size: int) -> int:
+    """The fewest bits (at least 1) that hold every offset below ``chunk_size``."""
+    width = 1
+    while 2 ** width < chunk_size:
+        width += 1
+    return width
+
+
+def packed_offsets(indices: Sequence[int], chunk_size: int, width: int) -> List[int]:
+    """The bytes of ``indices`` sent as their offsets inside their chunks (``i % chunk_size``),
+    ``width`` bits each, little-endian: the bit string of each offset, lowest bit first, one
+    after the other, cut into bytes of 8 (the first bit the lowest), the last one padded with 0."""
+    stream = "".join(str((i % chunk_size) >> b & 1) for i in indices for b in range(width))
+    stream += "0" * (-len(stream) % 8)
+    return [int(stream[start:start + 8][::-1], 2) for start in range(0, len(stream), 8)]
 
 
 def sparseloco_method(grads: Sequence[Sequence[np.ndarray]],

@@ -49,9 +49,12 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: and the ties within room were eleven). The threshold baselines', MiCRO's and ExDyna's fell by
 #: 18-35 more when a scan on the device stopped taking block maxima that only the host's
 #: selections read (taken from the magnitudes when asked for); SparseLoCo's by 3 when its last
-#: chunk took the same keyed top-k as the others.
+#: chunk took the same keyed top-k as the others, and by 2 more when its quantizer's moments became
+#: float64 reductions (its per-level means gained a cast each way). SparseLoCo's grew by 27 a group
+#: when its indices went as bit-packed offsets inside their chunks (issue 59: 1.5 bytes a coordinate
+#: where int32 took 4): the bits of each offset, the bytes of the stream and back, the chunks' starts.
 OPS_PER_STEP = {"topk": 98, "lags": 98, "threshold": 128, "dgc": 445, "gaussiank": 352, "gtopk": 194, "micro": 829,
-                "exdyna": 829, "sparseloco": 323}
+                "exdyna": 829, "sparseloco": 402}
 
 
 def budget(method: str) -> int:
