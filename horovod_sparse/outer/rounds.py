@@ -41,15 +41,14 @@ import torch.distributed as dist
 
 from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.validation import check_bool, check_int
-from horovod_sparse.distributed.process_group import ProcessGroup
-from horovod_sparse.distributed.compression import Compression, checked_sparse
+from horovod_sparse.distributed.compression import Compression
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
-from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
 from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.outer import fragments as fragmenting
 from horovod_sparse.outer.anchor import Anchor
 from horovod_sparse.outer.landing import Landed
+from horovod_sparse.outer.replicas import ProcessGroupReplicas, Replicas
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 
@@ -131,7 +130,8 @@ class OuterSteps(EngineSteps):
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
                  offload: bool = False) -> None:
-        self.sparse = checked_sparse(compression, "outer")
+        self.replicas = self._replicas_of(process_group)
+        self.sparse = self.replicas.checked_sparse(compression)
         self.compression = compression
         self.every = check_int("every", every, minimum=1)
         self.overlap = check_bool("overlap", overlap)
@@ -157,16 +157,15 @@ class OuterSteps(EngineSteps):
             raise TypeError("with offload=True the outer optimizer steps the anchor in CPU memory: give "
                             "outer_optimizer as a function of the tensors to step, e.g. "
                             "outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0), or None for DiLoCo's")
-        self.process_group = ProcessGroup(process_group)
-        self._engine = distributed_engine(compression, self.process_group, stats_log)
+        self._engine = self.replicas.engine(compression, stats_log)
         self._state = self._engine.model
-        self._agree = nonfinite_agreement(self.nonfinite, self.process_group)
+        self._agree = self.replicas.agreement(self.nonfinite)
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self.position = 0
         self._in_flight: Optional[Tuple[int, List[Flight]]] = None
         self._landed: Optional[Landed] = None
         self._require_same_configuration()
-        self._broadcast_parameters()
+        self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self.anchor = Anchor(self.groups, self.offload)
         #: The tensors the outer optimizer steps, group by group: the parameters, or the anchor's.
         self._stepped = self.anchor.masters or [group.params for group in self.groups]
@@ -225,7 +224,7 @@ class OuterSteps(EngineSteps):
     def _start(self, fragment: int, deltas: Sequence[torch.Tensor]) -> None:
         """Launch the exchange of the fragment's pseudo-gradients (dense in the exchanges before
         ``warmup_steps``); it is in flight until :meth:`_land`."""
-        self.process_group.place_payloads_with(self.groups[0].params[0])  # NCCL: host payloads to the model's device
+        self.replicas.place(self.groups[0].params[0])
         self._in_flight = (fragment, [self._start_group(self.groups[index], delta)
                                       for index, delta in zip(self.fragments[fragment], deltas)])
 
@@ -233,7 +232,7 @@ class OuterSteps(EngineSteps):
         """Launch ``group``'s exchange of its pseudo-gradient ``delta``."""
         finite = self._finiteness.check([group.name], delta)
         return self._engine.start(group, lambda: group.load_flat(delta, None, finite),
-                                  dense_average(self._engine, group, delta, self.compression, finite))
+                                  self.replicas.dense_flight(self._engine, group, delta, self.compression, finite))
 
     def _land(self) -> None:
         """End the exchange in flight, if any (collective): its averages, agreed non-finite
@@ -296,6 +295,11 @@ class OuterSteps(EngineSteps):
             if each is not None:
                 each.report(self.nonfinite)
 
+    @staticmethod
+    def _replicas_of(process_group: Any) -> Replicas:
+        """The replicas of ``process_group`` (this front end's: a ``torch.distributed`` group)."""
+        return ProcessGroupReplicas(process_group)
+
     # -- agreement ------------------------------------------------------------------------------
     def _require_same_configuration(self) -> None:
         keys = [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self.groups]
@@ -303,14 +307,6 @@ class OuterSteps(EngineSteps):
                                                 "overlap": self.overlap, "fragments": len(self.fragments),
                                                 "offload": self.offload,
                                                 "steps": self.steps, "position": self.position}, keys)
-
-    @torch.no_grad()
-    def _broadcast_parameters(self) -> None:
-        """Every rank takes the first rank's parameters (of the process group)."""
-        source = dist.get_global_rank(self.process_group.group, 0) if self.process_group.group is not None else 0
-        for group in self.groups:
-            for p in group.params:
-                dist.broadcast(p.data, source, group=self.process_group.group)
 
     # -- checkpoints ----------------------------------------------------------------------------
     def state_dict(self) -> Dict[str, bytes]:
@@ -326,7 +322,8 @@ class OuterSteps(EngineSteps):
                            "landed": None if self._landed is None else self._landed.record(),
                            "position": self.position, "every": self.every, "anchor": self.anchor.flat,
                            "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
-                           "outer": self.outer_optimizer.state_dict()})
+                           "outer": self.outer_optimizer.state_dict()},
+                          rank=self.replicas.job_rank, size=self.replicas.job_size)
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue exactly from a :meth:`state_dict` this rank saved in a job of the same size
@@ -334,7 +331,8 @@ class OuterSteps(EngineSteps):
         every rank loads (an exchange in flight here is ended and dropped), and the
         configuration is checked again. Raises ``ValueError`` naming the mismatch before anything is loaded when
         the state was saved by another job size, rank, model or ``every``."""
-        saved = state_of_this_rank(state_dict, "the outer steps' state")
+        saved = state_of_this_rank(state_dict, "the outer steps' state", rank=self.replicas.job_rank,
+                                   size=self.replicas.job_size)
         if saved["every"] != self.every:
             raise ValueError(f"the outer steps' state was saved with every={saved['every']}, these take "
                              f"every={self.every}: build OuterSteps with the every= it was saved with")

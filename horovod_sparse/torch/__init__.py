@@ -16,10 +16,10 @@ import importlib
 from typing import Any
 
 #: The front end's names and the modules that define them.
-_FRONT_END = {"Compression": "compression", "DistributedOptimizer": "optimizer",
+_FRONT_END = {"Compression": "compression", "DistributedOptimizer": "optimizer", "OuterSteps": "outer_steps",
               "broadcast_optimizer_state": "functions", "elastic": None}
 
-__all__ = ["Compression", "DistributedOptimizer", "Sparsifier", "broadcast_optimizer_state"]
+__all__ = ["Compression", "DistributedOptimizer", "OuterSteps", "Sparsifier", "broadcast_optimizer_state"]
 
 
 def __getattr__(name: str) -> Any:

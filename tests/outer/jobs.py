@@ -173,3 +173,37 @@ def reference_streamed(cfg, obs, abandoned=(), nan=None):
     if landed is not None:
         take(final, None)
     return expected, final, residuals
+
+
+def assert_rounds(cfg, obs):
+    """Every round of ``obs`` on both ranks, and the final residuals, bitwise those of
+    :func:`reference_rounds` with plain SGD of lr 1 outside."""
+    method = cfg["name"]
+    expected, residuals = reference_rounds(cfg, obs, lambda anchor, update, i: anchor - update)
+    for j, (updates, params) in enumerate(expected):
+        for r in range(2):
+            for i in range(len(SHAPES)):
+                where = f"{method} round {j} rank {r} parameter {i}"
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
+                                              err_msg=where)
+    for r in range(2):
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{len(expected) - 1}_{i}"]), residuals[r][i],
+                                          err_msg=f"{method} final residual rank {r} parameter {i}")
+
+
+def assert_streamed(cfg, obs, **abandonment):
+    """Every boundary's parameters on both ranks, the parameters after the flush and the final
+    residuals, bitwise those of the written-out rounds."""
+    expected, final, residuals = reference_streamed(cfg, obs, **abandonment)
+    for r in range(obs.size):
+        for i in range(len(SHAPES)):
+            where = f"{cfg['name']} rank {r} parameter {i}"
+            for j, params in enumerate(expected):
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[r][i],
+                                              err_msg=f"{where} boundary {j}")
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"final_{i}"]).reshape(-1), final[r][i],
+                                          err_msg=f"{where} after the flush")
+            np.testing.assert_array_equal(as32(obs.arrays[r][f"final_residual_{i}"]), residuals[r][i],
+                                          err_msg=f"{where} final residual")

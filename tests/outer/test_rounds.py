@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import horovod_sparse.outer as hso
-from tests.outer.jobs import (DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32, config,
-                              dense_average, reference_rounds, round_thetas, start_params)
+from tests.outer.jobs import (DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32,
+                              assert_rounds, config, dense_average, reference_rounds, round_thetas, start_params)
 from tests.support.checks import Observed, assert_conserved
 from tests.support.launch import HANG_TIMEOUT, worker_env
 
@@ -42,24 +42,6 @@ def test_error_feedback_decay_matches_the_written_out_rounds_bitwise(job):
     assert_rounds(DECAY, obs)
     _, undecayed = reference_rounds(config("sparseloco", "sparseloco"), obs, lambda anchor, update, i: anchor - update)
     assert not np.array_equal(as32(obs.arrays[0]["residual_2_0"]), undecayed[0][0])
-
-
-def assert_rounds(cfg, obs):
-    """Every round of ``obs`` on both ranks, and the final residuals, bitwise those of
-    :func:`reference_rounds` with plain SGD of lr 1 outside."""
-    method = cfg["name"]
-    expected, residuals = reference_rounds(cfg, obs, lambda anchor, update, i: anchor - update)
-    for j, (updates, params) in enumerate(expected):
-        for r in range(2):
-            for i in range(len(SHAPES)):
-                where = f"{method} round {j} rank {r} parameter {i}"
-                np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
-                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
-                                              err_msg=where)
-    for r in range(2):
-        for i in range(len(SHAPES)):
-            np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{len(expected) - 1}_{i}"]), residuals[r][i],
-                                          err_msg=f"{method} final residual rank {r} parameter {i}")
 
 
 @pytest.mark.parametrize("method", METHODS)

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from horovod_sparse.outer import fragments as fragmenting
-from tests.outer.jobs import (EVERY, NONFINITE_OVERLAP, OFFLOAD, OVERLAP, SHAPES, STREAMED, STREAMED_END, as32,
-                              reference_streamed)
+from tests.outer.jobs import (EVERY, NONFINITE_OVERLAP, OFFLOAD, OVERLAP, SHAPES, STREAMED, STREAMED_END,
+                              assert_streamed)
 from tests.support.checks import Observed
 
 #: Each streamed config's fragments, offsets and boundaries (inner step, fragment), written out:
@@ -18,22 +18,6 @@ LAYOUTS = {
     2: ([[0, 1], [2, 3]], [1, 0], [(0, 0), (2, 1), (3, 0), (5, 1), (6, 0), (8, 1)]),
     3: ([[0], [1], [2, 3]], [1, 2, 0], [(s, s % 3) for s in range(9)]),
 }
-
-
-def assert_streamed(cfg, obs, **abandonment):
-    """Every boundary's parameters on both ranks, the parameters after the flush and the final
-    residuals, bitwise those of the written-out rounds."""
-    expected, final, residuals = reference_streamed(cfg, obs, **abandonment)
-    for r in range(obs.size):
-        for i in range(len(SHAPES)):
-            where = f"{cfg['name']} rank {r} parameter {i}"
-            for j, params in enumerate(expected):
-                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[r][i],
-                                              err_msg=f"{where} boundary {j}")
-            np.testing.assert_array_equal(as32(obs.arrays[r][f"final_{i}"]).reshape(-1), final[r][i],
-                                          err_msg=f"{where} after the flush")
-            np.testing.assert_array_equal(as32(obs.arrays[r][f"final_residual_{i}"]), residuals[r][i],
-                                          err_msg=f"{where} final residual")
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in OVERLAP + STREAMED])

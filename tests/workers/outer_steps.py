@@ -1,5 +1,6 @@
-"""Worker (``torchrun``): outer steps (``horovod_sparse.outer``) on known per-rank gradients, with
-what every round did written out for ``tests/outer/test_rounds.py``'s written-out reference.
+"""Worker (``torchrun``, or ``horovodrun``: Horovod's outer steps, ``horovod_sparse.torch.OuterSteps``):
+outer steps (``horovod_sparse.outer``) on known per-rank gradients, with what every round did
+written out for ``tests/outer``'s written-out references.
 
 The model's gradient is what the worker passes (``loss = sum(p * g)``, with
 ``tests.workers.given_gradients``); each rank starts from its own parameters (seeded by rank), so
@@ -10,7 +11,7 @@ each rank's parameters at the end of every round.
 Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed", "shapes",
 "outer" ("diloco": the default outer optimizer; "sgd1": SGD lr 1, no momentum, whose step is an
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
-"every_of_rank", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end"}:
+"every_of_rank", "namespace", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -19,6 +20,8 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
 - ``nan_at``: ``[step, rank]``: that rank's gradient is NaN at that inner step;
 - ``every_of_rank``: ``{rank: every}`` replacing ``every`` on that rank (construction must raise
   the same error everywhere);
+- ``namespace``: ``"outer"``: the method built by ``horovod_sparse.outer.Compression`` whatever
+  the launcher (under ``horovodrun``, construction must refuse it everywhere);
 - ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step;
 - ``overlap``, ``fragments``, ``offload``: :class:`OuterSteps`'s options of those names;
 - ``flush_at_end``: :meth:`OuterSteps.flush` at the very end.
@@ -34,6 +37,7 @@ each boundary's inner step, fragment, exchanges closed and last statistics, the 
 """
 import io
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -43,7 +47,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 import horovod_sparse.outer as hso
-from tests.workers.cli import torchrun_main
+from tests.workers.cli import configs_and_out, init_torch_worker, torchrun_main
 from tests.workers.given_gradients import make_params, step_gradients
 
 
@@ -67,6 +71,25 @@ class RecordingSGD(torch.optim.SGD):
         return result
 
 
+#: Whether this worker runs under ``horovodrun`` (Horovod's outer steps) rather than ``torchrun``.
+HOROVOD = "HOROVOD_RANK" in os.environ
+
+
+def front_end():
+    """The outer steps' module (its ``OuterSteps`` and ``Compression``) of this worker's launcher."""
+    if HOROVOD:
+        import horovod_sparse.torch as hst
+        return hst
+    return hso
+
+
+def job_rank():
+    if HOROVOD:
+        import horovod.torch as hvd
+        return hvd.rank()
+    return dist.get_rank()
+
+
 def build(config, rank, seed):
     params = make_params(config["shapes"], seed, torch.float32)
     model = Given(params)
@@ -77,9 +100,10 @@ def build(config, rank, seed):
         outer_opt = (lambda params: torch.optim.SGD(params, lr=1.0)) if offload else torch.optim.SGD(
             model.parameters(), lr=1.0)
     every = config.get("every_of_rank", {}).get(str(rank), config["every"])
-    compression = (hso.Compression.none if config["method"] == "none"
-                   else hso.Compression.create(config["method"], **config.get("options", {})))
-    outer = hso.OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
+    hs = hso if config.get("namespace") == "outer" else front_end()
+    compression = (hs.Compression.none if config["method"] == "none"
+                   else hs.Compression.create(config["method"], **config.get("options", {})))
+    outer = front_end().OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
                            nonfinite=config.get("nonfinite", "default"), overlap=config.get("overlap", False),
                            fragments=config.get("fragments", 1), offload=offload)
     return model, inner, outer
@@ -103,7 +127,7 @@ def resumed(config, outer, rank, out: Path):
 
 
 def run(config, out: Path):
-    rank = dist.get_rank()
+    rank = job_rank()
     arrays, rounds, errors = {}, [], []
     try:
         model, inner, outer = build(config, rank, config["seed"] + rank)
@@ -162,5 +186,13 @@ def write(out, config, rank, arrays, rounds, errors, layout):
         {"rounds": rounds, "errors": errors, "horovod_imported": "horovod" in sys.modules, **layout}))
 
 
+def horovod_main():
+    """A ``horovodrun`` worker's main: every config in turn, Horovod's tensor fusion off."""
+    configs, out = configs_and_out()
+    init_torch_worker(reproducible_sums=True)
+    for config in configs:
+        run(config, out)
+
+
 if __name__ == "__main__":
-    torchrun_main(run)
+    horovod_main() if HOROVOD else torchrun_main(run)

@@ -1,0 +1,100 @@
+"""Outer steps (DiLoCo, SparseLoCo) under ``horovodrun``: :class:`~horovod_sparse.outer.rounds.OuterSteps`
+over Horovod's collectives and process sets.
+
+    import horovod.torch as hvd
+    import horovod_sparse.torch as hs
+
+    hvd.init()
+    outer = hs.OuterSteps(model, torch.optim.AdamW(model.parameters()),
+                          compression=hs.Compression.topk(density=1 / 64), every=50)
+    for batch in loader:
+        loss_fn(model(batch)).backward()
+        outer.step()            # the inner step; every 50th call also the outer step (collective)
+        outer.zero_grad()
+
+The rounds, their options (``overlap``, ``fragments``, ``offload``) and their checkpoints are the
+``torch.distributed`` outer steps' (:mod:`horovod_sparse.outer.rounds`); only the collectives
+differ: the method's exchange through Horovod's (the Horovod optimizer's transport), the dense
+average through Horovod's allreduce, the agreement over the process set.
+"""
+from __future__ import annotations
+
+from typing import IO, Any, Callable, List, Optional, Sequence, Union
+
+import horovod.torch as hvd
+import torch
+
+from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.distributed.compression import Compression as DenseWire
+from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.engine.flight import Flight
+from horovod_sparse.engine.model_state import ModelState
+from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.engine.topology import Transport
+from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.outer import rounds
+from horovod_sparse.outer.replicas import Replicas
+from horovod_sparse.torch import backend
+from horovod_sparse.torch.collectives import Communicator, ranks_reporting
+from horovod_sparse.torch_core.finiteness import Finite
+from horovod_sparse.torch_core.tensor_backend import read_scalars
+
+
+class ProcessSetReplicas:
+    """The replicas of a Horovod process set (None: every process)."""
+
+    def __init__(self, process_set: Optional[hvd.ProcessSet]) -> None:
+        self.process_set = hvd.global_process_set if process_set is None else process_set
+        self.job_rank, self.job_size = hvd.rank(), hvd.size()
+
+    def checked_sparse(self, compression: Any) -> bool:
+        sparse = isinstance(compression, Sparsifier)
+        if sparse and compression.B is not backend:
+            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
+                             f"horovod_sparse.torch.Compression.{compression.method_name}(...)")
+        if not sparse and compression not in (hvd.Compression.none, hvd.Compression.fp16):
+            raise ValueError(f"compression={compression!r}: pass horovod_sparse.torch.Compression.<method>(...), "
+                             "Compression.none or Compression.fp16")
+        return sparse
+
+    def engine(self, compression: Any, stats_log: Optional[IO[str]]) -> StepEngine:
+        model = ModelState(compression, backend, self.process_set, None)
+        return StepEngine(compression, model, Transport(Communicator, self.process_set, True, read_scalars), stats_log)
+
+    def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
+                     finite: Finite) -> Callable[[GroupStats], Flight]:
+        wire = DenseWire.fp16 if compression is hvd.Compression.fp16 else DenseWire.none
+        return lambda stats: engine.dense_flight(group, stats, lambda comm: dense_exchange(buffer, comm, wire, finite))
+
+    def agreement(self, policy: Optional[str]) -> Callable[[Sequence[str]], List[int]]:
+        return lambda groups: [] if policy is None else ranks_reporting(len(groups), self.process_set)
+
+    def broadcast_from_first(self, tensors: Sequence[torch.Tensor]) -> None:
+        root = self.process_set.ranks[0] if self.process_set.ranks else 0
+        for i, t in enumerate(tensors):
+            hvd.broadcast_(t, root, name=f"hs.outer.start.{i}", process_set=self.process_set)
+
+    def place(self, like: torch.Tensor) -> None:
+        """Nothing: Horovod's collectives take the payloads where they are."""
+
+
+class OuterSteps(rounds.OuterSteps):
+    """:class:`horovod_sparse.outer.rounds.OuterSteps` over Horovod: every argument as there, but
+    ``compression`` a method of ``horovod_sparse.torch.Compression`` (or its ``none``, DiLoCo's
+    dense average, and ``fp16``) and ``process_set`` the Horovod process set of the replicas
+    (default: every process) in place of ``process_group``. Build it after ``hvd.init()``, on
+    every rank of the process set."""
+
+    def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
+                 compression: Any = hvd.Compression.none, every: int = 50,
+                 outer_optimizer: Union[None, torch.optim.Optimizer, rounds.OptimizerFactory] = None,
+                 process_set: Optional[hvd.ProcessSet] = None, nonfinite: Optional[str] = "default",
+                 stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
+                 offload: bool = False) -> None:
+        super().__init__(model, inner_optimizer, compression, every, outer_optimizer, process_set, nonfinite,
+                         stats_log, overlap, fragments, offload)
+
+    @staticmethod
+    def _replicas_of(process_set: Any) -> Replicas:
+        """The replicas of ``process_set`` (a Horovod process set)."""
+        return ProcessSetReplicas(process_set)
