@@ -34,7 +34,7 @@ schedules count rounds).
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -42,11 +42,11 @@ import torch.distributed as dist
 from horovod_sparse.common.nonfinite import resolve_nonfinite
 from horovod_sparse.common.validation import check_bool, check_int
 from horovod_sparse.distributed.compression import Compression
-from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import EngineSteps
 from horovod_sparse.outer import fragments as fragmenting
 from horovod_sparse.outer.anchor import Anchor
+from horovod_sparse.outer.checkpoint import RoundCheckpoints
 from horovod_sparse.outer.landing import Landed
 from horovod_sparse.outer.replicas import ProcessGroupReplicas, Replicas
 from horovod_sparse.torch_core.buffers import FlatGroup
@@ -64,7 +64,7 @@ def diloco_outer_optimizer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, **DILOCO_OUTER)
 
 
-class OuterSteps(EngineSteps):
+class OuterSteps(RoundCheckpoints, EngineSteps):
     """Local inner steps and a sparse outer step every ``every`` of them, on ``torch.distributed``.
 
     Args:
@@ -307,56 +307,6 @@ class OuterSteps(EngineSteps):
                                                 "overlap": self.overlap, "fragments": len(self.fragments),
                                                 "offload": self.offload,
                                                 "steps": self.steps, "position": self.position}, keys)
-
-    # -- checkpoints ----------------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, bytes]:
-        """This rank's state under a key of its own, ``{"rank<r>": bytes}``
-        (:mod:`horovod_sparse.distributed.rank_state`): the model's state (mid-round each
-        replica's own parameters), the inner and outer optimizers', the anchors, the round's
-        position, the step counter, per group its residual and method state, and with ``overlap``
-        the averages of the exchange in flight, which is ended first (collective then: every
-        rank saves) and whose outer step stays for its boundary. ``torch.save`` it on every
-        rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every rank's."""
-        self._land()
-        return rank_entry({"engine": self._state.record(self.groups, self.steps, per_rank=True),
-                           "landed": None if self._landed is None else self._landed.record(),
-                           "position": self.position, "every": self.every, "anchor": self.anchor.flat,
-                           "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
-                           "outer": self.outer_optimizer.state_dict()},
-                          rank=self.replicas.job_rank, size=self.replicas.job_size)
-
-    def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
-        """Continue exactly from a :meth:`state_dict` this rank saved in a job of the same size
-        and model (mid-round too, an overlapped exchange's outer step still to take). Collective:
-        every rank loads (an exchange in flight here is ended and dropped), and the
-        configuration is checked again. Raises ``ValueError`` naming the mismatch before anything is loaded when
-        the state was saved by another job size, rank, model or ``every``."""
-        saved = state_of_this_rank(state_dict, "the outer steps' state", rank=self.replicas.job_rank,
-                                   size=self.replicas.job_size)
-        if saved["every"] != self.every:
-            raise ValueError(f"the outer steps' state was saved with every={saved['every']}, these take "
-                             f"every={self.every}: build OuterSteps with the every= it was saved with")
-        problem = self._state.groups_mismatch({name: e["numel"] for name, e in saved["engine"]["groups"].items()},
-                                              self.groups, decided=False)
-        if problem:
-            raise ValueError(problem)
-        self._land()
-        self.anchor.load(saved["anchor"])
-        self.model.load_state_dict(saved["model"])
-        self.inner_optimizer.load_state_dict(saved["inner"])
-        self.outer_optimizer.load_state_dict(saved["outer"])
-        for group in self.groups:
-            group.residual = group.output = None
-        self._state.states.clear()
-        self._engine.restart_at(self._state.restore(saved["engine"], self.groups, _no_regrouping))
-        self.position = int(saved["position"])
-        devices = [[self.groups[i].params[0].device for i in indices] for indices in self.fragments]
-        self._landed = Landed.from_record(saved.get("landed"), devices)
-        self._require_same_configuration()
-
-
-def _no_regrouping(members: List[List[int]]) -> List[FlatGroup]:
-    raise AssertionError("the outer steps' groups never change")
 
 
 def _require_over(optimizer: torch.optim.Optimizer, params: List[torch.Tensor], named: List[Any]) -> None:

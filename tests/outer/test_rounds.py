@@ -4,10 +4,10 @@ reference of DiLoCo's rounds.
 ``tests/workers/outer_steps.py`` trains on known per-rank gradients and records, every round,
 each rank's parameters before the exchange, the averaged pseudo-gradient, the parameters after
 the outer step and the residuals. The reference (``tests.outer.jobs.reference_rounds``) takes
-only each rank's parameters at the end of a round (what its inner optimizer did is not the algorithm under test) and recomputes
-everything else: the pseudo-gradient ``anchor - θ``, the method's exchange of it with error
-feedback (``tests.support.reference_grouping``'s per-method references, a round being a step), and the
-outer step from the anchor.
+only each rank's parameters at the end of a round (what its inner optimizer did is not the
+algorithm under test) and recomputes everything else: the pseudo-gradient ``anchor - θ``, the
+method's exchange of it with error feedback (``tests.support.reference_grouping``'s per-method
+references, a round being a step), and the outer step from the anchor.
 """
 import subprocess
 import sys
