@@ -2,7 +2,7 @@
 accounting of the collectives it launches."""
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import slice_bounds
@@ -31,6 +31,8 @@ class CommunicatorBase:
         self.scale = scale
         self.size: int = process_set.size() if size is None else size
         self.rank: int = process_set.rank() if rank is None else rank
+        #: The group's parameters' shapes where its buffer is those whole parameters (the engine's).
+        self.shapes: Optional[Sequence[Tuple[int, ...]]] = None
 
     #: ``allgather(tensor, tag, kind, rows=...)``, in every framework: a variable-length
     #: allgather along dim 0, and what every rank knows of the per-rank row counts beforehand:

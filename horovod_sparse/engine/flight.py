@@ -30,6 +30,9 @@ class ExchangeGroup(Protocol):
     device: Any
     #: The update of its last finished sparse step (:meth:`take_result`).
     output: Any
+    #: Its parameters' shapes in its buffer's order, where the buffer is whole parameters (PyTorch's
+    #: ``FlatGroup``); None where it is not (FSDP2's shards) or they are not known (TensorFlow).
+    shapes: Any
 
     def zeroed_output(self) -> Any:
         """The zeroed buffer its update is written into (reused step after step)."""

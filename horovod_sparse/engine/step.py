@@ -202,6 +202,7 @@ class StepEngine:
         state, ``x = load()`` (the front end adds the gradient into the group's residual), the
         zeroed update buffer, the first collectives. The flight is kept for :meth:`finish`."""
         comm, node = self.transport.communicators(group, stats, plan.tiers, self.step)
+        comm.shapes = group.shapes if plan.tiers is None else None
         state = self.model.states.for_group(group, comm.size, plan.numel)
         with comm.timer("flatten"):
             x = load()

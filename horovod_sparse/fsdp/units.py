@@ -32,6 +32,11 @@ class ShardGroup(FlatGroup):
     def device(self) -> torch.device:
         return self._like[1]
 
+    @property
+    def shapes(self) -> None:  # type: ignore[override]
+        """None: a shard is a slice of the unit's parameters, not whole ones."""
+        return None
+
     def _allocate(self) -> None:
         dtype, device = self._like
         self.residual = torch.zeros(self.numel, dtype=dtype, device=device)

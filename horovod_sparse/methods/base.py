@@ -72,6 +72,12 @@ class Sparsifier:
         of every method but an option of SparseLoCo's: nothing is lost."""
         return 1.0
 
+    @property
+    def needs_shapes(self) -> bool:
+        """Whether :meth:`exchange` reads the group's parameters' shapes (``comm.shapes``), so
+        needs each group to be whole parameters; False but for SparseLoCo's ``blocks``."""
+        return False
+
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in self.options.as_dict().items() if k != "method")
         return f"Compression.{self.method_name}({fields})"

@@ -15,7 +15,7 @@ Contracts shared by every collective:
 """
 from __future__ import annotations
 
-from typing import Any, ContextManager, List, Optional, Protocol, Sequence
+from typing import Any, ContextManager, List, Optional, Protocol, Sequence, Tuple
 
 from horovod_sparse.common.stats import GroupStats
 
@@ -34,6 +34,9 @@ class Comm(Protocol):
     stats: GroupStats
     #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step), or None.
     output_buffer: Optional[Tensor]
+    #: The shapes of the group's parameters, in the order its buffer holds them, where the buffer
+    #: is those whole parameters (None: a node's slice in two tiers, FSDP2's shards, TensorFlow).
+    shapes: Optional[Sequence[Tuple[int, ...]]]
 
     def allgather(self, tensor: Tensor, tag: str, kind: str, rows: Any = None) -> Any:
         """Launch a variable-length allgather along dim 0 (``rows``: what every rank knows of the

@@ -4,9 +4,10 @@ CCLoco's statistical quantizer, with error feedback (the quantization error stay
 residual)."""
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -16,6 +17,7 @@ from horovod_sparse.common.validation import check_int, check_positive_float
 from horovod_sparse.methods.backend import Backend, Tensor
 from horovod_sparse.methods.base import Exchange, Sparsifier, Step
 from horovod_sparse.methods.comm import Comm
+from horovod_sparse.methods.sparseloco_blocks import BlockLayout, block_layout
 
 #: The code widths a byte holds a whole number of (``8 // bits`` codes per byte).
 BITS = (1, 2, 4, 8)
@@ -55,6 +57,13 @@ class SparseLoCoOptions(SparsifierOptions):
             (:attr:`~horovod_sparse.methods.base.Sparsifier.residual_decay`), so what was not sent
             fades; 1 (the default) keeps everything: nothing is lost. In ``(0, 1]``; the PyTorch
             front ends apply it.
+        blocks: cut each parameter of two or more dimensions into 2-D blocks of ``sqrt(chunk_size)``
+            squared elements (64 x 64 at 4096: Templar's layout;
+            :mod:`~horovod_sparse.methods.sparseloco_blocks`) and each 1-D one into runs of
+            ``chunk_size``, instead of cutting the group's flat buffer into runs (False, the
+            default). Needs the group's parameters whole: the PyTorch front ends' groups
+            (Horovod's optimizer, the DDP hook, outer steps); refused in two tiers (a node's
+            slice), on FSDP2's shards and in TensorFlow. ``chunk_size`` a square.
     """
 
     density: float = 1 / 64
@@ -62,6 +71,7 @@ class SparseLoCoOptions(SparsifierOptions):
     bits: Optional[int] = 2
     quantization_range: float = 6.0
     error_decay: float = 1.0
+    blocks: bool = False
 
     def _validate(self) -> None:
         object.__setattr__(self, "chunk_size", check_int("chunk_size", self.chunk_size, minimum=1))
@@ -75,13 +85,20 @@ class SparseLoCoOptions(SparsifierOptions):
             raise ValueError(f"error_decay must be a number in (0, 1] (the factor each residual keeps after a "
                              f"step; 1 keeps everything), got {decay!r}; for example error_decay=0.95")
         object.__setattr__(self, "error_decay", float(decay))
+        if not isinstance(self.blocks, bool):
+            raise TypeError(f"blocks must be True or False, got {self.blocks!r}")
+        if self.blocks and math.isqrt(self.chunk_size) ** 2 != self.chunk_size:
+            raise ValueError(f"blocks=True cuts blocks of sqrt(chunk_size) x sqrt(chunk_size) elements: chunk_size "
+                             f"must be a square, got {self.chunk_size}; for example chunk_size=4096 (64 x 64)")
         if self.density_schedule is not None:
             raise ValueError("sparseloco keeps a fixed count per chunk (every rank knows every rank's count "
                              f"from the group's size): density_schedule={self.density_schedule!r} is not "
                              "supported; give density_schedule=None")
 
     def count(self, numel: int, step: Optional[int] = None) -> int:
-        """The sum over the group's chunks of what each keeps (:func:`chunk_counts`)."""
+        """The sum over the group's chunks of what each keeps (:func:`chunk_counts`); with
+        ``blocks`` the count depends on the shapes too: the exchange records its own
+        (:attr:`BlockLayout.count`) as the group's target."""
         full, k, last, k_last = chunk_counts(self.density, numel, self.chunk_size)
         return full * k + k_last
 
@@ -128,26 +145,49 @@ class SparseLoCo(Sparsifier):
 
     options: SparseLoCoOptions
 
+    def __init__(self, options: SparseLoCoOptions, backend: Backend) -> None:
+        super().__init__(options, backend)
+        #: Each group's blocks as the backend's tensors: ``(order, starts of n ranks, layout)``,
+        #: by its shapes, its device and ``n``.
+        self._blocks: Dict[Tuple[Any, ...], Tuple[Tensor, Tensor, BlockLayout]] = {}
+
     @property
     def residual_decay(self) -> float:
         """:attr:`SparseLoCoOptions.error_decay`."""
         return self.options.error_decay
 
+    @property
+    def needs_shapes(self) -> bool:
+        """:attr:`SparseLoCoOptions.blocks`."""
+        return self.options.blocks
+
     def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         B, options = self.B, self.options
         numel = B.numel(x)
-        full, k, last, k_last = chunk_counts(options.density, numel, options.chunk_size)
-        m = full * k + k_last
-        with comm.timer("select"):
-            idx = B.top_k_chunks(x, options.chunk_size, k, k_last)
+        if options.blocks:
+            order, starts, layout = self._layout(comm.shapes, x, comm.size)
+            m = layout.count
+            comm.stats.target = m
+            with comm.timer("select"):
+                blocked = B.gather(x, order)
+                at = B.concat([B.top_k_chunks(blocked[start:end], length, keep, 0) + start
+                               for start, end, length, keep in layout.runs])
+                idx = B.gather(order, at)
+            chunk, k, width = layout.largest, m, offset_width(layout.largest)
+            offsets = at - starts[:m]  # inside their blocks
+        else:
+            full, k, last, k_last = chunk_counts(options.density, numel, options.chunk_size)
+            m = full * k + k_last
+            with comm.timer("select"):
+                idx = B.top_k_chunks(x, options.chunk_size, k, k_last)
+            chunk, width, offsets = options.chunk_size, offset_width(options.chunk_size), idx
         if options.bits is None:
             return (yield from self.allgather_exchange(x, idx, comm, fixed_count=m))
         with comm.timer("quantize"):
             codes, table = quantize(B, B.float32(B.gather(x, idx)), options.bits, options.quantization_range)
             delivered = B.dequantize(codes, table, m)
             packed = B.pack_codes(codes, options.bits)
-            width = offset_width(options.chunk_size)
-            offsets = B.pack_offsets(idx, options.chunk_size, width)
+            offsets = B.pack_offsets(offsets, chunk, width)
         n = comm.size
         pendings: List[Any] = [
             comm.allgather(packed, "codes", "values", rows=[B.numel(packed)] * n),
@@ -158,7 +198,27 @@ class SparseLoCo(Sparsifier):
         packed, tables, offsets = yield pendings
         with comm.timer("apply"):
             values = B.dequantize(B.unpack_codes(packed, options.bits, m), tables, m)
-            indices = B.unpack_offsets(offsets, options.chunk_size, k, width, m)
+            indices = B.unpack_offsets(offsets, chunk, k, width, m)  # with blocks: offsets (k = m)
+            if options.blocks:
+                indices = B.gather(order, indices + starts)
             update = B.scatter_chunks(comm.output(x), indices, values, B.chunk_counts(m, n, fixed=True), comm.scale)
             comm.stats.union = B.distinct(indices, numel)
         return update, residual
+
+    def _layout(self, shapes: Optional[Sequence[Sequence[int]]], x: Tensor, n: int
+                ) -> Tuple[Tensor, Tensor, BlockLayout]:
+        """The group's :class:`BlockLayout` (made once per shapes, device and ``n``) with its
+        ``order`` and its ``starts`` repeated for ``n`` ranks as tensors like ``x``'s."""
+        if shapes is None:
+            raise ValueError("sparseloco's blocks=True cuts whole parameters into 2-D blocks and needs their shapes: "
+                             "the Horovod PyTorch optimizer, the DDP hook and outer steps exchange whole parameters; "
+                             "two tiers (a node's slice), FSDP2 (shards) and TensorFlow do not: give blocks=False")
+        key = (tuple(tuple(s) for s in shapes), str(getattr(x, "device", "")), n)
+        if key not in self._blocks:
+            layout = block_layout(shapes, self.options.chunk_size, self.options.density)
+            if layout.order.size != self.B.numel(x):
+                raise ValueError(f"the group's shapes {list(key[0])} hold {layout.order.size} elements, its buffer "
+                                 f"{self.B.numel(x)}")
+            self._blocks[key] = (self.B.as_index(self.B.from_numpy(layout.order, x)),
+                                 self.B.as_index(self.B.from_numpy(np.tile(layout.starts, n), x)), layout)
+        return self._blocks[key]

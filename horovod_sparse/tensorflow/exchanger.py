@@ -161,6 +161,9 @@ class GradientExchanger(Layouts, SharedState, NonfiniteSteps, DenseExchange):
         if self.sparse and compression.residual_decay != 1.0:
             raise ValueError(f"{compression.method_name}'s error_decay={compression.residual_decay} is applied by the "
                              "PyTorch front ends only; with TensorFlow give error_decay=1.0 (nothing lost)")
+        if self.sparse and compression.needs_shapes:
+            raise ValueError(f"{compression.method_name}'s blocks=True runs in the PyTorch front ends only (its blocks "
+                             "are built once per group on the device); with TensorFlow give blocks=False")
         check_wrapper_arguments(compression, self.sparse, Sparsifier, op_name(op, hvd),
                                 gradient_predivide_factor, "tensorflow")
         self.nonfinite = resolve_nonfinite(nonfinite, self.sparse, scaled=loss_scaler is not None)

@@ -10,7 +10,7 @@ parameter and its gradient as flat memory).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -75,6 +75,11 @@ class FlatGroup:
     def device(self) -> torch.device:
         """Where the group's tensors live (its phases are timed there)."""
         return self.params[0].device
+
+    @property
+    def shapes(self) -> List[Tuple[int, ...]]:
+        """The parameters' shapes, in flattening order."""
+        return [tuple(p.shape) for p in self.params]
 
     @property
     def collective_name(self) -> str:

@@ -41,7 +41,10 @@ def config(name, method, steps=6, **extra):
 PARITY = ([config(m, m) if m != "lags" else {**config(m, m), "options": {**OPTIONS, "adaptive": False}}
            for m in METHODS]
           + [{**config(m, m), "options": {}} for m in DENSE]
-          + [config(f"{m}_no_sync", m, passes=2) for m in ("topk", "micro")])
+          + [config(f"{m}_no_sync", m, passes=2) for m in ("topk", "micro")]
+          # SparseLoCo's 2-D blocks (4 x 4): the buckets' parameters cut by their own shapes.
+          + [{**config("sparseloco_blocks", "sparseloco"),
+              "options": {**OPTIONS, "blocks": True, "chunk_size": 16, "density": 0.125}}])
 #: LAGS at its uniform rule here too: the two runs measure their own times, and the adaptive rule
 #: would decide from them (the adaptive state's exact resume is tested on given times in
 #: tests/torch/test_resume.py).

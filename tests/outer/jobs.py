@@ -44,6 +44,10 @@ NONFINITE = [config(f"nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, in
 MISMATCH = [config("mismatch", "topk", every_of_rank={"1": EVERY + 1})]
 #: SparseLoCo with error feedback with decay (Templar's e <- 0.95 e + g).
 DECAY = config("sparseloco_decay", "sparseloco", options={**options("sparseloco"), "error_decay": 0.95})
+#: SparseLoCo's 2-D blocks (4 x 4 here: the 30 x 20 parameter's edge blocks are 2 x 4) and runs of 16
+#: of the 1-D parameters, at a density that keeps 2 of 16.
+BLOCKS = config("sparseloco_blocks", "sparseloco", options={**options("sparseloco"), "blocks": True,
+                                                            "chunk_size": 16, "density": 0.125})
 #: Overlapped rounds (``overlap=True``) of every method; streamed fragments (2, overlapped) of every
 #: method; 3 fragments of synchronous rounds. Each flushed at the end (after the last boundary).
 OVERLAP = [config(f"overlap_{m}", m, overlap=True, flush_at_end=True) for m in METHODS]
@@ -70,7 +74,7 @@ OFFLOAD = {"offload_overlap_topk": "overlap_topk", "offload_streamed_micro": "st
            "offload_diloco_topk": "diloco_topk"}
 OFFLOADED = [{**next(c for c in OVERLAP + STREAMED + DILOCO if c["name"] == twin), "name": name, "offload": True}
              for name, twin in OFFLOAD.items()]
-CONFIGS = (EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY] + OVERLAP + STREAMED + STREAMED_RESUME
+CONFIGS = (EXACT + DILOCO + RESUME + NONFINITE + MISMATCH + [DECAY, BLOCKS] + OVERLAP + STREAMED + STREAMED_RESUME
            + NONFINITE_OVERLAP + [STREAMED_END] + OFFLOADED)
 
 
@@ -106,8 +110,9 @@ def reference_rounds(cfg, obs, outer_step, exchange_of=None):
     (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
     ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
     anchor = start_params()
-    exchange_of = exchange_of or (lambda numel, n: group_exchange(cfg["method"], cfg["options"], numel, n))
-    exchanges = [exchange_of(a.size, ranks) for a in anchor]
+    exchanges = ([exchange_of(a.size, ranks) for a in anchor] if exchange_of else
+                 [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
+                  for a, shape in zip(anchor, SHAPES)])
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     expected = []
     for j in range(rounds):
@@ -138,7 +143,8 @@ def reference_streamed(cfg, obs, abandoned=(), nan=None):
     ranks, meta = obs.size, obs.meta[0]
     fragments = meta["fragments"]
     anchor = start_params()
-    exchanges = [group_exchange(cfg["method"], cfg["options"], a.size, ranks) for a in anchor]
+    exchanges = [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
+                 for a, shape in zip(anchor, SHAPES)]
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     landed, expected = None, []
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import horovod_sparse.outer as hso
-from tests.outer.jobs import (DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32,
+from tests.outer.jobs import (BLOCKS, DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32,
                               assert_rounds, config, dense_average, reference_rounds, round_thetas, start_params)
 from tests.support.checks import Observed, assert_conserved
 from tests.support.launch import HANG_TIMEOUT, worker_env
@@ -42,6 +42,19 @@ def test_error_feedback_decay_matches_the_written_out_rounds_bitwise(job):
     assert_rounds(DECAY, obs)
     _, undecayed = reference_rounds(config("sparseloco", "sparseloco"), obs, lambda anchor, update, i: anchor - update)
     assert not np.array_equal(as32(obs.arrays[0]["residual_2_0"]), undecayed[0][0])
+
+
+def test_sparseloco_blocks_match_the_written_out_rounds_bitwise(job):
+    """SparseLoCo's ``blocks=True`` in a real job (the engine hands each group's shapes to the
+    method): every round's average and parameters, and the final residuals, bitwise those of the
+    written-out rounds whose selection takes each block's largest (4 x 4 blocks of the matrices,
+    runs of 16 of the vectors); the flat runs of 16 would have sent other coordinates."""
+    obs = Observed(job, BLOCKS["name"], 2)
+    assert_rounds(BLOCKS, obs)
+    runs = config("sparseloco_runs", "sparseloco",
+                  options={k: v for k, v in BLOCKS["options"].items() if k != "blocks"})
+    _, by_runs = reference_rounds(runs, obs, lambda anchor, update, i: anchor - update)
+    assert not np.array_equal(as32(obs.arrays[0]["residual_2_0"]), by_runs[0][0])
 
 
 @pytest.mark.parametrize("method", METHODS)

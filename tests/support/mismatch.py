@@ -22,7 +22,7 @@ ALTERNATIVE = {"density": 0.02, "min_numel": 7, "warmup_steps": 1, "fp16_values"
                "adaptive": False, "slack": 0.1, "max_density": 0.3, "measure_steps": 2, "controller": "paper",
                "balancer": "paper", "num_blocks": 64, "sample_ratio": 0.05, "max_adaptations": 3, "momentum": 0.9,
                "capacity": 3.0, "capacity_floor": 64, "chunk_size": 64, "bits": 4, "quantization_range": 3.0,
-               "error_decay": 0.95}
+               "error_decay": 0.95, "blocks": True}
 #: (method, option) pairs whose alternative the method refuses outright: nothing to mismatch.
 REFUSED = {("gtopk", "fp16_values"), ("sparseloco", "density_schedule")}
 

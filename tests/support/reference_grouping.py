@@ -11,7 +11,7 @@ threshold baselines' NumPy selections), fed the same gradients, in float32.
 from __future__ import annotations
 
 import functools
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -27,8 +27,10 @@ GroupExchange = Callable[[List[np.ndarray], int], np.ndarray]
 Members = List[int]
 
 
-def group_exchange(method: str, options: Dict, numel: int, ranks: int) -> GroupExchange:
-    """A fresh reference of ``method`` (with ``options``) for a group of ``numel`` elements."""
+def group_exchange(method: str, options: Dict, numel: int, ranks: int,
+                   shapes: Optional[Sequence[Sequence[int]]] = None) -> GroupExchange:
+    """A fresh reference of ``method`` (with ``options``) for a group of ``numel`` elements (the
+    parameters of ``shapes``, which SparseLoCo's ``blocks`` reads)."""
     density = options.get("density", SPARSELOCO_DEFAULTS["density"] if method == "sparseloco" else 0.01)
     k, scale = max(1, int(density * numel)), np.float32(1.0 / ranks)
     if options.get("density_schedule") is not None:
@@ -44,7 +46,7 @@ def group_exchange(method: str, options: Dict, numel: int, ranks: int) -> GroupE
     if method == "gtopk":
         return lambda xs, step: gtopk_step(xs, k, scale, options.get("residual", "exact"))
     if method == "sparseloco":
-        return functools.partial(sparseloco_step, options=options, scale=scale)
+        return functools.partial(sparseloco_step, options=options, scale=scale, shapes=shapes)
     if method in ("micro", "exdyna"):
         group = PartitionedGroup(method, options, numel, ranks)
         return lambda xs, step: group.exchange(xs, step)[0]
@@ -53,7 +55,8 @@ def group_exchange(method: str, options: Dict, numel: int, ranks: int) -> GroupE
 
 def model_reference(stream: Sequence[Sequence[Sequence[np.ndarray]]], groups_at: Sequence[Sequence[Members]],
                     is_dense: Callable[[int, int], bool],
-                    new_exchange: Callable[[int], GroupExchange]) -> Tuple[List[np.ndarray], List[List[np.ndarray]]]:
+                    new_exchange: Callable[[Members], GroupExchange]
+                    ) -> Tuple[List[np.ndarray], List[List[np.ndarray]]]:
     """The exchange of every step.
 
     Args:
@@ -61,7 +64,8 @@ def model_reference(stream: Sequence[Sequence[Sequence[np.ndarray]]], groups_at:
         groups_at: ``groups_at[t]``: the groups of step t, lists of parameter indices in buffer order.
         is_dense: ``is_dense(step, numel)``: whether a group of ``numel`` elements is allreduced dense
             (the raw gradients' mean; its residual is left as it is).
-        new_exchange: ``new_exchange(numel)``: a fresh :data:`GroupExchange` for a group.
+        new_exchange: ``new_exchange(members)``: a fresh :data:`GroupExchange` for a group of
+            those parameters.
 
     Returns:
         (``updates[t][i]``: the aggregated gradient of parameter i at step t (float64),
@@ -84,7 +88,7 @@ def model_reference(stream: Sequence[Sequence[Sequence[np.ndarray]]], groups_at:
             else:
                 xs = [np.concatenate([residuals[r][i] + per_rank[r][i].astype(np.float32) for i in members])
                       for r in range(ranks)]
-                exchange = exchanges.setdefault(tuple(members), new_exchange(sum(sizes)))
+                exchange = exchanges.setdefault(tuple(members), new_exchange(members))
                 update = exchange(xs, step)
                 for r, x in enumerate(xs):
                     for i, part in zip(members, np.split(x, cuts)):

@@ -6,7 +6,11 @@ lies within its ``m * 2**-53`` of a float32 rounding boundary: the results match
 bit for bit.
 
 * chunk ``c`` of length ``L`` (``chunk_size`` consecutive elements, the last one may be shorter)
-  keeps its ``min(L, max(1, int(density * L)))`` largest ``|x|``, ties to the lower index;
+  keeps its ``min(L, max(1, int(density * L)))`` largest ``|x|``, ties to the lower index; with
+  ``blocks`` (the group's parameters' ``shapes`` given) a chunk is instead a block of a parameter:
+  rows ``r0 .. r0 + s`` and columns ``c0 .. c0 + s`` (``s = sqrt(chunk_size)``, cut at the edges)
+  of a parameter of two or more dimensions seen as ``shape[0]`` rows, or a run of ``chunk_size``
+  of a 1-D one;
 * each rank's ``m`` selected values ``v``: ``shift = mean(v)``, ``c = v - shift``, ``std = ||c|| /
   sqrt(m - 1)`` (0 for ``m <= 1``), ``scale = range * std / 2**bits`` (1 when 0 or not finite),
   ``code = clamp(round(c / scale + 2**bits // 2), 0, 2**bits - 1)``, ``lookup[b]`` the mean of the
@@ -17,7 +21,7 @@ bit for bit.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -39,6 +43,28 @@ def chunk_select(x: np.ndarray, density: float, chunk_size: int) -> List[int]:
     return chosen
 
 
+def block_select(x: np.ndarray, shapes: Sequence[Sequence[int]], density: float, chunk_size: int) -> List[int]:
+    """The selected indices of the flat ``x`` holding parameters of ``shapes``, cut into blocks,
+    ascending."""
+    side = int(round(math.sqrt(chunk_size)))
+    chosen: List[int] = []
+    offset = 0
+    for shape in shapes:
+        numel = int(np.prod(shape))
+        if len(shape) < 2:
+            blocks = [range(offset + s, offset + min(s + chunk_size, numel)) for s in range(0, numel, chunk_size)]
+        else:
+            rows, cols = shape[0], numel // shape[0]
+            blocks = [[offset + r * cols + c
+                       for r in range(r0, min(r0 + side, rows)) for c in range(c0, min(c0 + side, cols))]
+                      for r0 in range(0, rows, side) for c0 in range(0, cols, side)]
+        for block in blocks:
+            keep = min(len(block), max(1, int(density * len(block))))
+            chosen.extend(sorted(block, key=lambda i: (-abs(float(x[i])), i))[:keep])
+        offset += numel
+    return sorted(chosen)
+
+
 def quantize(values: Sequence[np.float32], bits: int, spread: float) -> Tuple[List[int], List[np.float32]]:
     """``(codes, table)``: the table holds the ``2**bits`` level values and then the shift."""
     m, bins = len(values), 2 ** bits
@@ -57,10 +83,13 @@ def quantize(values: Sequence[np.float32], bits: int, spread: float) -> Tuple[Li
     return codes, table + [shift]
 
 
-def delivered(x: np.ndarray, options: Dict) -> Tuple[List[int], List[np.float32]]:
-    """What one rank delivers from its buffer ``x``: its indices and the values it sends."""
+def delivered(x: np.ndarray, options: Dict, shapes: Optional[Sequence[Sequence[int]]] = None
+              ) -> Tuple[List[int], List[np.float32]]:
+    """What one rank delivers from its buffer ``x`` (holding parameters of ``shapes``, read with
+    ``blocks``): its indices and the values it sends."""
     o = {**DEFAULTS, **options}
-    idx = chunk_select(x, o["density"], o["chunk_size"])
+    idx = (block_select(x, shapes, o["density"], o["chunk_size"]) if o.get("blocks")
+           else chunk_select(x, o["density"], o["chunk_size"]))
     values = [F(x[i]) for i in idx]
     if o["bits"] is None:
         return idx, values
@@ -68,14 +97,15 @@ def delivered(x: np.ndarray, options: Dict) -> Tuple[List[int], List[np.float32]
     return idx, [F(table[code] + table[-1]) for code in codes]
 
 
-def sparseloco_step(xs: List[np.ndarray], step: int, options: Dict, scale: np.float32) -> np.ndarray:
+def sparseloco_step(xs: List[np.ndarray], step: int, options: Dict, scale: np.float32,
+                    shapes: Optional[Sequence[Sequence[int]]] = None) -> np.ndarray:
     """One exchange on the ranks' float32 buffers ``xs = e + g`` (each changed in place into its
     residual, multiplied by ``error_decay`` when the options give one: ``e <- beta * e + g`` at the
-    next step); returns the update."""
+    next step; ``shapes``: the parameters the buffers hold, for ``blocks``); returns the update."""
     out = np.zeros_like(xs[0])
     decay = F(options.get("error_decay", 1.0))
     for x in xs:
-        idx, values = delivered(x, options)
+        idx, values = delivered(x, options, shapes)
         for i, v in zip(idx, values):
             out[i] = F(out[i] + F(scale * v))
             x[i] = F(x[i] - v)

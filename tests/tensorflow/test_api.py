@@ -33,6 +33,11 @@ def test_error_decay_is_refused_naming_the_pytorch_front_ends():
         hs.DistributedGradientTape(tf.GradientTape(), compression=hs.Compression.sparseloco(error_decay=0.95))
 
 
+def test_sparseloco_blocks_are_refused_naming_the_pytorch_front_ends():
+    with pytest.raises(ValueError, match=r"blocks=True runs in the PyTorch front ends only.*give blocks=False"):
+        hs.DistributedGradientTape(tf.GradientTape(), compression=hs.Compression.sparseloco(blocks=True))
+
+
 def test_a_sparsifier_class_instead_of_an_instance_is_refused():
     with pytest.raises(TypeError, match=r"create an instance with Compression.topk\(density=...\)"):
         hs.DistributedGradientTape(tf.GradientTape(), compression=TopK)

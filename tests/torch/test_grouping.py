@@ -62,6 +62,9 @@ def matrix_config(method, grouping, **options):
 
 
 MATRIX = [matrix_config(m, g) for m in METHODS for g in GROUPINGS]
+#: SparseLoCo's 2-D blocks (4 x 4) on groups of several parameters: each cut by its own shape.
+BLOCKS = [{**matrix_config("sparseloco", "buckets", blocks=True, chunk_size=16, density=0.125),
+           "name": "sparseloco_blocks-buckets"}]
 #: The defaults users get: ``min_numel`` left at 1024 (of the size:256 groups of 2000, 653 and 64
 #: elements only the first is sparse) and dense warm-up steps first.
 DEFAULTS = [{**matrix_config(m, "size256", min_numel=None, warmup_steps=3), "name": f"defaults-{m}"}
@@ -81,11 +84,11 @@ SEMANTICS = [
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("grouping")
-    run_configs("torch_exchange.py", 2, out, MATRIX + DEFAULTS + SEMANTICS)
+    run_configs("torch_exchange.py", 2, out, MATRIX + BLOCKS + DEFAULTS + SEMANTICS)
     return out
 
 
-CHECKED = MATRIX + DEFAULTS + SEMANTICS[2:]
+CHECKED = MATRIX + BLOCKS + DEFAULTS + SEMANTICS[2:]
 
 
 @pytest.mark.parametrize("config", CHECKED, ids=lambda c: c["name"])
@@ -114,7 +117,8 @@ def assert_matches_model_reference(obs, config, groups_at):
                for r in range(obs.size)] for t in range(config["steps"])]
     updates, residuals = model_reference(
         stream, groups_at, lambda step, numel: is_dense(config, step, numel),
-        lambda numel: group_exchange(config["method"], config["options"], numel, obs.size))
+        lambda members: group_exchange(config["method"], config["options"], sum(stream[0][0][i].size for i in members),
+                                       obs.size, [config["shapes"][i] for i in members]))
     name = config["name"]
     for step, expected_step in enumerate(updates):
         for g, members in enumerate(groups_at[step]):
