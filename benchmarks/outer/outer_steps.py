@@ -67,11 +67,11 @@ def run_rate(rate: str, args: argparse.Namespace) -> List[Dict[str, Any]]:
     jobs = [worker_argv(args, torchft=False)] + ([worker_argv(args, torchft=True)] if args.torchft else [])
     if rate == LOCAL:
         for argv in jobs:
-            torchrun(args.workers, argv, on_line)
+            torchrun(args.workers, argv, on_line, timeout=args.timeout)
         return rows
     with EmulatedCluster(workers=args.workers, rate=rate) as cluster:
         for argv in jobs:
-            run_torch_distributed(cluster, argv, on_line=on_line)
+            run_torch_distributed(cluster, argv, timeout=args.timeout, on_line=on_line)
     return rows
 
 
@@ -143,6 +143,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     parser.add_argument("--rates", nargs="+", default=["100mbit", "1gbit"],
                         help="link speeds as tc writes them, or 'local' (loopback, unshaped, no root)")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1800.0,
+                        help="seconds each job (ours, then torchft's) may run before it is stopped as a failure")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
     parser.add_argument("--name", default="outer_steps")
     parser.add_argument("--report", type=Path,

@@ -30,6 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 import horovod_sparse.ddp as hsd
 import horovod_sparse.outer as hso
+from horovod_sparse.common.registry import parse_spec
+from horovod_sparse.outer.fragments import cut
 from benchmarks.outer.text import VOCABULARY, stdlib_corpus, windows
 from benchmarks.shared.data import digits_split, shard
 from benchmarks.shared.models import CausalTransformer, count_parameters, digits_mlp
@@ -99,14 +101,35 @@ def stats_bytes(stats: Any) -> int:
 LIGHTHOUSE_PORT, TORCHFT_STORE_PORT = 29710, 29720
 
 
+def fragment_modules(model: torch.nn.Module, count: int) -> List[torch.nn.Module]:
+    """``model`` itself for one fragment, else ``count`` modules each holding (sharing, not copying)
+    a run of its trainable parameters, cut as :class:`horovod_sparse.outer.OuterSteps` cuts them."""
+    if count == 1:
+        return [model]
+    params = [p for p in model.parameters() if p.requires_grad]
+    parts = []
+    for run in cut([p.numel() for p in params], count):
+        part = torch.nn.Module()
+        for i in run:
+            part.register_parameter(f"p{i}", params[i])
+        parts.append(part)
+    return parts
+
+
 class TorchftDiloco:
     """torchft's DiLoCo (``torchft.local_sgd.DiLoCo``; the anchor): every rank a replica group of
     one process, a ``Manager`` on a Gloo group, the lighthouse served by rank 0 for the whole job.
-    Dense: torchft's ``should_quantize`` (fp8) needs Triton and is a dense allreduce without it."""
+    Dense: torchft's ``should_quantize`` (fp8) needs Triton and is a dense allreduce without it.
+    With ``fragments`` F > 1, Streaming DiLoCo: the parameters cut as ours are
+    (:func:`horovod_sparse.outer.fragments.cut`), fragment ``f`` synchronised at inner step
+    ``(f + 1) * every / F`` of each round, its allreduce waited for ``every / F - 1`` inner steps
+    later (torchft's ``fragment_sync_delay``, the longest it allows: ours lands one fragment
+    period later), one outer optimizer per fragment."""
 
     lighthouse: Any = None
 
-    def __init__(self, model: torch.nn.Module, inner: torch.optim.Optimizer, every: int, index: int) -> None:
+    def __init__(self, model: torch.nn.Module, inner: torch.optim.Optimizer, every: int, index: int,
+                 fragments: int = 1) -> None:
         import datetime
         import os
 
@@ -128,13 +151,22 @@ class TorchftDiloco:
                                lighthouse_addr=f"http://{os.environ['MASTER_ADDR']}:{LIGHTHOUSE_PORT}",
                                store_addr=address, store_port=port, use_async_quorum=False, timeout=timeout,
                                quorum_timeout=timeout, init_sync=False)  # every rank builds the same model
-        outer = torch.optim.SGD(model.parameters(), **hso.DILOCO_OUTER)
-        self.diloco = DiLoCo(self.manager, [model], inner, outer, sync_every=every)
+        parts = fragment_modules(model, fragments)
+        outers = [torch.optim.SGD(part.parameters(), **hso.DILOCO_OUTER) for part in parts]
+        self.diloco = DiLoCo(self.manager, parts, inner, outers, sync_every=every,
+                             fragment_sync_delay=every // fragments - 1 if fragments > 1 else 0)
         self.diloco.__enter__()  # hooks the inner optimizer's step: every H-th synchronises
 
     def close(self) -> None:
         self.diloco.__exit__(None, None, None)
         self.manager.shutdown()
+
+
+def create(namespace: Any, spec: str, density: float) -> Any:
+    """The method of ``spec`` (``sparseloco`` or ``sparseloco:blocks=true``, options as
+    :func:`horovod_sparse.common.registry.parse_spec` reads them) at ``density`` unless it names one."""
+    name, options = parse_spec(spec)
+    return namespace.create(name, **{"density": density, **options})
 
 
 class Run(NamedTuple):
@@ -152,11 +184,10 @@ class Run(NamedTuple):
 def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
     """The :class:`Run` of ``config``."""
     model = task.model(args.seed)
-    options = {"density": args.density}
     if config["kind"] == "torchft":
         parameters = count_parameters(model)
         inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
-        anchor = TorchftDiloco(model, inner, config["every"], config["index"])
+        anchor = TorchftDiloco(model, inner, config["every"], config["index"], config["fragments"])
         steps = [0]
 
         def torchft_sent() -> int:  # torchft keeps no statistics: its allreduce of every parameter a round
@@ -170,7 +201,7 @@ def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
         optimizer = torch.optim.AdamW(ddp.parameters(), lr=args.lr)
         state = None
         if config["method"] != "none":
-            state = hsd.State(compression=hsd.Compression.create(config["method"], **options))
+            state = hsd.State(compression=create(hsd.Compression, config["method"], args.density))
             ddp.register_comm_hook(state, hsd.hook)
 
         def sent() -> int:
@@ -179,7 +210,7 @@ def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
         return Run(ddp, optimizer.step, sent, [optimizer])
     inner = torch.optim.AdamW(model.parameters(), lr=args.lr)
     compression = (hso.Compression.none if config["method"] == "none"
-                   else hso.Compression.create(config["method"], **options))
+                   else create(hso.Compression, config["method"], args.density))
     outer_optimizer = (torch.optim.SGD(model.parameters(), lr=1.0)
                        if config["method"] != "none" and args.sparse_outer == "sgd" else None)
     outer = hso.OuterSteps(model, inner, compression, every=config["every"], outer_optimizer=outer_optimizer,
@@ -196,12 +227,12 @@ def build(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Run:
 
 
 def train(task: Task, config: Dict[str, Any], args: argparse.Namespace) -> Dict[str, Any]:
-    """Train ``config`` for ``args.steps`` steps (an outer configuration for ``args.outer_steps``
-    when given); its curve and totals (on rank 0)."""
+    """Train ``config`` for ``args.steps`` steps (an outer configuration, ours or torchft's, for
+    ``args.outer_steps`` when given); its curve and totals (on rank 0)."""
     model, step, sent, optimizers, close = build(task, config, args)
     curve: List[Dict[str, float]] = []
     seconds, sent_bytes = 0.0, 0
-    steps = args.outer_steps if config["kind"] == "outer" and args.outer_steps else args.steps
+    steps = args.outer_steps if config["kind"] in ("outer", "torchft") and args.outer_steps else args.steps
     dist.barrier()
     for number in range(1, steps + 1):
         x, y = task.batch_of()
@@ -230,10 +261,14 @@ def configurations(methods: List[str], outer_methods: List[str], every: List[int
     """Per-step DDP (dense, then ``methods``), then at every H of ``every`` and each of
     ``schedules`` (``sync``; ``overlap``; ``streamed``: ``fragments`` fragments, overlapped) outer
     steps (dense DiLoCo, then ``outer_methods``); with ``torchft``, torchft's DiLoCo at every H
-    instead (a job of its own: a failure of torchft's quorum loses none of the others' rows).
+    instead, synchronous and streamed where ``schedules`` name them (a job of its own: a failure
+    of torchft's quorum loses none of the others' rows).
     Each with its ``label`` and ``index``."""
-    if torchft:
-        configs = [{"kind": "torchft", "method": "none", "every": h, "label": f"torchft diloco H={h}"} for h in every]
+    if torchft:  # torchft's schedules: synchronous, and streamed (its own overlap is per fragment)
+        configs = [{"kind": "torchft", "method": "none", "every": h, "schedule": schedule,
+                    "fragments": fragments if schedule == "streamed" else 1,
+                    "label": f"torchft diloco H={h}" + SCHEDULE_LABELS[schedule].format(fragments)}
+                   for h in every for schedule in schedules if schedule != "overlap"]
     else:
         configs = [{"kind": "ddp", "method": m, "label": f"ddp {m}"} for m in ["none", *methods]]
         configs += [{"kind": "outer", "method": m, "every": h, "schedule": schedule,
@@ -261,14 +296,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", nargs="+", default=["lm", "digits"], choices=["lm", "digits"])
     parser.add_argument("--steps", type=int, default=300, help="inner steps of every configuration")
     parser.add_argument("--outer-steps", type=int, default=None,
-                        help="inner steps of the outer configurations (default --steps): more, to see when they "
-                             "reach per-step DDP's final metric")
+                        help="inner steps of the outer configurations, torchft's too (default --steps): more, to see "
+                             "when they reach per-step DDP's final metric")
     parser.add_argument("--eval-every", type=int, default=50, help="steps between evaluations (a multiple of --every)")
     parser.add_argument("--every", type=int, nargs="+", default=[10, 50], help="inner steps per round (H)")
     parser.add_argument("--methods", nargs="*", default=["topk", "micro"],
-                        help="per-step methods (DDP hook), besides dense DDP (none: dense DDP alone)")
+                        help="per-step methods (DDP hook), besides dense DDP (none: dense DDP alone); a method may "
+                             "give options: sparseloco:blocks=true")
     parser.add_argument("--outer-methods", nargs="+", default=["topk", "micro", "gtopk", "sparseloco"],
-                        help="methods on the pseudo-gradients")
+                        help="methods on the pseudo-gradients (options as --methods')")
     parser.add_argument("--density", type=float, default=1 / 64)
     parser.add_argument("--sparse-outer", choices=["sgd", "diloco"], default="sgd",
                         help="the outer optimizer with a method: SGD at lr 1 (SparseLoCo's: the residual is the "
@@ -295,5 +331,8 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     for option, steps in (("--steps", args.steps), ("--outer-steps", args.outer_steps or args.steps)):
         if steps % args.eval_every:
             parser.error(f"{option} {steps} must be a multiple of --eval-every {args.eval_every}")
+    if args.torchft and "streamed" in args.schedules and any(h % args.fragments for h in args.every):
+        parser.error(f"torchft's streamed DiLoCo needs --fragments {args.fragments} to divide every --every "
+                     f"{args.every}: give --fragments 2 or 5 with --every 10 50")
     for method in sorted(set(args.methods) | set(args.outer_methods)):
-        hso.Compression.create(method, density=args.density)  # raises naming the known methods
+        create(hso.Compression, method, args.density)  # raises naming the known methods and options
