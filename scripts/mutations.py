@@ -1112,6 +1112,11 @@ MUTATIONS: List[Mutation] = [
       '"bytes_sent": summary["bytes_sent"],',
       ["tests/benchmarks/test_digits.py", "-k", "bytes_follow"],
       "an outer row's kB/step is a whole round's: the table and projection charge every step a round's exchange"),
+    M("bench-outer-torchft-fragments-not-cut", "benchmarks/outer/outer_training.py",
+      "    for run in cut([p.numel() for p in params], count):",
+      "    for run in cut([p.numel() for p in params], 1) * count:",
+      ["tests/benchmarks/test_clis.py", "-k", "torchft_rows"],
+      "torchft's streamed rows hand it the whole model as every fragment (its exchange no smaller than a round's)"),
 ]
 
 

@@ -693,6 +693,35 @@ def test_outer_steps_comparisons_and_refusals():
         main(["--rates", "local", "--every", "10", "--eval-every", "15"])
 
 
+def test_outer_steps_torchft_rows_fragments_and_method_options():
+    """torchft's rows: synchronous and streamed at every H (torchft overlaps per fragment only, so no
+    ``overlap`` row), over the fragments of ``OuterSteps``' cut, each a module sharing (not copying)
+    the model's parameters; a fragment count that does not divide every H is refused (torchft's
+    rule) naming the fix; a method's options are read from its spec."""
+    import torch
+
+    import horovod_sparse.outer as hso
+    from benchmarks.outer.outer_steps import main
+    from benchmarks.outer.outer_training import configurations, create, fragment_modules
+    from horovod_sparse.outer.fragments import cut
+
+    labels = [c["label"] for c in configurations([], [], [10, 50], torchft=True,
+                                                 schedules=("sync", "overlap", "streamed"), fragments=5)]
+    assert labels == ["torchft diloco H=10", "torchft diloco H=10 streamed F=5", "torchft diloco H=50",
+                      "torchft diloco H=50 streamed F=5"]
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    params = list(model.parameters())
+    parts = fragment_modules(model, 2)
+    assert [[id(p) for p in part.parameters()] for part in parts] == [
+        [id(params[i]) for i in run] for run in cut([p.numel() for p in params], 2)]
+    assert fragment_modules(model, 1) == [model]
+    with pytest.raises(SystemExit):
+        main(["--rates", "local", "--every", "10", "--eval-every", "10", "--torchft", "--schedules", "streamed",
+              "--fragments", "4"])
+    method = create(hso.Compression, "sparseloco:blocks=true,chunk_size=16", 0.1)
+    assert (method.options.blocks, method.options.chunk_size, method.options.density) == (True, 16, 0.1)
+
+
 def test_outer_offload_cost_measures_both_settings_side_by_side(tmp_path):
     """``benchmarks.outer.offload_cost`` on the CPU, a tiny MLP: a row per setting (on the
     device, offloaded), each with its boundaries' median time and the outer state's bytes read
