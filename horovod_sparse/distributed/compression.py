@@ -16,7 +16,7 @@ import torch
 import horovod_sparse.methods  # noqa: F401  (registers the methods)
 from horovod_sparse.common.compression_namespace import compression_namespace
 from horovod_sparse.distributed import backend
-from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.methods.base import checked_sparse as checked_for
 
 
 class DenseCompression:
@@ -38,12 +38,6 @@ Compression = compression_namespace(
 def checked_sparse(compression: Any, front_end: str) -> bool:
     """Whether ``compression`` is a sparsifier, after checking it suits a ``torch.distributed``
     front end (``front_end``: its module, ``ddp`` or ``fsdp``, named in the error): a method
-    built on this backend, or ``Compression.none`` / ``Compression.fp16``."""
-    sparse = isinstance(compression, Sparsifier)
-    if sparse and compression.B is not backend:
-        raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
-                         f"horovod_sparse.{front_end}.Compression.{compression.method_name}(...)")
-    if not sparse and not isinstance(compression, DenseCompression):
-        raise ValueError(f"compression={compression!r}: pass horovod_sparse.{front_end}.Compression.<method>(...), "
-                         "Compression.none or Compression.fp16")
-    return sparse
+    built on this backend, or ``Compression.none`` / ``Compression.fp16``
+    (:func:`horovod_sparse.methods.base.checked_sparse`)."""
+    return checked_for(compression, front_end, backend, lambda dense: isinstance(dense, DenseCompression))

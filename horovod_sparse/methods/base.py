@@ -217,3 +217,18 @@ class Sparsifier:
                                       chunk_counts, comm.scale)
             comm.stats.union = B.distinct(indices, numel, padded=capped.padded)
         return update, residual
+
+
+def checked_sparse(compression: Any, front_end: str, backend: Backend, is_dense: Callable[[Any], bool]) -> bool:
+    """Whether ``compression`` is a sparsifier, after checking that it suits the front end
+    ``horovod_sparse.<front_end>``: a method built on that front end's ``backend``, or one of its
+    dense compressions (``is_dense``: ``Compression.none`` / ``Compression.fp16``). Raises
+    ``ValueError`` naming the fix otherwise."""
+    sparse = isinstance(compression, Sparsifier)
+    if sparse and compression.B is not backend:
+        raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
+                         f"horovod_sparse.{front_end}.Compression.{compression.method_name}(...)")
+    if not sparse and not is_dense(compression):
+        raise ValueError(f"compression={compression!r}: pass horovod_sparse.{front_end}.Compression.<method>(...), "
+                         "Compression.none or Compression.fp16")
+    return sparse

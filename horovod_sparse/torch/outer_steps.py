@@ -31,7 +31,7 @@ from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.engine.topology import Transport
-from horovod_sparse.methods.base import Sparsifier
+from horovod_sparse.methods.base import checked_sparse
 from horovod_sparse.outer import rounds
 from horovod_sparse.outer.replicas import Replicas
 from horovod_sparse.torch import backend
@@ -48,14 +48,8 @@ class ProcessSetReplicas:
         self.job_rank, self.job_size = hvd.rank(), hvd.size()
 
     def checked_sparse(self, compression: Any) -> bool:
-        sparse = isinstance(compression, Sparsifier)
-        if sparse and compression.B is not backend:
-            raise ValueError(f"{compression!r} was built for horovod_sparse.{compression.B.name}; build it with "
-                             f"horovod_sparse.torch.Compression.{compression.method_name}(...)")
-        if not sparse and compression not in (hvd.Compression.none, hvd.Compression.fp16):
-            raise ValueError(f"compression={compression!r}: pass horovod_sparse.torch.Compression.<method>(...), "
-                             "Compression.none or Compression.fp16")
-        return sparse
+        return checked_sparse(compression, "torch", backend,
+                              lambda dense: dense in (hvd.Compression.none, hvd.Compression.fp16))
 
     def engine(self, compression: Any, stats_log: Optional[IO[str]]) -> StepEngine:
         model = ModelState(compression, backend, self.process_set, None)
