@@ -151,7 +151,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--emulate", action="store_true",
                    help="also measure every configuration on an emulated 1 Gbit/s cluster (root)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per job")
-    p.add_argument("--store", type=Path, help=argparse.SUPPRESS)
     add_arguments(p, seeds=[0], epochs=8, name="digits")
     return p
 
@@ -227,12 +226,6 @@ def run_worker(args: argparse.Namespace) -> None:
 
         hvd.init(process_sets=process_sets(args.compressors))
         torch.set_num_threads(1)
-        if any(OUTER in label for label in args.compressors):
-            import torch.distributed as dist
-
-            # Outer steps run on torch.distributed: a Gloo group of the same ranks beside Horovod's.
-            store = dist.FileStore(str(args.store), hvd.size())
-            dist.init_process_group("gloo", store=store, rank=hvd.rank(), world_size=hvd.size())
         rows = [train(label, args) for label in args.compressors]
         rank = hvd.rank()
     if rank == 0:
@@ -241,9 +234,8 @@ def run_worker(args: argparse.Namespace) -> None:
 
 # -- the driver -----------------------------------------------------------------------------------------
 def worker_argv(args: argparse.Namespace, configs: Sequence[str], results: Path) -> List[str]:
-    """The command line of the job's ranks (their ``torch.distributed`` store beside ``results``)."""
+    """The command line of the job's ranks (rank 0 writes ``results``)."""
     return [sys.executable, "-m", "benchmarks.main_job.digits", "--worker", "--results", str(results),
-            "--store", str(results.with_suffix(".store")),
             "--framework", args.framework, "--compressors", *configs, "--seeds", *map(str, args.seeds),
             "--epochs", str(args.epochs), "--batch-size", str(args.batch_size), "--lr", str(args.lr),
             "--hidden", str(args.hidden)]

@@ -220,7 +220,7 @@ def legend(report: Report, job: str, local_work: str) -> str:
             "its host (the reduce-scatter and allgather of the buffer).")
     if any(row.get("every") for row in report.rows):
         paragraphs.append(
-            f"Outer rows ({OUTER.strip('+=')}=H: horovod_sparse.outer on torch.distributed, in the same job) take H "
+            f"Outer rows ({OUTER.strip('+=')}=H: Horovod's horovod_sparse.torch.OuterSteps, in the same job) take H "
             "local SGD steps without exchange, then exchange the round's pseudo-gradient (none: dense, DiLoCo; a "
             "method: sparse, with error feedback) and apply it (DiLoCo's Nesterov SGD; with a method SGD at lr 1, "
             "SparseLoCo's, the residual carrying what was not sent): kB/step, collectives and "

@@ -43,7 +43,7 @@ MERGECOMP = MergeCompOptions(warmup_steps=1, timed_steps=3)
 TWO_TIER = "+two-tier"
 #: The suffix of a main-job configuration trained in outer steps of H inner steps
 #: (``horovod_sparse.outer``, DiLoCo: ``none+outer=10``; a method on the pseudo-gradients:
-#: ``topk:density=0.01+outer=10``), on ``torch.distributed`` beside the Horovod job's own collectives.
+#: ``topk:density=0.01+outer=10``), on Horovod's collectives (``horovod_sparse.torch.OuterSteps``).
 OUTER = "+outer="
 #: The DDP configuration with PyTorch's PowerSGD hook (:class:`DdpExchange`).
 POWERSGD = "powersgd"
@@ -352,9 +352,9 @@ class DigitsJob:
     rank), this rank's shard of the training set, the MLP initialised with ``model_seed`` (the same
     on every rank, and broadcast from rank 0) and its optimizer. In a Horovod job (call after
     ``hvd.init()``) that is :func:`distributed_sgd` with compressor ``spec``, ``groups`` and
-    ``hierarchical``; with ``every`` (call after ``dist.init_process_group``) it is trained in
-    outer steps of ``every`` inner :func:`scaled_sgd` steps (``horovod_sparse.outer.OuterSteps``
-    with compressor ``spec``; outside, DiLoCo's Nesterov SGD for ``none``, SGD at lr 1 for a
+    ``hierarchical``; with ``every`` (in a Horovod job too) it is trained in outer steps of
+    ``every`` inner :func:`scaled_sgd` steps (Horovod's ``horovod_sparse.torch.OuterSteps`` with
+    compressor ``spec``; outside, DiLoCo's Nesterov SGD for ``none``, SGD at lr 1 for a
     method, as SparseLoCo); with
     ``ddp`` (call after ``dist.init_process_group``) the model is trained as
     ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
@@ -375,18 +375,18 @@ class DigitsJob:
         #: The DDP job's exchange (``ddp``), else None.
         self.exchange: Optional[DdpExchange] = None
         if every is not None:
-            import torch.distributed as dist
+            import horovod.torch as hvd
 
-            import horovod_sparse.outer as hso
+            import horovod_sparse.torch as hs
             from horovod_sparse.common.registry import parse_spec
 
-            self.rank, self.size = dist.get_rank(), dist.get_world_size()
+            self.rank, self.size = hvd.rank(), hvd.size()
             name, options = parse_spec(spec)
-            compression = hso.Compression.none if name == "none" else hso.Compression.create(name, **options)
+            compression = hs.Compression.none if name == "none" else hs.Compression.create(name, **options)
             # DiLoCo's Nesterov SGD outside for the dense rounds, SparseLoCo's SGD at lr 1 for a method's.
             outer = None if name == "none" else torch.optim.SGD(self.model.parameters(), lr=1.0)
-            self.opt = hso.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every,
-                                      outer_optimizer=outer)
+            self.opt = hs.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every,
+                                     outer_optimizer=outer)
             self.network = self.model
         elif ddp:
             import torch.distributed as dist
