@@ -141,6 +141,11 @@ class SparseLoCo(Sparsifier):
     the dequantized values at the selected indices: the quantization error is kept, nothing is
     lost. With ``bits=None`` the values travel as Top-k's do, unquantized, with int32 global
     indices (int64 from 2**31 elements). Traceable.
+
+    With ``blocks`` the chunks are the blocks of :func:`~horovod_sparse.methods.sparseloco_blocks.block_layout`
+    (from ``comm.shapes``): ``x`` gathered into block order, each run of equal blocks a chunked
+    top-k, an offset inside its block on the wire, placed by every rank from its position (the
+    blocks' starts) and the block order; the group's count recorded as its target.
     """
 
     options: SparseLoCoOptions
