@@ -1,6 +1,7 @@
 """The step engine (:mod:`horovod_sparse.engine.step`) on ``torch.distributed``, as the DDP hook,
 FSDP2 and the outer steps run it: the engine over a process group, a group's dense average as
-the engine starts it, and the agreement on non-finite gradients at the end of a step."""
+the engine starts it (flat, or in the engine's two tiers), and the agreement on non-finite
+gradients at the end of a step."""
 from __future__ import annotations
 
 from typing import IO, Any, Callable, List, Optional, Sequence
@@ -12,7 +13,7 @@ from horovod_sparse.distributed import backend
 from horovod_sparse.distributed.communicator import Communicator
 from horovod_sparse.distributed.host_collectives import ranks_reporting
 from horovod_sparse.distributed.process_group import ProcessGroup
-from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.distributed.dense import dense_exchange, two_tier_dense_exchange
 from horovod_sparse.engine.flight import ExchangeFlight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
@@ -37,6 +38,21 @@ def dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor, compress
     this rank's share when it is not ``finite``)."""
     return lambda stats: engine.dense_flight(group, stats,
                                              lambda comm: dense_exchange(buffer, comm, compression, finite))
+
+
+def two_tier_dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
+                           finite: Finite) -> Callable[[GroupStats], ExchangeFlight]:
+    """:func:`dense_average` in the engine's two tiers (``engine.tiers``, a group of at least
+    one element per rank of a node): :func:`~horovod_sparse.distributed.dense.two_tier_dense_exchange`
+    over the group's communicators of the cross set and of the node."""
+    def start(stats: GroupStats) -> ExchangeFlight:
+        cross, node = engine.transport.communicators(group, stats, engine.tiers, engine.step)
+        flight = ExchangeFlight(two_tier_dense_exchange(buffer, node, cross, compression, finite), cross, group,
+                                sparse=False)
+        flight.advance()
+        return flight
+
+    return start
 
 
 def nonfinite_agreement(policy: Optional[str], process_group: ProcessGroup) -> Callable[[Sequence[str]], List[int]]:

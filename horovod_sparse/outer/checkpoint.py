@@ -4,7 +4,7 @@
 """
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.outer.landing import Landed
@@ -15,7 +15,7 @@ class RoundCheckpoints:
     """``state_dict()`` and ``load_state_dict()`` of :class:`~horovod_sparse.outer.rounds.OuterSteps`
     (a base of it): they read and restore its model, inner and outer optimizers, anchor, groups,
     engine and model state, position, fragments, the exchange in flight and what landed of it,
-    and its replicas' place in the job."""
+    and its replicas' place in the job and layout in tiers."""
 
     def state_dict(self) -> Dict[str, bytes]:
         """This rank's state under a key of its own, ``{"rank<r>": bytes}``
@@ -23,12 +23,14 @@ class RoundCheckpoints:
         replica's own parameters), the inner and outer optimizers', the anchors, the round's
         position, the step counter, per group its residual and method state, and with ``overlap``
         the averages of the exchange in flight, which is ended first (collective then: every
-        rank saves) and whose outer step stays for its boundary. ``torch.save`` it on every
+        rank saves) and whose outer step stays for its boundary, and the tiers' node size (None:
+        flat), which lays out the residuals and method states (in two tiers, per slice). ``torch.save`` it on every
         rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every rank's."""
         self._land()
         return rank_entry({"engine": self._state.record(self.groups, self.steps, per_rank=True),
                            "landed": None if self._landed is None else self._landed.record(),
-                           "position": self.position, "every": self.every, "anchor": self.anchor.flat,
+                           "position": self.position, "every": self.every, "tiers": self.node_size_in_tiers(),
+                           "anchor": self.anchor.flat,
                            "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
                            "outer": self.outer_optimizer.state_dict()},
                           rank=self.replicas.job_rank, size=self.replicas.job_size)
@@ -38,12 +40,18 @@ class RoundCheckpoints:
         and model (mid-round too, an overlapped exchange's outer step still to take). Collective:
         every rank loads (an exchange in flight here is ended and dropped), and the
         configuration is checked again. Raises ``ValueError`` naming the mismatch before anything is loaded when
-        the state was saved by another job size, rank, model or ``every``."""
+        the state was saved by another job size, rank, model or ``every``, or in other tiers (two
+        tiers of another node size, or flat, than these)."""
         saved = state_of_this_rank(state_dict, "the outer steps' state", rank=self.replicas.job_rank,
                                    size=self.replicas.job_size)
         if saved["every"] != self.every:
             raise ValueError(f"the outer steps' state was saved with every={saved['every']}, these take "
                              f"every={self.every}: build OuterSteps with the every= it was saved with")
+        tiers, mine = saved.get("tiers"), self.node_size_in_tiers()
+        if tiers != mine:
+            raise ValueError(f"the outer steps' state was saved {_layout(tiers)}, these run {_layout(mine)}: in two "
+                             f"tiers its residuals and method states are laid out by slice; build OuterSteps with "
+                             f"{_arguments(tiers)} to resume it")
         problem = self._state.groups_mismatch({name: e["numel"] for name, e in saved["engine"]["groups"].items()},
                                               self.groups, decided=False)
         if problem:
@@ -61,6 +69,14 @@ class RoundCheckpoints:
         devices = [[self.groups[i].params[0].device for i in indices] for indices in self.fragments]
         self._landed = Landed.from_record(saved.get("landed"), devices)
         self._require_same_configuration()
+
+
+def _layout(node_size: Optional[int]) -> str:
+    return "flat" if node_size is None else f"in two tiers of {node_size} workers per node"
+
+
+def _arguments(node_size: Optional[int]) -> str:
+    return "hierarchical=False" if node_size is None else f"hierarchical=True, node_size={node_size}"
 
 
 def _no_regrouping(members: List[List[int]]) -> List[FlatGroup]:

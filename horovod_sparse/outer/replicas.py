@@ -10,9 +10,12 @@ import torch
 import torch.distributed as dist
 
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.process_group import ProcessGroup
-from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
+from horovod_sparse.distributed.stepping import (dense_average, distributed_engine, nonfinite_agreement,
+                                                 two_tier_dense_average)
+from horovod_sparse.distributed.tiers import ddp_tiers
 from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.torch_core.finiteness import Finite
@@ -32,6 +35,11 @@ class Replicas(Protocol):
     def engine(self, compression: Any, stats_log: Optional[IO[str]]) -> StepEngine:
         """The step engine exchanging over the replicas (its model state, ``engine.model``,
         agrees configurations over them too)."""
+
+    def tiers(self, hierarchical: bool, node_size: Optional[int]) -> Optional[Tiers]:
+        """The two tiers of the exchange (nodes of ``node_size`` consecutive ranks), made now, or
+        None to run flat (``hierarchical`` False, or a layout with nothing to split); a
+        ``ValueError`` naming the fix when they cannot be had. Collective."""
 
     def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
                      finite: Finite) -> Callable[[GroupStats], Flight]:
@@ -62,8 +70,17 @@ class ProcessGroupReplicas:
     def engine(self, compression: Any, stats_log: Optional[IO[str]]) -> StepEngine:
         return distributed_engine(compression, self.process_group, stats_log)
 
+    def tiers(self, hierarchical: bool, node_size: Optional[int]) -> Optional[Tiers]:
+        """:func:`~horovod_sparse.distributed.tiers.ddp_tiers`, as the DDP hook makes them (the
+        default process group only; the same ``node_size`` everywhere, default ``LOCAL_WORLD_SIZE``)."""
+        return ddp_tiers(hierarchical, node_size, self.process_group)
+
     def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
                      finite: Finite) -> Callable[[GroupStats], Flight]:
+        """In two tiers (a group that gives every rank of a node a slice) the dense average runs
+        in them: the node's sum once, a slice per rank across nodes; else flat."""
+        if engine.tiers is not None and engine.tiers.splits(group.numel):
+            return two_tier_dense_average(engine, group, buffer, compression, finite)
         return dense_average(engine, group, buffer, compression, finite)
 
     def agreement(self, policy: Optional[str]) -> Callable[[Sequence[str]], List[int]]:

@@ -27,6 +27,17 @@ Two options take the exchange off the critical path (:mod:`horovod_sparse.outer.
   inner steps did since the fragment's last boundary is kept (``θ <- anchor' - (anchor - θ)``),
   so the fragment's replicas agree at its boundaries.
 
+``hierarchical=True`` runs the outer steps in two tiers (:mod:`horovod_sparse.common.tiers`) for
+nodes of several workers, each node's workers one DiLoCo replica trained by a dense exchange of
+their own inside the node (DDP over :attr:`OuterSteps.node_group`): at a round's end the node sums
+its ranks' error-fed pseudo-gradients by a reduce-scatter, each slice of the sum is exchanged by
+the method across nodes among the ranks owning it (the dense average too, a slice per rank), and
+the node gathers the slices' averages; each rank's residual is its slice's.
+
+    outer = hso.OuterSteps(model, inner, compression=hso.Compression.topk(density=0.01), every=50,
+                           hierarchical=True)          # nodes of LOCAL_WORLD_SIZE ranks
+    ddp = DDP(model, process_group=outer.node_group)   # the inner steps' exchange, in the node
+
 The exchange is the DDP hook's and FSDP2's (:class:`~horovod_sparse.engine.step.StepEngine`):
 one group per parameter, planned, started, finished in parameter order, agreed on non-finite
 values over the job and closed, a round being the engine's step (its statistics, warm-up and
@@ -49,6 +60,7 @@ from horovod_sparse.outer.anchor import Anchor
 from horovod_sparse.outer.checkpoint import RoundCheckpoints
 from horovod_sparse.outer.landing import Landed
 from horovod_sparse.outer.replicas import ProcessGroupReplicas, Replicas
+from horovod_sparse.outer.tiers import NodeTiers
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 
@@ -64,11 +76,12 @@ def diloco_outer_optimizer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, **DILOCO_OUTER)
 
 
-class OuterSteps(RoundCheckpoints, EngineSteps):
+class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
     """Local inner steps and a sparse outer step every ``every`` of them, on ``torch.distributed``.
 
     Args:
-        model: the replica (a plain module: no DDP, whose every backward pass would exchange).
+        model: the replica (a plain module: no DDP, whose every backward pass would exchange;
+            with ``hierarchical``, wrap it in DDP over :attr:`node_group` after building this).
             Its trainable parameters are what the outer steps average; its buffers (BatchNorm's
             statistics) stay each replica's own.
         inner_optimizer: the optimizer of the local steps, over the model's parameters.
@@ -108,11 +121,21 @@ class OuterSteps(RoundCheckpoints, EngineSteps):
             optimizer steps the anchor there, with the average copied to it, and the parameters
             take the result; the pseudo-gradient is taken on the model's device. The same
             results as without it, bitwise where the outer optimizer computes alike on both.
+        hierarchical: the outer exchange in two tiers (the module's docstring): nodes of
+            ``node_size`` consecutive ranks, made at construction (one new group per node and per
+            slice, as the DDP hook's ``hierarchical=True``; collective). It needs the default
+            process group (``process_group=None``). A job of one node, or of one worker per node,
+            has nothing to split and runs flat. A model wrapped in DDP over :attr:`node_group`
+            afterwards exchanges its inner steps' gradients inside the node.
+        node_size: workers per node with ``hierarchical``, ranks ``[c * node_size, (c + 1) *
+            node_size)`` on node ``c`` (as ``torchrun`` numbers them); default ``LOCAL_WORLD_SIZE``
+            (one node without it). Every rank must give the same.
 
     At construction every rank takes rank 0's parameters (of ``process_group``) and checks that
-    the configuration (method and options, ``every``, ``nonfinite``, the parameters' names,
-    sizes and dtypes) is the same everywhere, raising the same ``ValueError`` on every rank
-    naming what differs: collective, like every outer step.
+    the configuration (method and options, ``every``, ``nonfinite``, ``hierarchical``,
+    ``node_size``, the parameters' names, sizes and dtypes) is the same everywhere, raising the
+    same ``ValueError`` on every rank naming what differs, before the tiers are made: collective,
+    like every outer step.
 
     Attributes:
         steps: exchanges closed so far (a fragment's round each, abandoned ones included); an
@@ -122,6 +145,8 @@ class OuterSteps(RoundCheckpoints, EngineSteps):
         groups: the groups, one per trainable parameter, in the model's order.
         fragments: each fragment's groups (indices into :attr:`groups`).
         offsets: the :attr:`position` at which each fragment ends its round (0: the cycle's end).
+        tiers: the two tiers' groups (None: flat).
+        node_group: this rank's node's ``torch.distributed`` group in two tiers (for DDP).
     """
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -129,13 +154,15 @@ class OuterSteps(RoundCheckpoints, EngineSteps):
                  outer_optimizer: Union[None, torch.optim.Optimizer, OptimizerFactory] = None,
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
-                 offload: bool = False) -> None:
+                 offload: bool = False, hierarchical: bool = False, node_size: Optional[int] = None) -> None:
         self.replicas = self._replicas_of(process_group)
         self.sparse = self.replicas.checked_sparse(compression)
         self.compression = compression
         self.every = check_int("every", every, minimum=1)
         self.overlap = check_bool("overlap", overlap)
         self.offload = check_bool("offload", offload)
+        self.hierarchical = check_bool("hierarchical", hierarchical)
+        self.node_size = None if node_size is None else check_int("node_size", node_size, minimum=1)
         count = check_int("fragments", fragments, minimum=1)
         if count > self.every:
             raise ValueError(f"fragments={count} needs every >= fragments (each fragment ends its round at its own "
@@ -165,6 +192,9 @@ class OuterSteps(RoundCheckpoints, EngineSteps):
         self._in_flight: Optional[Tuple[int, List[Flight]]] = None
         self._landed: Optional[Landed] = None
         self._require_same_configuration()
+        self._engine.tiers = self.replicas.tiers(self.hierarchical, self.node_size)
+        if self.tiers is not None:
+            self._state.use_tiers(self.tiers)
         self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self.anchor = Anchor(self.groups, self.offload)
         #: The tensors the outer optimizer steps, group by group: the parameters, or the anchor's.
@@ -305,7 +335,8 @@ class OuterSteps(RoundCheckpoints, EngineSteps):
         keys = [(g.name, g.numel, str(g.dtype), [list(p.shape) for p in g.params]) for g in self.groups]
         self._state.require_same_configuration({"every": self.every, "nonfinite": self.nonfinite,
                                                 "overlap": self.overlap, "fragments": len(self.fragments),
-                                                "offload": self.offload,
+                                                "offload": self.offload, "hierarchical": self.hierarchical,
+                                                "node_size": self.node_size,
                                                 "steps": self.steps, "position": self.position}, keys)
 
 

@@ -25,6 +25,7 @@ import horovod.torch as hvd
 import torch
 
 from horovod_sparse.common.stats import GroupStats
+from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.distributed.compression import Compression as DenseWire
 from horovod_sparse.distributed.dense import dense_exchange
 from horovod_sparse.engine.flight import Flight
@@ -55,6 +56,14 @@ class ProcessSetReplicas:
         model = ModelState(compression, backend, self.process_set, None)
         return StepEngine(compression, model, Transport(Communicator, self.process_set, True, read_scalars), stats_log)
 
+    def tiers(self, hierarchical: bool, node_size: Optional[int]) -> Optional[Tiers]:
+        """None: Horovod's outer steps run flat (``hierarchical=True`` refused, naming the fix)."""
+        if hierarchical:
+            raise ValueError("horovod_sparse.torch.OuterSteps runs flat: for outer steps in two tiers (dense inside "
+                             "a node, outer steps across nodes) use horovod_sparse.outer.OuterSteps(..., "
+                             "hierarchical=True) under torchrun, or hierarchical=False here")
+        return None
+
     def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
                      finite: Finite) -> Callable[[GroupStats], Flight]:
         wire = DenseWire.fp16 if compression is hvd.Compression.fp16 else DenseWire.none
@@ -76,7 +85,8 @@ class OuterSteps(rounds.OuterSteps):
     """:class:`horovod_sparse.outer.rounds.OuterSteps` over Horovod: every argument as there, but
     ``compression`` a method of ``horovod_sparse.torch.Compression`` (or its ``none``, DiLoCo's
     dense average, and ``fp16``) and ``process_set`` the Horovod process set of the replicas
-    (default: every process) in place of ``process_group``. Build it after ``hvd.init()``, on
+    (default: every process) in place of ``process_group``; ``hierarchical=True`` is refused
+    (the two tiers are the ``torch.distributed`` outer steps'). Build it after ``hvd.init()``, on
     every rank of the process set."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -84,9 +94,9 @@ class OuterSteps(rounds.OuterSteps):
                  outer_optimizer: Union[None, torch.optim.Optimizer, rounds.OptimizerFactory] = None,
                  process_set: Optional[hvd.ProcessSet] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
-                 offload: bool = False) -> None:
+                 offload: bool = False, hierarchical: bool = False, node_size: Optional[int] = None) -> None:
         super().__init__(model, inner_optimizer, compression, every, outer_optimizer, process_set, nonfinite,
-                         stats_log, overlap, fragments, offload)
+                         stats_log, overlap, fragments, offload, hierarchical, node_size)
 
     @staticmethod
     def _replicas_of(process_set: Any) -> Replicas:

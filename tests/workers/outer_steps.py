@@ -11,7 +11,9 @@ each rank's parameters at the end of every round.
 Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed", "shapes",
 "outer" ("diloco": the default outer optimizer; "sgd1": SGD lr 1, no momentum, whose step is an
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
-"every_of_rank", "namespace", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end"}:
+"every_of_rank", "namespace", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end",
+"hierarchical", "node_size", "hierarchical_of_rank", "node_size_of_rank", "local_world_size_of_rank",
+"subgroup", "ddp", "other_layouts"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -24,7 +26,15 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
   the launcher (under ``horovodrun``, construction must refuse it everywhere);
 - ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step;
 - ``overlap``, ``fragments``, ``offload``: :class:`OuterSteps`'s options of those names;
-- ``flush_at_end``: :meth:`OuterSteps.flush` at the very end.
+- ``flush_at_end``: :meth:`OuterSteps.flush` at the very end;
+- ``hierarchical``, ``node_size``: the two tiers (``torchrun`` only); ``hierarchical_of_rank``,
+  ``node_size_of_rank`` and ``local_world_size_of_rank`` (``{rank: value}``) replacing
+  ``hierarchical``, ``node_size`` or ``LOCAL_WORLD_SIZE`` on that rank; ``subgroup``:
+  ``process_group`` a new group of every rank (not the default);
+- ``ddp``: the model wrapped in DDP over the node's group (``outer.node_group``) after
+  construction, its forward and backward through DDP (the inner steps' dense exchange);
+- ``other_layouts``: before training, this rank's state loaded into outer steps of the other
+  layout (flat for two tiers) and theirs into these: the refusals are recorded as errors at step -2.
 
 Records per round boundary ``j`` (an inner step where a fragment's round ends, by the object's
 ``offsets``): ``theta_{j}_{i}`` (this rank's parameter i after the inner step, before the
@@ -32,14 +42,15 @@ boundary), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups, without
 ``param_{j}_{i}`` (after the boundary), ``residual_{j}_{i}``; ``start_{i}`` (the parameters
 after construction); ``final_{i}`` and ``final_residual_{i}`` after the flush; the JSON record:
 each boundary's inner step, fragment, exchanges closed and last statistics, the object's
-``fragments`` and ``offsets``, whether its outer optimizer steps tensors in the anchor's memory
-(``steps_the_anchor``), errors.
+``fragments`` and ``offsets``, its tiers' ``[node_size, cross_size]`` (``tiers``, None: flat),
+whether its outer optimizer steps tensors in the anchor's memory (``steps_the_anchor``), errors.
 """
 import io
 import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -100,13 +111,37 @@ def build(config, rank, seed):
         outer_opt = (lambda params: torch.optim.SGD(params, lr=1.0)) if offload else torch.optim.SGD(
             model.parameters(), lr=1.0)
     every = config.get("every_of_rank", {}).get(str(rank), config["every"])
+    node_size = config.get("node_size_of_rank", {}).get(str(rank), config.get("node_size"))
+    hierarchical = config.get("hierarchical_of_rank", {}).get(str(rank), config.get("hierarchical", False))
+    tiers = {"hierarchical": hierarchical, "node_size": node_size} if config.get("hierarchical") else {}
+    if config.get("subgroup"):
+        tiers["process_group"] = dist.new_group(list(range(dist.get_world_size())))
     hs = hso if config.get("namespace") == "outer" else front_end()
     compression = (hs.Compression.none if config["method"] == "none"
                    else hs.Compression.create(config["method"], **config.get("options", {})))
     outer = front_end().OuterSteps(model, inner, compression, every=every, outer_optimizer=outer_opt,
                            nonfinite=config.get("nonfinite", "default"), overlap=config.get("overlap", False),
-                           fragments=config.get("fragments", 1), offload=offload)
+                           fragments=config.get("fragments", 1), offload=offload, **tiers)
     return model, inner, outer
+
+
+def forward(config, model, outer):
+    """What the inner steps run forward and backward through: the model, or with ``ddp`` the
+    model in DDP over the node's group."""
+    if not config.get("ddp"):
+        return model
+    return torch.nn.parallel.DistributedDataParallel(model, process_group=outer.node_group)
+
+
+def other_layouts(config, outer, rank, errors):
+    """This rank's state loaded into outer steps of the other layout, and theirs into ``outer``:
+    each refusal recorded as ``[-2, message]``."""
+    _, _, other = build({**config, "hierarchical": not config.get("hierarchical")}, rank, config["seed"] + rank)
+    for source, target in ((outer, other), (other, outer)):
+        try:
+            target.load_state_dict(source.state_dict())
+        except ValueError as error:
+            errors.append([-2, str(error)])
 
 
 def resumed(config, outer, rank, out: Path):
@@ -129,12 +164,17 @@ def resumed(config, outer, rank, out: Path):
 def run(config, out: Path):
     rank = job_rank()
     arrays, rounds, errors = {}, [], []
+    local = config.get("local_world_size_of_rank", {}).get(str(rank))
     try:
-        model, inner, outer = build(config, rank, config["seed"] + rank)
+        with mock.patch.dict(os.environ, {"LOCAL_WORLD_SIZE": str(local)} if local else {}):
+            model, inner, outer = build(config, rank, config["seed"] + rank)
     except ValueError as error:
         errors.append([-1, str(error)])
         write(out, config, rank, arrays, rounds, errors, {})
         return
+    if config.get("other_layouts"):
+        other_layouts(config, outer, rank, errors)
+    net = forward(config, model, outer)
     arrays.update({f"start_{i}": p.detach().double().numpy().copy() for i, p in enumerate(model.params)})
 
     def record_round(step, theta, fragment):
@@ -152,10 +192,11 @@ def run(config, out: Path):
     for step in range(config["steps"]):
         if step == config.get("resume_at"):
             model, inner, outer = resumed(config, outer, rank, out)
+            net = forward(config, model, outer)
         grads = step_gradients(list(model.params), config["seed"], step, rank)
         if config.get("nan_at") == [step, rank]:
             grads[0] = grads[0] * float("nan")
-        model(grads).backward()
+        net(grads).backward()
         try:
             outer.step()
         except FloatingPointError as error:
@@ -177,6 +218,7 @@ def run(config, out: Path):
     stepped = [p for group in outer.outer_optimizer.param_groups for p in group["params"]]
     write(out, config, rank, arrays, rounds, errors, {
         "fragments": outer.fragments, "offsets": outer.offsets,
+        "tiers": None if outer.tiers is None else [outer.tiers.node_size, outer.tiers.cross_size],
         "steps_the_anchor": all(p.untyped_storage().data_ptr() in anchors for p in stepped)})
 
 

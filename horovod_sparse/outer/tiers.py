@@ -1,0 +1,36 @@
+"""What :class:`~horovod_sparse.outer.rounds.OuterSteps` says of its two tiers (a base of it): the
+tiers' groups, and the node's group for the inner steps' dense exchange inside the node (DDP)."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch.distributed as dist
+
+from horovod_sparse.common.tiers import Tiers
+from horovod_sparse.engine.step import StepEngine
+
+
+class NodeTiers:
+    """The tiers of an outer-steps object's engine (its ``_engine``)."""
+
+    _engine: StepEngine
+
+    @property
+    def tiers(self) -> Optional[Tiers]:
+        """The two tiers' groups (:class:`~horovod_sparse.common.tiers.Tiers`), None when flat."""
+        return self._engine.tiers
+
+    @property
+    def node_group(self) -> dist.ProcessGroup:
+        """This rank's node's ``torch.distributed`` group in two tiers, for the inner steps' dense
+        exchange inside the node: ``DDP(model, process_group=outer.node_group)``. ``ValueError``
+        when the outer steps run flat (no node to exchange in)."""
+        if self.tiers is None:
+            raise ValueError("these outer steps run flat (hierarchical=False, or a job of one node or of one worker "
+                             "per node): there is no node group; build OuterSteps with hierarchical=True and "
+                             "node_size= the workers per node on a job of several nodes, or train without DDP")
+        return self.tiers.node_set.group
+
+    def node_size_in_tiers(self) -> Optional[int]:
+        """The workers per node of the two tiers, None when flat (a checkpoint's layout)."""
+        return None if self.tiers is None else self.tiers.node_size
