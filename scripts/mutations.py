@@ -1281,6 +1281,19 @@ def check_imports(copy: Path) -> str:
 FAILURE = re.compile(r"^(FAILED|ERROR) (.+?)(?: - (.*))?$", flags=re.M)
 
 
+def kill_running_from(copy: Path) -> None:
+    """Kill every process whose command line names ``copy``: workers a launcher started in sessions
+    of their own (``torchrun``'s, ``horovodrun``'s), which outlive the run's session when a hang
+    guard stopped the launcher."""
+    marker = str(copy).encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (proc / "cmdline").read_bytes() and int(proc.name) != os.getpid():
+                os.kill(int(proc.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
 def run_selection(copy: Path, tests: Sequence[str], limit: int) -> Dict[str, object]:
     """Run pytest on ``tests`` in ``copy``: returncode, seconds, the first failing node id and
     its message, whether the limit stopped it, and the tail of the output."""
@@ -1300,6 +1313,7 @@ def run_selection(copy: Path, tests: Sequence[str], limit: int) -> Dict[str, obj
         os.killpg(process.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    kill_running_from(copy)
     seconds = time.monotonic() - start
     failure = FAILURE.search(output or "")
     return {"returncode": process.returncode, "seconds": round(seconds, 1), "timed_out": timed_out,
