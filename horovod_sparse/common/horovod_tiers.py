@@ -38,6 +38,15 @@ def horovod_tiers(hierarchical: Optional[bool], hvd: Any, process_set: Any,
     return make_tiers(hierarchical, hvd.rank(), find_layout, lambda ranks: _process_set(hvd, ranks))
 
 
+def node_process_set(hvd: Any, gather_places: Callable[[Tuple[int, int]], List[Tuple[int, int]]]) -> Any:
+    """This rank's node's Horovod process set (the ranks of its host, Horovod's ``cross_rank``), the
+    one :func:`horovod_tiers` takes for the node: found among those registered, else added
+    (every node's, on every rank in the same order). Collective over the job."""
+    layout = NodeLayout.from_places(gather_places((hvd.cross_rank(), hvd.local_rank())))
+    sets = [_process_set(hvd, list(node)) for node in layout.nodes]
+    return next(found for found, node in zip(sets, layout.nodes) if hvd.rank() in node)
+
+
 def _process_set(hvd: Any, ranks: List[int]) -> Any:
     """The Horovod process set of exactly ``ranks``: the one registered already (at ``hvd.init``
     or by an earlier front end, read from the registry of the front end's Horovod library: Horovod

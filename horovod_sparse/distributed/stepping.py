@@ -1,7 +1,7 @@
 """The step engine (:mod:`horovod_sparse.engine.step`) on ``torch.distributed``, as the DDP hook,
 FSDP2 and the outer steps run it: the engine over a process group, a group's dense average as
-the engine starts it (flat, or in the engine's two tiers), and the agreement on non-finite
-gradients at the end of a step."""
+the engine starts it (flat, or in the engine's two tiers: the Horovod outer steps' too), and the
+agreement on non-finite gradients at the end of a step."""
 from __future__ import annotations
 
 from typing import IO, Any, Callable, List, Optional, Sequence
@@ -53,6 +53,16 @@ def two_tier_dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor,
         return flight
 
     return start
+
+
+def replicas_dense_average(engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
+                           finite: Finite) -> Callable[[GroupStats], ExchangeFlight]:
+    """The outer steps' dense average of ``group`` (any front end's transport): in the engine's
+    two tiers (:func:`two_tier_dense_average`) when the group gives every rank of a node a slice,
+    else flat (:func:`dense_average`). ``compression`` is this module's dense wire (``none``, ``fp16``)."""
+    if engine.tiers is not None and engine.tiers.splits(group.numel):
+        return two_tier_dense_average(engine, group, buffer, compression, finite)
+    return dense_average(engine, group, buffer, compression, finite)
 
 
 def nonfinite_agreement(policy: Optional[str], process_group: ProcessGroup) -> Callable[[Sequence[str]], List[int]]:

@@ -13,8 +13,7 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.distributed.compression import checked_sparse
 from horovod_sparse.distributed.process_group import ProcessGroup
-from horovod_sparse.distributed.stepping import (dense_average, distributed_engine, nonfinite_agreement,
-                                                 two_tier_dense_average)
+from horovod_sparse.distributed.stepping import distributed_engine, nonfinite_agreement, replicas_dense_average
 from horovod_sparse.distributed.tiers import ddp_tiers
 from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.step import StepEngine
@@ -46,9 +45,13 @@ class Replicas(Protocol):
         """The dense flight :meth:`StepEngine.start` takes for ``group``: the average of
         ``buffer`` over the replicas (zeros for this rank's share when it is not ``finite``)."""
 
-    def agreement(self, policy: Optional[str]) -> Callable[[Sequence[str]], List[int]]:
-        """The agreement :meth:`StepEngine.end` takes: the ranks that saw a non-finite
+    def agreement(self, policy: Optional[str], engine: StepEngine) -> Callable[[Sequence[str]], List[int]]:
+        """The agreement ``engine``'s :meth:`StepEngine.end` takes: the ranks that saw a non-finite
         pseudo-gradient (none, and no collective, without a ``policy``)."""
+
+    def node_group(self, tiers: Tiers) -> Any:
+        """This rank's node's group of ``tiers`` as the inner steps' exchange takes it (a
+        ``torch.distributed`` group for DDP, a Horovod process set for Horovod's optimizer)."""
 
     def broadcast_from_first(self, tensors: Sequence[torch.Tensor]) -> None:
         """Every replica takes the first replica's ``tensors``, in place."""
@@ -77,14 +80,13 @@ class ProcessGroupReplicas:
 
     def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
                      finite: Finite) -> Callable[[GroupStats], Flight]:
-        """In two tiers (a group that gives every rank of a node a slice) the dense average runs
-        in them: the node's sum once, a slice per rank across nodes; else flat."""
-        if engine.tiers is not None and engine.tiers.splits(group.numel):
-            return two_tier_dense_average(engine, group, buffer, compression, finite)
-        return dense_average(engine, group, buffer, compression, finite)
+        return replicas_dense_average(engine, group, buffer, compression, finite)
 
-    def agreement(self, policy: Optional[str]) -> Callable[[Sequence[str]], List[int]]:
+    def agreement(self, policy: Optional[str], engine: StepEngine) -> Callable[[Sequence[str]], List[int]]:
         return nonfinite_agreement(policy, self.process_group)
+
+    def node_group(self, tiers: Tiers) -> dist.ProcessGroup:
+        return tiers.node_set.group
 
     def broadcast_from_first(self, tensors: Sequence[torch.Tensor]) -> None:
         group = self.process_group.group

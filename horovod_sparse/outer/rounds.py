@@ -146,7 +146,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         fragments: each fragment's groups (indices into :attr:`groups`).
         offsets: the :attr:`position` at which each fragment ends its round (0: the cycle's end).
         tiers: the two tiers' groups (None: flat).
-        node_group: this rank's node's ``torch.distributed`` group in two tiers (for DDP).
+        node_group: this rank's node's group in two tiers (for DDP; Horovod's: the host's process set).
     """
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
@@ -186,7 +186,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
                             "outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0), or None for DiLoCo's")
         self._engine = self.replicas.engine(compression, stats_log)
         self._state = self._engine.model
-        self._agree = self.replicas.agreement(self.nonfinite)
+        self._agree = self.replicas.agreement(self.nonfinite, self._engine)
         self._finiteness = StepFiniteness(self.nonfinite is not None)
         self.position = 0
         self._in_flight: Optional[Tuple[int, List[Flight]]] = None
@@ -216,8 +216,9 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         return loss
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The inner optimizer's ``zero_grad``."""
-        self.inner_optimizer.zero_grad(set_to_none=set_to_none)
+        """The inner optimizer's ``zero_grad`` (``set_to_none`` passed only when False: Horovod's
+        ``DistributedOptimizer`` takes no argument, and sets to None as PyTorch's default does)."""
+        self.inner_optimizer.zero_grad(*(() if set_to_none else (False,)))
 
     def sync(self) -> None:
         """Every fragment's round ended now, in fragment order, and a new cycle begun (after the

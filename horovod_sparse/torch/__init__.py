@@ -17,9 +17,10 @@ from typing import Any
 
 #: The front end's names and the modules that define them.
 _FRONT_END = {"Compression": "compression", "DistributedOptimizer": "optimizer", "OuterSteps": "outer_steps",
-              "broadcast_optimizer_state": "functions", "elastic": None}
+              "broadcast_optimizer_state": "functions", "node_process_set": "outer_steps", "elastic": None}
 
-__all__ = ["Compression", "DistributedOptimizer", "OuterSteps", "Sparsifier", "broadcast_optimizer_state"]
+__all__ = ["Compression", "DistributedOptimizer", "OuterSteps", "Sparsifier", "broadcast_optimizer_state",
+           "node_process_set"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,10 +12,21 @@ over Horovod's collectives and process sets.
         outer.step()            # the inner step; every 50th call also the outer step (collective)
         outer.zero_grad()
 
-The rounds, their options (``overlap``, ``fragments``, ``offload``) and their checkpoints are the
-``torch.distributed`` outer steps' (:mod:`horovod_sparse.outer.rounds`); only the collectives
-differ: the method's exchange through Horovod's (the Horovod optimizer's transport), the dense
-average through Horovod's allreduce, the agreement over the process set.
+The rounds, their options (``overlap``, ``fragments``, ``offload``, ``hierarchical``) and their
+checkpoints are the ``torch.distributed`` outer steps' (:mod:`horovod_sparse.outer.rounds`); only
+the collectives differ: the method's exchange through Horovod's (the Horovod optimizer's
+transport), the dense average through Horovod's allreduce, the agreement over the process set.
+
+In two tiers (``hierarchical=True``) the nodes are Horovod's hosts (``horovodrun -H
+host1:L,host2:L``), each host's workers one DiLoCo replica; its inner steps exchange densely inside
+the host through Horovod's optimizer over the host's process set, made before the outer steps:
+
+    hvd.init(process_sets="dynamic")
+    inner = hvd.DistributedOptimizer(torch.optim.AdamW(model.parameters()),
+                                     named_parameters=model.named_parameters(),
+                                     process_set=hs.node_process_set())
+    outer = hs.OuterSteps(model, inner, compression=hs.Compression.topk(density=1 / 64), every=50,
+                          hierarchical=True)
 """
 from __future__ import annotations
 
@@ -24,10 +35,11 @@ from typing import IO, Any, Callable, List, Optional, Sequence, Union
 import horovod.torch as hvd
 import torch
 
+from horovod_sparse.common.horovod_tiers import horovod_tiers, node_process_set as find_node_set
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import Tiers
 from horovod_sparse.distributed.compression import Compression as DenseWire
-from horovod_sparse.distributed.dense import dense_exchange
+from horovod_sparse.distributed.stepping import replicas_dense_average
 from horovod_sparse.engine.flight import Flight
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
@@ -36,9 +48,18 @@ from horovod_sparse.methods.base import checked_sparse
 from horovod_sparse.outer import rounds
 from horovod_sparse.outer.replicas import Replicas
 from horovod_sparse.torch import backend
-from horovod_sparse.torch.collectives import Communicator, ranks_reporting
+from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
 from horovod_sparse.torch_core.finiteness import Finite
 from horovod_sparse.torch_core.tensor_backend import read_scalars
+
+
+def node_process_set() -> hvd.ProcessSet:
+    """This rank's host's Horovod process set (its node in two tiers: Horovod's ``cross_rank``),
+    found among the registered ones or added (``hvd.init(process_sets="dynamic")``), for the inner
+    steps' dense exchange inside the node: ``hvd.DistributedOptimizer(..., process_set=
+    hs.node_process_set())``, built before ``OuterSteps(..., hierarchical=True)``, whose tiers take
+    the same set. Collective over the job."""
+    return find_node_set(hvd, gather_places)
 
 
 class ProcessSetReplicas:
@@ -57,20 +78,35 @@ class ProcessSetReplicas:
         return StepEngine(compression, model, Transport(Communicator, self.process_set, True, read_scalars), stats_log)
 
     def tiers(self, hierarchical: bool, node_size: Optional[int]) -> Optional[Tiers]:
-        """None: Horovod's outer steps run flat (``hierarchical=True`` refused, naming the fix)."""
-        if hierarchical:
-            raise ValueError("horovod_sparse.torch.OuterSteps runs flat: for outer steps in two tiers (dense inside "
-                             "a node, outer steps across nodes) use horovod_sparse.outer.OuterSteps(..., "
-                             "hierarchical=True) under torchrun, or hierarchical=False here")
-        return None
+        """The two tiers of Horovod's hosts (:func:`~horovod_sparse.common.horovod_tiers.horovod_tiers`:
+        the global process set only; the node's and the slices' process sets found or added),
+        or None. ``node_size`` is refused (the hosts are the nodes), as is a Horovod elastic job
+        (its hosts change), each naming the fix. Collective."""
+        if not hierarchical:
+            return None
+        if node_size is not None:
+            raise ValueError(f"horovod_sparse.torch.OuterSteps takes Horovod's hosts as the nodes (horovodrun -H "
+                             f"host1:L,host2:L): leave node_size=None (given: {node_size})")
+        if hvd.elastic_enabled() if hasattr(hvd, "elastic_enabled") else False:
+            raise ValueError("hierarchical=True does not follow elastic changes of the hosts: use "
+                             "hierarchical=False in a Horovod elastic job")
+        return horovod_tiers(True, hvd, self.process_set, gather_places)
 
     def dense_flight(self, engine: StepEngine, group: Any, buffer: torch.Tensor, compression: Any,
                      finite: Finite) -> Callable[[GroupStats], Flight]:
         wire = DenseWire.fp16 if compression is hvd.Compression.fp16 else DenseWire.none
-        return lambda stats: engine.dense_flight(group, stats, lambda comm: dense_exchange(buffer, comm, wire, finite))
+        return replicas_dense_average(engine, group, buffer, wire, finite)
 
-    def agreement(self, policy: Optional[str]) -> Callable[[Sequence[str]], List[int]]:
-        return lambda groups: [] if policy is None else ranks_reporting(len(groups), self.process_set)
+    def agreement(self, policy: Optional[str], engine: StepEngine) -> Callable[[Sequence[str]], List[int]]:
+        """The ranks that saw a non-finite pseudo-gradient; in two tiers also the ranks' Horovod
+        collectives of the round leveled (:func:`~horovod_sparse.torch.collectives.agree_at_step_end`),
+        so that the training loop's own unnamed collectives pair up across ranks."""
+        return lambda groups: agree_at_step_end(policy, groups, self.process_set, self.process_set.rank(),
+                                                engine.tiers, engine.stats)
+
+    def node_group(self, tiers: Tiers) -> hvd.ProcessSet:
+        """The node's Horovod process set (:func:`node_process_set`'s)."""
+        return tiers.node_set
 
     def broadcast_from_first(self, tensors: Sequence[torch.Tensor]) -> None:
         root = self.process_set.ranks[0] if self.process_set.ranks else 0
@@ -85,9 +121,9 @@ class OuterSteps(rounds.OuterSteps):
     """:class:`horovod_sparse.outer.rounds.OuterSteps` over Horovod: every argument as there, but
     ``compression`` a method of ``horovod_sparse.torch.Compression`` (or its ``none``, DiLoCo's
     dense average, and ``fp16``) and ``process_set`` the Horovod process set of the replicas
-    (default: every process) in place of ``process_group``; ``hierarchical=True`` is refused
-    (the two tiers are the ``torch.distributed`` outer steps'). Build it after ``hvd.init()``, on
-    every rank of the process set."""
+    (default: every process) in place of ``process_group``; with ``hierarchical=True`` the nodes
+    are Horovod's hosts (``node_size`` refused; the module's docstring). Build it after
+    ``hvd.init()``, on every rank of the process set."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = hvd.Compression.none, every: int = 50,

@@ -213,3 +213,22 @@ def assert_streamed(cfg, obs, **abandonment):
                                           err_msg=f"{where} after the flush")
             np.testing.assert_array_equal(as32(obs.arrays[r][f"final_residual_{i}"]), residuals[r][i],
                                           err_msg=f"{where} final residual")
+
+
+def assert_twins(horovod, twin, name):
+    """``horovod``'s records (an :class:`~tests.support.checks.Observed` of a ``horovodrun`` job) those
+    of its ``torch.distributed`` ``twin`` on every rank: every recorded array bitwise, every
+    boundary's inner step, fragment, closed exchanges and abandonment, every error raised."""
+    for r in range(twin.size):
+        assert sorted(horovod.arrays[r]) == sorted(twin.arrays[r])
+        for key, value in twin.arrays[r].items():
+            np.testing.assert_array_equal(horovod.arrays[r][key], value, err_msg=f"{name} rank {r} {key}")
+        assert boundaries(horovod, r) == boundaries(twin, r)
+        assert horovod.meta[r]["errors"] == twin.meta[r]["errors"]
+        assert horovod.meta[r]["horovod_imported"]
+
+
+def boundaries(obs, r):
+    """Rank ``r``'s boundaries: inner step, fragment, exchanges closed, whether the last was abandoned."""
+    return [(x["step"], x["fragment"], x["steps"], x["stats"] and x["stats"]["abandoned"])
+            for x in obs.meta[r]["rounds"]]

@@ -3,11 +3,10 @@ job over Gloo: the worker of ``tests/outer`` (``tests/workers/outer_steps.py``) 
 against the written-out reference of the rounds, and bitwise against the ``torch.distributed``
 outer steps of the same configs (the package's ``torchrun`` job): the same rounds, whatever the
 collectives."""
-import numpy as np
 import pytest
 
 from tests.outer.jobs import (DILOCO, EXACT, METHODS, NONFINITE, NONFINITE_OVERLAP, OFFLOADED, OVERLAP, STREAMED,
-                              STREAMED_RESUME, assert_rounds, config)
+                              STREAMED_RESUME, assert_rounds, assert_twins, config)
 from tests.support.checks import Observed
 from tests.support.launch import job_fixture
 
@@ -42,20 +41,7 @@ def test_horovod_outer_steps_equal_the_torch_distributed_ones_bitwise(horovod_jo
     ``torch.distributed``: DiLoCo's dense average through Horovod's allreduce, the methods
     through Horovod's collectives, overlapped, streamed, resumed, NaN rounds abandoned
     everywhere (``"raise"`` raising on both ranks), the outer state offloaded."""
-    horovod, twin = Observed(horovod_job, f"hvd_{name}", 2), Observed(job, name, 2)
-    for r in range(2):
-        assert sorted(horovod.arrays[r]) == sorted(twin.arrays[r])
-        for key, value in twin.arrays[r].items():
-            np.testing.assert_array_equal(horovod.arrays[r][key], value, err_msg=f"{name} rank {r} {key}")
-        assert boundaries(horovod, r) == boundaries(twin, r)
-        assert horovod.meta[r]["errors"] == twin.meta[r]["errors"]
-        assert horovod.meta[r]["horovod_imported"]
-
-
-def boundaries(obs, r):
-    """Rank ``r``'s boundaries: inner step, fragment, exchanges closed, whether the last was abandoned."""
-    return [(x["step"], x["fragment"], x["steps"], x["stats"] and x["stats"]["abandoned"])
-            for x in obs.meta[r]["rounds"]]
+    assert_twins(Observed(horovod_job, f"hvd_{name}", 2), Observed(job, name, 2), name)
 
 
 def test_what_differs_between_ranks_or_was_built_for_torch_distributed_is_refused_everywhere(horovod_job):

@@ -47,9 +47,14 @@ REFUSED = {
                                              local_world_size_of_rank={"1": 2}),
     "tiers_uneven": config("tiers_uneven", "topk", hierarchical=True, node_size=3),
 }
+#: MiCRO on two parameters of 20,000 with a x100 burst in slice 0 (the first halves) at inner step
+#: 16 of 24 (rounds of 3): its cross sets take their own histogram rounds, so the ranks launch
+#: different numbers of collectives in a round (Horovod's twin levels them: tests/outer/test_horovod_tiers.py).
+BURST = tiers_config("tiers_micro_burst", "micro", shapes=[[20000], [20000]], steps=24, burst=[16, 0, 100.0],
+                     options={"density": 0.005, "min_numel": 0})
 ONE_NODE = config("tiers_one_node", "topk", hierarchical=True, steps=0)
 LAYOUTS = tiers_config("tiers_other_layouts", "topk", other_layouts=True, steps=0)
-CONFIGS = EXACT + [DDP, RESUMED] + NONFINITE + list(REFUSED.values()) + [ONE_NODE, LAYOUTS]
+CONFIGS = EXACT + [DDP, RESUMED, BURST] + NONFINITE + list(REFUSED.values()) + [ONE_NODE, LAYOUTS]
 
 
 def slice_ranges(numel):

@@ -13,7 +13,7 @@ Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
 "every_of_rank", "namespace", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end",
 "hierarchical", "node_size", "hierarchical_of_rank", "node_size_of_rank", "local_world_size_of_rank",
-"subgroup", "ddp", "other_layouts"}:
+"subgroup", "ddp", "other_layouts", "keep", "loop_collective", "burst"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -27,12 +27,17 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
 - ``sync_at_end``: an extra :meth:`OuterSteps.sync` after the last inner step;
 - ``overlap``, ``fragments``, ``offload``: :class:`OuterSteps`'s options of those names;
 - ``flush_at_end``: :meth:`OuterSteps.flush` at the very end;
-- ``hierarchical``, ``node_size``: the two tiers (``torchrun`` only); ``hierarchical_of_rank``,
+- ``hierarchical``, ``node_size``: the two tiers (under ``horovodrun`` the hosts are the nodes:
+  ``node_size`` is dropped unless ``keep`` lists it); ``hierarchical_of_rank``,
   ``node_size_of_rank`` and ``local_world_size_of_rank`` (``{rank: value}``) replacing
   ``hierarchical``, ``node_size`` or ``LOCAL_WORLD_SIZE`` on that rank; ``subgroup``:
   ``process_group`` a new group of every rank (not the default);
 - ``ddp``: the model wrapped in DDP over the node's group (``outer.node_group``) after
-  construction, its forward and backward through DDP (the inner steps' dense exchange);
+  construction, its forward and backward through DDP (the inner steps' dense exchange); under
+  ``horovodrun`` the inner optimizer is Horovod's over ``node_process_set()`` instead;
+- ``loop_collective``: an unnamed Horovod broadcast after every inner step (``horovodrun``);
+- ``burst``: ``[step, parameter, factor]``: on every rank the first half of that parameter's
+  gradient scaled by ``factor`` at that inner step (in two tiers the node sums' slice 0 only);
 - ``other_layouts``: before training, this rank's state loaded into outer steps of the other
   layout (flat for two tiers) and theirs into these: the refusals are recorded as errors at step -2.
 
@@ -114,6 +119,13 @@ def build(config, rank, seed):
     node_size = config.get("node_size_of_rank", {}).get(str(rank), config.get("node_size"))
     hierarchical = config.get("hierarchical_of_rank", {}).get(str(rank), config.get("hierarchical", False))
     tiers = {"hierarchical": hierarchical, "node_size": node_size} if config.get("hierarchical") else {}
+    if HOROVOD and config.get("hierarchical") and "node_size" not in config.get("keep", []):
+        tiers.pop("node_size")  # Horovod's nodes are its hosts
+    if HOROVOD and config.get("ddp"):  # the inner steps' dense exchange inside the host
+        import horovod.torch as hvd
+        import horovod_sparse.torch as hst
+        inner = hvd.DistributedOptimizer(inner, named_parameters=model.named_parameters(),
+                                         process_set=hst.node_process_set())
     if config.get("subgroup"):
         tiers["process_group"] = dist.new_group(list(range(dist.get_world_size())))
     hs = hso if config.get("namespace") == "outer" else front_end()
@@ -128,7 +140,7 @@ def build(config, rank, seed):
 def forward(config, model, outer):
     """What the inner steps run forward and backward through: the model, or with ``ddp`` the
     model in DDP over the node's group."""
-    if not config.get("ddp"):
+    if not config.get("ddp") or HOROVOD:  # under Horovod its optimizer exchanges in the node (build)
         return model
     return torch.nn.parallel.DistributedDataParallel(model, process_group=outer.node_group)
 
@@ -196,12 +208,17 @@ def run(config, out: Path):
         grads = step_gradients(list(model.params), config["seed"], step, rank)
         if config.get("nan_at") == [step, rank]:
             grads[0] = grads[0] * float("nan")
+        if config.get("burst", [None])[0] == step:  # [step, parameter, factor]: its first half scaled
+            _, index, factor = config["burst"]
+            grads[index].view(-1)[:grads[index].numel() // 2] *= factor
         net(grads).backward()
         try:
             outer.step()
         except FloatingPointError as error:
             errors.append([step, str(error)])
         outer.zero_grad()
+        if config.get("loop_collective"):
+            loop_collective()
         for fragment in [f for f, offset in enumerate(outer.offsets) if offset == outer.position]:
             record_round(step, inner.last, fragment)
     if config.get("sync_at_end"):
@@ -220,6 +237,14 @@ def run(config, out: Path):
         "fragments": outer.fragments, "offsets": outer.offsets,
         "tiers": None if outer.tiers is None else [outer.tiers.node_size, outer.tiers.cross_size],
         "steps_the_anchor": all(p.untyped_storage().data_ptr() in anchors for p in stepped)})
+
+
+def loop_collective():
+    """The training loop's own unnamed Horovod collective after an inner step (a broadcast of a
+    scratch tensor: Horovod names it by its handle's number, so every rank must have launched as
+    many collectives before it)."""
+    import horovod.torch as hvd
+    hvd.broadcast_(torch.zeros(1), 0)
 
 
 def write(out, config, rank, arrays, rounds, errors, layout):
