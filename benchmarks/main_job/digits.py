@@ -156,10 +156,10 @@ def parser() -> argparse.ArgumentParser:
 
 
 def configurations(args: argparse.Namespace) -> List[str]:
-    """The job's configurations, in training order: compute-only, dense, then the methods, each
+    """The job's configurations, in training order: compute-only, dense, then the methods and
+    (PyTorch) the outer steps (:data:`OUTER`: ``--outer-methods`` at every ``--outer`` H), each
     followed by its two-tier twin (:data:`TWO_TIER`) when the hosts make one
-    (:func:`two_tier_hosts`) or ``--compressors`` asks for it, then (PyTorch) the outer steps
-    (:data:`OUTER`: ``--outer-methods`` at every ``--outer`` H)."""
+    (:func:`two_tier_hosts`) or ``--compressors`` asks for it."""
     if args.compressors:
         chosen = [c for c in args.compressors if c != "none"]
     else:
@@ -175,8 +175,7 @@ def configurations(args: argparse.Namespace) -> List[str]:
     asked = {c.removesuffix(TWO_TIER) for c in chosen if c.endswith(TWO_TIER)}
     flat = dict.fromkeys(c.removesuffix(TWO_TIER) for c in chosen)
     return [LOCAL, "none", *(tier for c in flat
-                             for tier in ([c, c + TWO_TIER] if (two_tier_hosts(args) or c in asked) and OUTER not in c
-                                          else [c]))]
+                             for tier in ([c, c + TWO_TIER] if two_tier_hosts(args) or c in asked else [c]))]
 
 
 # -- the job's ranks --------------------------------------------------------------------------------------
@@ -202,7 +201,8 @@ def train(label: str, args: argparse.Namespace) -> Dict[str, Any]:
             stats = getattr(job.opt, "last_stats", None)
             if configuration.every is not None:  # a round's statistics, once: at the step that closed it
                 stats, rounds = (stats if job.opt.steps != rounds else None), job.opt.steps
-            recorder.step(step.epoch, time.perf_counter() - start, stats, settled)
+            inner = job.opt.inner_optimizer.last_stats if configuration.every and configuration.two_tier else None
+            recorder.step(step.epoch, time.perf_counter() - start, stats, settled, inner)
             loss += float(step.loss)
             if step.step == job.steps_per_epoch - 1:
                 recorder.end_epoch(seed, step.epoch, loss / job.steps_per_epoch)

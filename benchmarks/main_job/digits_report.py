@@ -225,7 +225,9 @@ def legend(report: Report, job: str, local_work: str) -> str:
             "method: sparse, with error feedback) and apply it (DiLoCo's Nesterov SGD; with a method SGD at lr 1, "
             "SparseLoCo's, the residual carrying what was not sent): kB/step, collectives and "
             "local work are a round's divided by H, the union density a round's, the measured step the mean (not "
-            "the median) over the steps.")
+            "the median) over the steps. Their two-tier rows take each host's workers as one replica: the inner "
+            "steps averaged inside the host every step (horovod_sparse.torch.DistributedOptimizer, dense, over "
+            "hs.node_process_set(): in node kB), the round across hosts.")
     if report.emulated is not None:
         paragraphs.append(f"Emulated: the median step of the same job run across network namespaces joined by "
                           f"{rate_name(EMULATED_RATE)} links shaped with tc (benchmarks.emulated.netem), beside the "

@@ -136,16 +136,22 @@ class Recorder:
         self.accuracies: List[float] = []
         self.step_seconds: List[float] = []
         self.stats: List[StepStats] = []
+        #: The inner steps' own exchange of two-tier outer steps (dense, inside the host), per step.
+        self.inner_stats: List[StepStats] = []
 
-    def step(self, epoch: int, seconds: float, stats: Optional[StepStats], settled: bool = True) -> None:
+    def step(self, epoch: int, seconds: float, stats: Optional[StepStats], settled: bool = True,
+             inner: Optional[StepStats] = None) -> None:
         """One training step of ``epoch`` (0-based) took ``seconds``; ``stats`` is the
         optimizer's ``last_stats`` (None without exchange; for outer steps, the round's, given at
-        the step that closed it only); ``settled`` is False while the step belonged to a search
+        the step that closed it only), ``inner`` the inner steps' optimizer's of two-tier outer
+        steps (every step); ``settled`` is False while the step belonged to a search
         (MergeComp's), which then does not count either."""
         if epoch >= self.epochs // 2 and settled:
             self.step_seconds.append(seconds)
             if stats is not None:
                 self.stats.append(stats)
+            if inner is not None:
+                self.inner_stats.append(inner)
 
     def end_epoch(self, seed: int, epoch: int, loss: float) -> None:
         """Epoch ``epoch`` (0-based) of the run with ``seed`` ended with mean training ``loss``."""
@@ -177,10 +183,12 @@ class Recorder:
         # An outer row's steps are H - 1 without exchange and one with: their mean is its step.
         step = np.mean if every else np.median
         stats = summarize_stats(self.stats, parameters)
+        if every:
+            stats = with_inner(per_step(stats, every), summarize_stats(self.inner_stats, parameters))
         return {"label": self.label, "compressor": name, "options": options, "groups": configuration.groups,
                 "hierarchical": configuration.two_tier, "every": every,
                 "accuracy": float(np.mean(self.accuracies)), "accuracies": self.accuracies,
-                "step_seconds": float(step(self.step_seconds)), "stats": per_step(stats, every) if every else stats,
+                "step_seconds": float(step(self.step_seconds)), "stats": stats,
                 "parameters": parameters, "workers": workers, **extra}
 
 
@@ -194,6 +202,22 @@ def per_step(summary: Dict[str, Any], every: int) -> Dict[str, Any]:
             "bytes_sent_by_kind": {k: v / every for k, v in summary["bytes_sent_by_kind"].items()},
             "collectives": summary["collectives"] / every,
             "seconds": {phase: v / every for phase, v in summary["seconds"].items()}}
+
+
+def with_inner(summary: Dict[str, Any], inner: Dict[str, Any]) -> Dict[str, Any]:
+    """An outer row's per-step ``summary`` (:func:`per_step`) with its inner steps' own exchange
+    (``inner``: :func:`benchmarks.emulated.synthetic_harness.summarize_stats` of the inner
+    optimizer's steps; none but in two tiers) added: its bytes are the host's (``node``), its
+    collectives and seconds the step's."""
+    if not inner:
+        return summary
+    kinds = dict(summary["bytes_sent_by_kind"])
+    kinds["node"] = kinds.get("node", 0.0) + inner["bytes_sent"]
+    phases = set(summary["seconds"]) | set(inner["seconds"])
+    return {**summary, "bytes_sent": summary["bytes_sent"] + inner["bytes_sent"],
+            "bytes_received": summary["bytes_received"] + inner["bytes_received"], "bytes_sent_by_kind": kinds,
+            "collectives": summary["collectives"] + inner["collectives"],
+            "seconds": {p: summary["seconds"].get(p, 0.0) + inner["seconds"].get(p, 0.0) for p in sorted(phases)}}
 
 
 def scaled_sgd(model: Any, lr: float, workers: int) -> Any:
@@ -295,7 +319,7 @@ def _counted_powersgd(exchange: DdpExchange, bucket):
 
 
 class Configuration(NamedTuple):
-    """A main-job configuration ``SPEC[@GROUPS][+two-tier]`` or ``SPEC+outer=H`` taken apart: the
+    """A main-job configuration ``SPEC[@GROUPS][+two-tier]`` or ``SPEC+outer=H[+two-tier]`` taken apart: the
     compressor ``spec`` (``name:key=value,...``, or :data:`LOCAL`), the optimizer's ``groups``
     (None: Horovod's own grouping), whether it asks for the two-tier exchange
     (``hierarchical=True``) and the inner steps of its outer steps (:data:`OUTER`; None: per step)."""
@@ -309,12 +333,12 @@ class Configuration(NamedTuple):
 def parse_configuration(label: str) -> Configuration:
     """The :class:`Configuration` of a main-job label, e.g. ``topk:density=0.01@mergecomp+two-tier``
     -> ``("topk:density=0.01", "mergecomp", True, None)``, ``none+outer=10`` -> ``("none", None,
-    False, 10)``."""
-    spec, outer, every = label.partition(OUTER)
-    if outer:
-        return Configuration(spec, None, False, int(every))
+    False, 10)``, ``none+outer=10+two-tier`` -> ``("none", None, True, 10)``."""
     two_tier = label.endswith(TWO_TIER)
-    spec, _, groups = label[:len(label) - len(TWO_TIER) if two_tier else None].partition("@")
+    spec, outer, every = label.removesuffix(TWO_TIER).partition(OUTER)
+    if outer:
+        return Configuration(spec, None, two_tier, int(every))
+    spec, _, groups = spec.partition("@")
     return Configuration(spec, groups or None, two_tier)
 
 
@@ -355,7 +379,8 @@ class DigitsJob:
     ``hierarchical``; with ``every`` (in a Horovod job too) it is trained in outer steps of
     ``every`` inner :func:`scaled_sgd` steps (Horovod's ``horovod_sparse.torch.OuterSteps`` with
     compressor ``spec``; outside, DiLoCo's Nesterov SGD for ``none``, SGD at lr 1 for a
-    method, as SparseLoCo); with
+    method, as SparseLoCo; with ``hierarchical`` across the hosts, the inner steps averaged
+    inside each host by ``hs.DistributedOptimizer`` over ``hs.node_process_set()``); with
     ``ddp`` (call after ``dist.init_process_group``) the model is trained as
     ``DistributedDataParallel`` exchanging with the DDP configuration ``spec``
     (:class:`DdpExchange`, kept in ``exchange``) and :func:`scaled_sgd` steps it; ``groups`` must
@@ -385,8 +410,12 @@ class DigitsJob:
             compression = hs.Compression.none if name == "none" else hs.Compression.create(name, **options)
             # DiLoCo's Nesterov SGD outside for the dense rounds, SparseLoCo's SGD at lr 1 for a method's.
             outer = None if name == "none" else torch.optim.SGD(self.model.parameters(), lr=1.0)
-            self.opt = hs.OuterSteps(self.model, scaled_sgd(self.model, lr, self.size), compression, every=every,
-                                     outer_optimizer=outer)
+            inner = scaled_sgd(self.model, lr, self.size)
+            if hierarchical:  # the inner steps averaged inside the host (each host one replica)
+                inner = hs.DistributedOptimizer(inner, named_parameters=self.model.named_parameters(),
+                                                compression=hs.Compression.none, process_set=hs.node_process_set())
+            self.opt = hs.OuterSteps(self.model, inner, compression, every=every, outer_optimizer=outer,
+                                     hierarchical=hierarchical)
             self.network = self.model
         elif ddp:
             import torch.distributed as dist

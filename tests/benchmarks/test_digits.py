@@ -285,11 +285,13 @@ ROW_WITH_NODE = re.compile(r"^(?P<label>\S+?)\s+(?P<accuracy>[\d.]+)\s+(?P<point
 
 
 def test_two_hosts_add_two_tier_rows_with_bytes_per_tier(tmp_path):
-    """``--hosts`` with two hosts of two: every sparse configuration also trains two-tier, the
-    rows say where they ran, the table splits the bytes by tier, gTop-k sends a quarter across
-    hosts (half the pairs, one round instead of two), and the recommendation says, per method,
-    what the projected speed-up over flat on 4 nodes of 4 says."""
-    labels = [f"topk:density={DENSITY}", f"gtopk:density={DENSITY}"]
+    """``--hosts`` with two hosts of two: every sparse configuration, outer steps too, also trains
+    two-tier, the rows say where they ran, the table splits the bytes by tier (a two-tier outer
+    row's host bytes: its inner steps' dense allreduce in the host every step, and its round's
+    reduce-scatter and gather), gTop-k sends a quarter across hosts (half the pairs, one round
+    instead of two), and the recommendation says, per configuration, what the projected speed-up
+    over flat on 4 nodes of 4 says."""
+    labels = [f"topk:density={DENSITY}", f"gtopk:density={DENSITY}", f"topk:density={DENSITY}+outer=10"]
     result = demo(tmp_path, "--hosts", HOSTS, "--epochs", "2", "--gpus-per-node", "4", "--compressors", *labels)
     twins = [label + "+two-tier" for label in labels]
     assert "2 hosts x 2 workers" in result.stdout and ", 4 per node" in result.stdout
@@ -306,7 +308,9 @@ def test_two_hosts_add_two_tier_rows_with_bytes_per_tier(tmp_path):
         across = row["stats"]["bytes_sent"] - node
         assert float(printed[label]["kb"]) == pytest.approx(across / 1e3, abs=0.006), label
         assert float(printed[label]["node"]) == pytest.approx(node / 1e3, abs=0.006), label
-        if label in twins:  # the node's collectives move at most the buffer per rank
+        if label in twins and row["every"]:  # the inner steps' allreduce in the host, the round's slices
+            assert 4 * row["parameters"] < node <= 4 * row["parameters"] * (1 + 1 / row["every"]), label
+        elif label in twins:  # the node's collectives move at most the buffer per rank
             assert 0 < node <= 4 * row["parameters"], label
         else:
             assert node == 0, label
@@ -410,6 +414,9 @@ def test_two_tier_configurations_come_with_their_flat_twins():
                                       "micro:density=0.1"]
     assert configurations("--hosts", HOSTS, *asked)[2:] == ["topk:density=0.1", "topk:density=0.1+two-tier",
                                                             "micro:density=0.1", "micro:density=0.1+two-tier"]
+    # Outer steps too: across the hosts, the host's workers one replica.
+    assert configurations("--hosts", HOSTS, "--compressors", "none+outer=10")[2:] == [
+        "none+outer=10", "none+outer=10+two-tier"]
     # One worker per host: nothing to split, no twins.
     assert configurations("--hosts", "localhost:1,127.0.0.1:1", "--compressors", "micro:density=0.1")[2:] == [
         "micro:density=0.1"]
