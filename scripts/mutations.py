@@ -1172,6 +1172,17 @@ MUTATIONS: List[Mutation] = [
       ["tests/benchmarks/test_digits.py", "-k", "says_when_to_turn_it_on"],
       "a two-tier row on a cluster of one node is projected with the two-tier model, which the exchange "
       "does not run there (it runs flat)"),
+    M("digits-outer-rows-without-two-tier-twin", "benchmarks/main_job/digits.py",
+      "for tier in ([c, c + TWO_TIER] if two_tier_hosts(args) or c in asked else [c]))]",
+      "for tier in ([c, c + TWO_TIER] if (two_tier_hosts(args) or c in asked) and OUTER not in c else [c]))]",
+      ["tests/benchmarks/test_digits.py", "-k", "come_with_their_flat_twins"],
+      "on several hosts the main job's outer rows train flat only: no outer steps across the hosts"),
+    M("digits-outer-inner-exchange-not-counted", "benchmarks/main_job/digits_training.py",
+      '    kinds["node"] = kinds.get("node", 0.0) + inner["bytes_sent"]\n',
+      '    kinds["node"] = kinds.get("node", 0.0)\n',
+      ["tests/benchmarks/test_digits.py", "-k", "two_hosts_add_two_tier_rows"],
+      "a two-tier outer row's host bytes leave out its inner steps' allreduce in the host (projected as if "
+      "the host's replica trained without exchanging)"),
     M("digits-node-link-not-shared", "benchmarks/main_job/digits_report.py",
       "return scaling.predict_step(flat, compute, links.with_workers(workers), per_node=per_node)",
       "return scaling.predict_step(flat, compute, links.with_workers(workers))",

@@ -76,14 +76,30 @@ def horovodrun(script: str, np: int, args: Sequence[str] = (), backend: str = "g
                    sys.executable, str(WORKERS / script), *args]
     result = _run_launch("torchrun" if backend == "torchrun" else "horovodrun", command, env, timeout)
     if result.returncode != 0:
-        # Both launchers prefix worker lines with the rank ([1]<stderr> or [rank1]:); show the
-        # workers' errors first, then the tail of everything else.
+        # Both launchers prefix worker lines with the rank ([1]<stderr> or [rank1]:); show each
+        # rank's first traceback (the root error of the rank that failed first, which a job's
+        # tail of "Horovod has been shut down" lines hides), the workers' last lines, then the
+        # tail of everything else.
         workers = [line for line in (result.stdout + result.stderr).splitlines()
                    if ("<stderr>" in line or "]: " in line) and "tensorflow" not in line]
-        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- worker stderr ---\n"
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}\n--- each rank's first traceback ---\n"
+                             + "\n".join(first_tracebacks(workers)) + "\n--- worker stderr ---\n"
                              + "\n".join(workers[-60:]) + f"\n--- stdout ---\n{result.stdout[-3000:]}"
                              + f"\n--- stderr ---\n{result.stderr[-3000:]}")
     return result
+
+
+def first_tracebacks(lines: Sequence[str], length: int = 30) -> List[str]:
+    """Of a job's worker ``lines`` (prefixed ``[r]<stderr>:`` or ``[rankr]:``), each rank's first
+    ``length`` lines from its first ``Traceback``, ranks in order of appearance."""
+    found: Dict[str, List[str]] = {}
+    for line in lines:
+        rank = line.split("]", 1)[0]
+        if rank in found and len(found[rank]) < length:
+            found[rank].append(line)
+        elif rank not in found and "Traceback" in line:
+            found[rank] = [line]
+    return [line for trace in found.values() for line in trace]
 
 
 def horovodrun_elastic(script: str, hosts_file: Path, hosts: str, min_np: int, max_np: int,
