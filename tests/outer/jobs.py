@@ -103,28 +103,47 @@ def dense_average(numel, ranks):
     return exchange
 
 
-def reference_rounds(cfg, obs, outer_step, exchange_of=None):
+def reference_rounds(cfg, obs, outer_step, exchange_of=None, start=None, shapes=SHAPES, abandoned=(), nan=None):
     """The written-out rounds: per round j the expected averaged pseudo-gradients and parameters
     after the outer step (``outer_step(anchor, update, i)`` of parameter i), and the final
     residuals ``[rank][i]``; each parameter's exchange from ``exchange_of(numel, ranks)``
-    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
+    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``), from
+    the parameters ``start`` of ``shapes`` (default: rank 0's initial ones, :func:`start_params`).
+    A round in ``abandoned`` delivers nothing (zeros, and no outer step) and leaves each residual
+    ``residual + anchor - θ``, except where ``nan = (rank, parameter)`` was not finite (unchanged)."""
     ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
-    anchor = start_params()
+    anchor = start_params() if start is None else start
     exchanges = ([exchange_of(a.size, ranks) for a in anchor] if exchange_of else
                  [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
-                  for a, shape in zip(anchor, SHAPES)])
+                  for a, shape in zip(anchor, shapes)])
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     expected = []
     for j in range(rounds):
         thetas, updates = round_thetas(obs, j), []
         for i, exchange in enumerate(exchanges):
-            xs = [residuals[r][i] + (anchor[i] - thetas[r][i]) for r in range(ranks)]
-            updates.append(exchange(xs, j))
+            xs = [residuals[r][i] + (np.float32(0) if j in abandoned and (r, i) == nan else anchor[i] - thetas[r][i])
+                  for r in range(ranks)]
+            updates.append(np.zeros_like(anchor[i]) if j in abandoned else exchange(xs, j))
             for r in range(ranks):
                 residuals[r][i] = xs[r]
-        anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
+        if j not in abandoned:
+            anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
         expected.append((updates, anchor))
     return expected, residuals
+
+
+def nesterov_reference():
+    """DiLoCo's outer step (SGD, lr 0.7, momentum 0.9, Nesterov) in float64 per round, as torch
+    defines it: ``b = 0.9 b + g`` (``b = g`` at first), ``θ = anchor - 0.7 (g + 0.9 b)``."""
+    buffers = {}
+
+    def step(anchor, update, i):
+        b = buffers.get(i)
+        b = update.astype(np.float64) if b is None else 0.9 * b + update
+        buffers[i] = b
+        return (anchor - 0.7 * (update + 0.9 * b)).astype(np.float32)
+
+    return step
 
 
 
