@@ -12,9 +12,8 @@ reference of each shard's size and shape: no package code.
 """
 import math
 
-import numpy as np
-
-from tests.outer.jobs import SHAPES, as32, config, dense_average, nesterov_reference, reference_rounds, start_params
+from tests.outer.jobs import (SHAPES, assert_recorded_rounds, config, dense_average, nesterov_reference,
+                              reference_rounds, start_params)
 
 NP, POSITIONS = 4, 2
 #: The ranks holding shard position ``s`` in replicas 0 and 1 (its replicate group).
@@ -91,14 +90,4 @@ def assert_fsdp_rounds(cfg, obs, **abandonment):
     and the final residuals bitwise those of its shard position's written-out rounds."""
     for s in range(POSITIONS):
         expected, residuals = reference_position(cfg, obs, s, **abandonment)
-        for j, (updates, params) in enumerate(expected):
-            for k, r in enumerate(REPLICAS_OF[s]):
-                for i in range(len(SHAPES)):
-                    where = f"{cfg['name']} round {j} rank {r} parameter {i}"
-                    if f"agg_{j}_{i}" in obs.arrays[r] and j not in abandonment.get("abandoned", ()):
-                        np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
-                    np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
-                                                  err_msg=where)
-                    if cfg["method"] != "none" and j == len(expected) - 1:
-                        np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{j}_{i}"]), residuals[k][i],
-                                                      err_msg=f"{where} final residual")
+        assert_recorded_rounds(cfg, obs, expected, residuals, REPLICAS_OF[s], abandonment.get("abandoned", ()))

@@ -232,3 +232,40 @@ def assert_streamed(cfg, obs, **abandonment):
                                           err_msg=f"{where} after the flush")
             np.testing.assert_array_equal(as32(obs.arrays[r][f"final_residual_{i}"]), residuals[r][i],
                                           err_msg=f"{where} final residual")
+
+
+def assert_recorded_rounds(cfg, obs, expected, residuals, ranks, abandoned=()):
+    """Each of ``ranks``' records in ``obs``, bitwise: every round's average (sparse groups, rounds
+    not ``abandoned``) and parameters after it those of ``expected`` (per round ``(updates,
+    params)``, the same for every one of ``ranks``), its final residuals ``residuals[k]`` (``k``: its
+    place in ``ranks``; none for ``Compression.none``)."""
+    for j, (updates, params) in enumerate(expected):
+        for r in ranks:
+            for i in range(len(SHAPES)):
+                where = f"{cfg['name']} round {j} rank {r} parameter {i}"
+                if f"agg_{j}_{i}" in obs.arrays[r] and j not in abandoned:
+                    np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
+                                              err_msg=where)
+    last = len(expected) - 1
+    for k, r in enumerate(ranks):
+        for i in range(len(SHAPES)):
+            if cfg["method"] != "none":
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{last}_{i}"]), residuals[k][i],
+                                              err_msg=f"{cfg['name']} final residual rank {r} parameter {i}")
+
+
+def assert_second_round_abandoned(obs, policy, bad_rank):
+    """On every rank of ``obs``: the second of three rounds abandoned (its parameters the first
+    round's: no outer step), ``"raise"`` raising at its end naming ``bad_rank`` (``"skip"``: no
+    error), and every residual finite after the third."""
+    for r in range(obs.size):
+        assert [x["stats"]["abandoned"] for x in obs.meta[r]["rounds"]] == [False, True, False]
+        errors = obs.meta[r]["errors"]
+        if policy == "raise":
+            assert [e[0] for e in errors] == [2 * EVERY - 1] and f"rank(s) [{bad_rank}]" in errors[0][1], errors
+        else:
+            assert errors == []
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(obs.arrays[r][f"param_1_{i}"], obs.arrays[r][f"param_0_{i}"])
+            assert np.isfinite(obs.arrays[r][f"residual_2_{i}"]).all()
