@@ -175,7 +175,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         if not named:
             raise ValueError("OuterSteps: the model has no trainable parameters")
         self.groups = [FlatGroup(i, [name], [local_shard(p)], name=name) for i, (name, p) in enumerate(named)]
-        self.fragments = fragmenting.cut([g.numel for g in self.groups], count)
+        self.fragments = fragmenting.cut([p.numel() for _, p in named], count)  # whole parameters (FSDP2)
         self.offsets = fragmenting.offsets(self.every, count)
         params = [p for _, p in named]
         if not self.offload:

@@ -12,7 +12,9 @@ residual of the shard's size, exchanged across ``process_group``, the ranks hold
 shard in every replica (the replicas of one shard position). The outer optimizer steps the
 DTensor parameters, each given the average of its shard as a DTensor gradient of the same
 placement (:func:`gradient_like`), so its state is sharded like them (with ``offload``, it steps
-the anchor's local shards in CPU memory instead). The configuration is agreed over the whole job
+the anchor's local shards in CPU memory instead). Streamed fragments are cut by the whole
+parameters' sizes, so every shard of a parameter ends its round at the same inner step. The
+configuration is agreed over the whole job
 (with each parameter's whole shape) and then over the replicas (with the local shards' shapes),
 and a non-finite shard abandons the round over the whole job: every shard of a round is
 abandoned, or none.
