@@ -28,6 +28,8 @@ FSDP_METHODS = ["topk", "micro", "gtopk", "sparseloco", "none"]
 EXACT = [fsdp_config(f"fsdp_{m}", m) for m in FSDP_METHODS]
 #: DiLoCo's default outer optimizer (Nesterov SGD) stepping the DTensor parameters, with a final sync.
 DILOCO = fsdp_config("fsdp_diloco_topk", "topk", outer="diloco", steps=10, sync_at_end=True)
+#: Overlapped rounds over 2 streamed fragments, flushed at the end.
+STREAMED = fsdp_config("fsdp_streamed_micro", "micro", overlap=True, fragments=2, flush_at_end=True)
 #: The outer state offloaded to CPU memory: the twin of ``fsdp_topk``.
 OFFLOADED = fsdp_config("fsdp_offload_topk", "topk", offload=True)
 #: Saved mid-round (after 4 inner steps: 1 into the second round) through ``torch.distributed.checkpoint``
@@ -47,7 +49,7 @@ REFUSED = {
     "fsdp_every_differs": fsdp_config("fsdp_every_differs", "topk", every_of_rank={"3": 4}, steps=0),
     "fsdp_hierarchical": fsdp_config("fsdp_hierarchical", "topk", hierarchical=True, node_size=2, steps=0),
 }
-CONFIGS = EXACT + [DILOCO, OFFLOADED, RESUMED] + NONFINITE + list(REFUSED.values())
+CONFIGS = EXACT + [DILOCO, STREAMED, OFFLOADED, RESUMED] + NONFINITE + list(REFUSED.values())
 
 
 def local_shapes(s):

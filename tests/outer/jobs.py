@@ -148,7 +148,7 @@ def nesterov_reference():
 
 
 
-def reference_streamed(cfg, obs, abandoned=(), nan=None):
+def reference_streamed(cfg, obs, abandoned=(), nan=None, start=None, shapes=SHAPES):
     """The written-out overlapped and streamed rounds, with SGD of lr 1 outside: per boundary
     ``j`` (fragment ``f`` of the worker's record) each rank's expected parameters after it, then
     after the final flush, and the final residuals ``[rank][i]``.
@@ -158,12 +158,13 @@ def reference_streamed(cfg, obs, abandoned=(), nan=None):
     keeps its progress, ``θ = anchor' - (anchor - θ)``); ``f``'s parameters go back to their
     anchor and the method's exchange of ``residual + d`` starts (the ``j``-th exchange); without
     ``overlap`` it ends at once. Exchanges ``abandoned`` deliver nothing and leave each
-    residual ``residual + d``, except where ``nan = (rank, parameter)`` was not finite."""
+    residual ``residual + d``, except where ``nan = (rank, parameter)`` was not finite. From the
+    parameters ``start`` of ``shapes`` (default: rank 0's initial ones, :func:`start_params`)."""
     ranks, meta = obs.size, obs.meta[0]
     fragments = meta["fragments"]
-    anchor = start_params()
+    anchor = start_params() if start is None else list(start)
     exchanges = [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
-                 for a, shape in zip(anchor, SHAPES)]
+                 for a, shape in zip(anchor, shapes)]
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     landed, expected = None, []
 
@@ -218,10 +219,10 @@ def assert_rounds(cfg, obs):
                                           err_msg=f"{method} final residual rank {r} parameter {i}")
 
 
-def assert_streamed(cfg, obs, **abandonment):
+def assert_streamed(cfg, obs, **reference):
     """Every boundary's parameters on both ranks, the parameters after the flush and the final
-    residuals, bitwise those of the written-out rounds."""
-    expected, final, residuals = reference_streamed(cfg, obs, **abandonment)
+    residuals, bitwise those of the written-out rounds (:func:`reference_streamed` given ``reference``)."""
+    expected, final, residuals = reference_streamed(cfg, obs, **reference)
     for r in range(obs.size):
         for i in range(len(SHAPES)):
             where = f"{cfg['name']} rank {r} parameter {i}"

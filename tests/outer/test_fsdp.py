@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.outer.fsdp import (DILOCO, EXACT, NONFINITE, NP, OFFLOADED, POSITIONS, REFUSED, REPLICAS_OF, RESUMED,
-                              Position, assert_fsdp_rounds, local_shapes, reference_position, start_shards)
-from tests.outer.jobs import EVERY, SHAPES, as32, assert_second_round_abandoned, round_thetas
+                              STREAMED, Position, assert_fsdp_rounds, local_shapes, reference_position, start_shards)
+from tests.outer.jobs import EVERY, SHAPES, as32, assert_second_round_abandoned, assert_streamed, round_thetas
 from tests.support.checks import Observed, assert_conserved
 
 
@@ -76,6 +76,16 @@ def test_diloco_outer_optimizer_over_the_dtensor_parameters(fsdp_job):
                     np.testing.assert_array_equal(got, as32(obs.arrays[ranks[0]][f"param_{j}_{i}"]).reshape(-1))
                     np.testing.assert_allclose(got, params[i], rtol=1e-6, atol=1e-6 * float(np.abs(params[i]).max()),
                                                err_msg=f"position {s} round {j} parameter {i}")
+
+
+def test_overlapped_streamed_rounds_per_shard_bitwise(fsdp_job):
+    """Overlapped rounds over 2 streamed fragments (MiCRO): each shard position's boundaries (a
+    fragment's outer step one round late, the progress since its boundary kept), the parameters
+    after the final flush and the residuals are bitwise its written-out delayed rounds."""
+    obs = Observed(fsdp_job, STREAMED["name"], NP)
+    assert obs.meta[0]["fragments"] == [[0, 1], [2, 3]] and obs.meta[0]["errors"] == []
+    for s in range(POSITIONS):
+        assert_streamed(STREAMED, Position(obs, s), start=start_shards(s), shapes=local_shapes(s))
 
 
 @pytest.mark.parametrize("twin,name", [("fsdp_topk", OFFLOADED["name"]), ("fsdp_topk", RESUMED["name"])])
