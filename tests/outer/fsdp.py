@@ -30,11 +30,15 @@ EXACT = [fsdp_config(f"fsdp_{m}", m) for m in FSDP_METHODS]
 DILOCO = fsdp_config("fsdp_diloco_topk", "topk", outer="diloco", steps=10, sync_at_end=True)
 #: Overlapped rounds over 2 streamed fragments, flushed at the end.
 STREAMED = fsdp_config("fsdp_streamed_micro", "micro", overlap=True, fragments=2, flush_at_end=True)
+#: A parameter of one row: its shard on position 1 is empty (exchanged dense, nothing to select).
+EMPTY_SHARD = fsdp_config("fsdp_empty_shard_micro", "micro", shapes=[[1, 4], [30, 20]])
 #: The outer state offloaded to CPU memory: the twin of ``fsdp_topk``.
 OFFLOADED = fsdp_config("fsdp_offload_topk", "topk", offload=True)
 #: Saved mid-round (after 4 inner steps: 1 into the second round) through ``torch.distributed.checkpoint``
 #: and resumed in a fresh model, inner optimizer and outer steps; the uninterrupted run is ``fsdp_topk``.
 RESUMED = fsdp_config("fsdp_topk_resumed", "topk", resume_at=4, resume_via="dcp")
+#: The same for the streamed run, saved with fragment 0's exchange (ended at step 3) in flight.
+STREAMED_RESUMED = {**STREAMED, "name": "fsdp_streamed_micro_resumed", "resume_at": 4, "resume_via": "dcp"}
 #: Rank 1's gradient has a NaN in its first element in the second round (inner step 4): FSDP's
 #: reduce-scatter hands it to rank 0 (shard position 0) alone; plain SGD inside.
 NONFINITE = [fsdp_config(f"fsdp_nan_{policy}", "topk", nan_at=[4, 1], nonfinite=policy, inner_momentum=0.0)
@@ -49,7 +53,8 @@ REFUSED = {
     "fsdp_every_differs": fsdp_config("fsdp_every_differs", "topk", every_of_rank={"3": 4}, steps=0),
     "fsdp_hierarchical": fsdp_config("fsdp_hierarchical", "topk", hierarchical=True, node_size=2, steps=0),
 }
-CONFIGS = EXACT + [DILOCO, STREAMED, OFFLOADED, RESUMED] + NONFINITE + list(REFUSED.values())
+CONFIGS = (EXACT + [DILOCO, STREAMED, EMPTY_SHARD, OFFLOADED, RESUMED, STREAMED_RESUMED] + NONFINITE
+           + list(REFUSED.values()))
 
 
 def local_shapes(s):

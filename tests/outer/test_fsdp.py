@@ -8,8 +8,9 @@ tests' (``tests/workers/outer_steps.py``, its ``fsdp`` option).
 import numpy as np
 import pytest
 
-from tests.outer.fsdp import (DILOCO, EXACT, NONFINITE, NP, OFFLOADED, POSITIONS, REFUSED, REPLICAS_OF, RESUMED,
-                              STREAMED, Position, assert_fsdp_rounds, local_shapes, reference_position, start_shards)
+from tests.outer.fsdp import (DILOCO, EMPTY_SHARD, EXACT, NONFINITE, NP, OFFLOADED, POSITIONS, REFUSED, REPLICAS_OF,
+                              RESUMED, STREAMED, STREAMED_RESUMED, Position, assert_fsdp_rounds, local_shapes,
+                              reference_position, start_shards)
 from tests.outer.jobs import EVERY, SHAPES, as32, assert_second_round_abandoned, assert_streamed, round_thetas
 from tests.support.checks import Observed, assert_conserved
 
@@ -88,14 +89,31 @@ def test_overlapped_streamed_rounds_per_shard_bitwise(fsdp_job):
         assert_streamed(STREAMED, Position(obs, s), start=start_shards(s), shapes=local_shapes(s))
 
 
-@pytest.mark.parametrize("twin,name", [("fsdp_topk", OFFLOADED["name"]), ("fsdp_topk", RESUMED["name"])])
+def test_an_empty_shard_is_exchanged_dense(fsdp_job):
+    """A parameter of one row leaves shard position 1 an empty shard: its group is exchanged
+    dense there (nothing to select; a sparse method would index an empty buffer), sparse on
+    position 0, and every round ends with the replicas alike and the outer step taken."""
+    obs = Observed(fsdp_job, EMPTY_SHARD["name"], NP)
+    rounds = obs.meta[0]["rounds"]
+    for r in range(NP):
+        assert obs.meta[r]["errors"] == [] and obs.arrays[r]["start_0"].size == (4 if r % POSITIONS == 0 else 0)
+        for j, entry in enumerate(obs.meta[r]["rounds"]):
+            assert [g["dense"] for g in entry["stats"]["groups"]] == [r % POSITIONS == 1, False], entry
+            for i in range(2):
+                np.testing.assert_array_equal(obs.arrays[r][f"param_{j}_{i}"],
+                                              obs.arrays[r % POSITIONS][f"param_{j}_{i}"], err_msg=f"{r} {j} {i}")
+    assert not np.array_equal(obs.arrays[0]["param_0_0"], obs.arrays[0][f"param_{len(rounds) - 1}_0"])
+
+
+@pytest.mark.parametrize("twin,name", [("fsdp_topk", OFFLOADED["name"]), ("fsdp_topk", RESUMED["name"]),
+                                       (STREAMED["name"], STREAMED_RESUMED["name"])])
 def test_offloaded_and_resumed_through_dcp_equal_the_plain_run_bitwise(fsdp_job, twin, name):
     """The outer state offloaded to CPU memory (the outer optimizer stepping the anchor's local
     shards), and a run saved one inner step into the second round through
     ``torch.distributed.checkpoint`` (``dcp.save({"outer": outer})``: each rank's model shards,
-    optimizers, anchor and residuals) and loaded into a fresh model, inner optimizer and
-    ``OuterSteps`` built from other parameters: both go on bitwise as the plain run, every
-    round's shards, averages and residuals on all 4 ranks."""
+    optimizers, anchor and residuals; streamed, with fragment 0's exchange in flight) and loaded
+    into a fresh model, inner optimizer and ``OuterSteps`` built from other parameters: each goes
+    on bitwise as the plain run, every round's shards, averages and residuals on all 4 ranks."""
     plain, other = Observed(fsdp_job, twin, NP), Observed(fsdp_job, name, NP)
     for r in range(NP):
         assert sorted(plain.arrays[r]) == sorted(other.arrays[r]) and other.meta[r]["errors"] == []
