@@ -1129,6 +1129,12 @@ MUTATIONS: List[Mutation] = [
       ["tests/outer/test_fsdp.py", "-k", "refused and (world or shard_group)"],
       "outer steps of an FSDP2 model over a group that is not the replicas of one shard position (every rank, "
       "or the shard group) are not refused with the fix: different shards would be averaged together"),
+    M("engine-empty-group-sparse", P + "engine/step.py",
+      "                and numel > 0 and (self.tiers is None",
+      "                and (self.tiers is None",
+      ["tests/outer/test_fsdp.py", "-k", "empty_shard"],
+      "an empty group (an FSDP2 shard of a parameter with fewer rows than shard ranks) goes through the sparse "
+      "method, which indexes an empty buffer: the outer steps crash"),
     M("hvd-outer-tiers-accepted", P + "torch/outer_steps.py",
       "        if hierarchical:\n            raise ValueError(",
       "        if False:\n            raise ValueError(",
