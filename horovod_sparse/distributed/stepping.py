@@ -23,10 +23,11 @@ from horovod_sparse.torch_core.tensor_backend import read_scalars
 
 
 def distributed_engine(compression: Any, process_group: ProcessGroup, stats_log: Optional[IO[str]],
-                       first_dense_steps: int = 0) -> StepEngine:
+                       first_dense_steps: int = 0, model_state: Callable[..., ModelState] = ModelState) -> StepEngine:
     """The step engine of a front end averaging over ``process_group`` (its :class:`ModelState`
-    is ``engine.model``); ``stats_log`` and ``first_dense_steps`` as :class:`StepEngine` takes them."""
-    model = ModelState(compression, backend, process_group, None)
+    is ``engine.model``, made by ``model_state``); ``stats_log`` and ``first_dense_steps`` as
+    :class:`StepEngine` takes them."""
+    model = model_state(compression, backend, process_group, None)
     return StepEngine(compression, model, Transport(Communicator, process_group, read_scalars=read_scalars),
                       stats_log, first_dense_steps)
 

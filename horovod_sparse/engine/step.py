@@ -159,10 +159,11 @@ class StepEngine:
     def takes_sparse(self, numel: int, dense_step: bool, kept_dense: bool) -> bool:
         """Whether a group of ``numel`` elements is exchanged sparsely: not in a step the front
         end takes dense (``dense_step``: warm-up, MergeComp's recording, DDP's first step), not
-        holding parameters ``dense=`` keeps dense (``kept_dense``), not below ``min_numel``, and
-        in two tiers large enough to give every rank of a node a slice."""
+        holding parameters ``dense=`` keeps dense (``kept_dense``), not below ``min_numel``, not
+        empty (an FSDP2 shard of a parameter with fewer rows than ranks sharding it: nothing to
+        select), and in two tiers large enough to give every rank of a node a slice."""
         return (self.sparse and not dense_step and not kept_dense and numel >= self.compression.options.min_numel
-                and (self.tiers is None or self.tiers.splits(numel)))
+                and numel > 0 and (self.tiers is None or self.tiers.splits(numel)))
 
     def plan(self, name: str, numel: int, dense_step: bool, kept_dense: bool = False) -> Tuple[GroupPlan, GroupStats]:
         """How group ``name`` of ``numel`` elements is exchanged this step (:meth:`takes_sparse`)

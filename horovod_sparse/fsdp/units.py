@@ -51,13 +51,20 @@ def fsdp_units(model: torch.nn.Module) -> List[Tuple[str, Any]]:
     if not units:
         raise ValueError("compress_replicas needs a model sharded with torch.distributed.fsdp.fully_shard "
                          "(no FSDPModule found in it)")
+    require_one_dimensional_meshes(model, "replicate_group")
+    return units
+
+
+def require_one_dimensional_meshes(model: torch.nn.Module, argument: str) -> None:
+    """Refuse a ``model`` with a parameter sharded over a mesh of more than one dimension (FSDP's
+    own HSDP, which all-reduces across replicas itself), naming the fix: the 1-D ``mesh['shard']``,
+    and ``mesh['replicate'].get_group()`` as the front end's ``argument``."""
     for name, p in model.named_parameters():
         mesh = getattr(p, "device_mesh", None)
         if mesh is not None and mesh.ndim != 1:
             raise ValueError(f"parameter {name!r} was sharded with a {mesh.ndim}-D mesh (FSDP's own HSDP, which "
                              "all-reduces across replicas itself); shard with the 1-D mesh['shard'] and pass "
-                             "mesh['replicate'].get_group() as replicate_group")
-    return units
+                             f"mesh['replicate'].get_group() as {argument}")
 
 
 def require_replicas_of_one_shard(model: torch.nn.Module, group: Optional[dist.ProcessGroup]) -> None:

@@ -10,7 +10,8 @@
     outer.zero_grad()
 
 See :mod:`horovod_sparse.outer.rounds`. It runs on ``torch.distributed`` (Gloo, NCCL) without
-Horovod; end each rank with ``hso.exit_job()``, as the DDP hook's jobs.
+Horovod; end each rank with ``hso.exit_job()``, as the DDP hook's jobs. A model sharded by FSDP2
+inside each replica takes ``process_group=mesh["replicate"].get_group()``: :mod:`horovod_sparse.outer.sharded`.
 """
 from horovod_sparse.distributed.job_exit import exit_job
 from horovod_sparse.distributed.compression import Compression

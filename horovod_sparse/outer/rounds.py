@@ -59,7 +59,8 @@ from horovod_sparse.outer import fragments as fragmenting
 from horovod_sparse.outer.anchor import Anchor
 from horovod_sparse.outer.checkpoint import RoundCheckpoints
 from horovod_sparse.outer.landing import Landed
-from horovod_sparse.outer.replicas import ProcessGroupReplicas, Replicas
+from horovod_sparse.outer.replicas import Replicas
+from horovod_sparse.outer.sharded import gradient_like, local_shard, replicas_of
 from horovod_sparse.outer.tiers import NodeTiers
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
@@ -80,10 +81,10 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
     """Local inner steps and a sparse outer step every ``every`` of them, on ``torch.distributed``.
 
     Args:
-        model: the replica (a plain module: no DDP, whose every backward pass would exchange;
-            with ``hierarchical``, wrap it in DDP over :attr:`node_group` after building this).
-            Its trainable parameters are what the outer steps average; its buffers (BatchNorm's
-            statistics) stay each replica's own.
+        model: the replica (no DDP, whose every backward pass would exchange; with ``hierarchical``,
+            DDP over :attr:`node_group` after building this; FSDP2 over the replica's ranks:
+            :mod:`~horovod_sparse.outer.sharded`). Its trainable parameters (local shards) are what
+            the outer steps average; its buffers (BatchNorm's statistics) stay each replica's own.
         inner_optimizer: the optimizer of the local steps, over the model's parameters.
         compression: ``horovod_sparse.outer.Compression.<method>(...)`` (any method), or
             ``Compression.none`` / ``Compression.fp16`` (DiLoCo's dense average).
@@ -155,7 +156,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
                  offload: bool = False, hierarchical: bool = False, node_size: Optional[int] = None) -> None:
-        self.replicas = self._replicas_of(process_group)
+        self.replicas = self._replicas_of(process_group, model)
         self.sparse = self.replicas.checked_sparse(compression)
         self.compression = compression
         self.every = check_int("every", every, minimum=1)
@@ -173,8 +174,8 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("OuterSteps: the model has no trainable parameters")
-        self.groups = [FlatGroup(i, [name], [p], name=name) for i, (name, p) in enumerate(named)]
-        self.fragments = fragmenting.cut([g.numel for g in self.groups], count)
+        self.groups = [FlatGroup(i, [name], [local_shard(p)], name=name) for i, (name, p) in enumerate(named)]
+        self.fragments = fragmenting.cut([p.numel() for _, p in named], count)  # whole parameters (FSDP2)
         self.offsets = fragmenting.offsets(self.every, count)
         params = [p for _, p in named]
         if not self.offload:
@@ -198,7 +199,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self.anchor = Anchor(self.groups, self.offload)
         #: The tensors the outer optimizer steps, group by group: the parameters, or the anchor's.
-        self._stepped = self.anchor.masters or [group.params for group in self.groups]
+        self._stepped = self.anchor.masters or [[p] for p in params]
         if self.offload:
             masters = [t for tensors in self._stepped for t in tensors]
             self.outer_optimizer = (outer_optimizer or diloco_outer_optimizer)(masters)
@@ -314,7 +315,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
             t.grad = None
         for index, update in zip(indices, updates):
             for t, view in zip(self._stepped[index], self.groups[index].views(update)):
-                t.grad = view.to(t.device)
+                t.grad = gradient_like(t, view.to(t.device))
         self.outer_optimizer.step()
         for t, grad in zip(stepped, saved):
             t.grad = grad
@@ -327,9 +328,9 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
                 each.report(self.nonfinite)
 
     @staticmethod
-    def _replicas_of(process_group: Any) -> Replicas:
-        """The replicas of ``process_group`` (this front end's: a ``torch.distributed`` group)."""
-        return ProcessGroupReplicas(process_group)
+    def _replicas_of(process_group: Any, model: torch.nn.Module) -> Replicas:
+        """The replicas of ``process_group`` (a ``torch.distributed`` group; for FSDP2, outer.sharded's)."""
+        return replicas_of(process_group, model)
 
     # -- agreement ------------------------------------------------------------------------------
     def _require_same_configuration(self) -> None:

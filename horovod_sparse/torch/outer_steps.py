@@ -135,6 +135,6 @@ class OuterSteps(rounds.OuterSteps):
                          stats_log, overlap, fragments, offload, hierarchical, node_size)
 
     @staticmethod
-    def _replicas_of(process_set: Any) -> Replicas:
+    def _replicas_of(process_set: Any, model: torch.nn.Module) -> Replicas:
         """The replicas of ``process_set`` (a Horovod process set)."""
         return ProcessSetReplicas(process_set)

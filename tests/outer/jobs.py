@@ -103,33 +103,52 @@ def dense_average(numel, ranks):
     return exchange
 
 
-def reference_rounds(cfg, obs, outer_step, exchange_of=None):
+def reference_rounds(cfg, obs, outer_step, exchange_of=None, start=None, shapes=SHAPES, abandoned=(), nan=None):
     """The written-out rounds: per round j the expected averaged pseudo-gradients and parameters
     after the outer step (``outer_step(anchor, update, i)`` of parameter i), and the final
     residuals ``[rank][i]``; each parameter's exchange from ``exchange_of(numel, ranks)``
-    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``)."""
+    (default: the method's reference, ``tests.support.reference_grouping.group_exchange``), from
+    the parameters ``start`` of ``shapes`` (default: rank 0's initial ones, :func:`start_params`).
+    A round in ``abandoned`` delivers nothing (zeros, and no outer step) and leaves each residual
+    ``residual + anchor - θ``, except where ``nan = (rank, parameter)`` was not finite (unchanged)."""
     ranks, rounds = obs.size, len(obs.meta[0]["rounds"])
-    anchor = start_params()
+    anchor = start_params() if start is None else start
     exchanges = ([exchange_of(a.size, ranks) for a in anchor] if exchange_of else
                  [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
-                  for a, shape in zip(anchor, SHAPES)])
+                  for a, shape in zip(anchor, shapes)])
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     expected = []
     for j in range(rounds):
         thetas, updates = round_thetas(obs, j), []
         for i, exchange in enumerate(exchanges):
-            xs = [residuals[r][i] + (anchor[i] - thetas[r][i]) for r in range(ranks)]
-            updates.append(exchange(xs, j))
+            xs = [residuals[r][i] + (np.float32(0) if j in abandoned and (r, i) == nan else anchor[i] - thetas[r][i])
+                  for r in range(ranks)]
+            updates.append(np.zeros_like(anchor[i]) if j in abandoned else exchange(xs, j))
             for r in range(ranks):
                 residuals[r][i] = xs[r]
-        anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
+        if j not in abandoned:
+            anchor = [outer_step(anchor[i], updates[i], i) for i in range(len(anchor))]
         expected.append((updates, anchor))
     return expected, residuals
 
 
+def nesterov_reference():
+    """DiLoCo's outer step (SGD, lr 0.7, momentum 0.9, Nesterov) in float64 per round, as torch
+    defines it: ``b = 0.9 b + g`` (``b = g`` at first), ``θ = anchor - 0.7 (g + 0.9 b)``."""
+    buffers = {}
+
+    def step(anchor, update, i):
+        b = buffers.get(i)
+        b = update.astype(np.float64) if b is None else 0.9 * b + update
+        buffers[i] = b
+        return (anchor - 0.7 * (update + 0.9 * b)).astype(np.float32)
+
+    return step
 
 
-def reference_streamed(cfg, obs, abandoned=(), nan=None):
+
+
+def reference_streamed(cfg, obs, abandoned=(), nan=None, start=None, shapes=SHAPES):
     """The written-out overlapped and streamed rounds, with SGD of lr 1 outside: per boundary
     ``j`` (fragment ``f`` of the worker's record) each rank's expected parameters after it, then
     after the final flush, and the final residuals ``[rank][i]``.
@@ -139,12 +158,13 @@ def reference_streamed(cfg, obs, abandoned=(), nan=None):
     keeps its progress, ``θ = anchor' - (anchor - θ)``); ``f``'s parameters go back to their
     anchor and the method's exchange of ``residual + d`` starts (the ``j``-th exchange); without
     ``overlap`` it ends at once. Exchanges ``abandoned`` deliver nothing and leave each
-    residual ``residual + d``, except where ``nan = (rank, parameter)`` was not finite."""
+    residual ``residual + d``, except where ``nan = (rank, parameter)`` was not finite. From the
+    parameters ``start`` of ``shapes`` (default: rank 0's initial ones, :func:`start_params`)."""
     ranks, meta = obs.size, obs.meta[0]
     fragments = meta["fragments"]
-    anchor = start_params()
+    anchor = start_params() if start is None else list(start)
     exchanges = [group_exchange(cfg["method"], cfg["options"], a.size, ranks, [shape])
-                 for a, shape in zip(anchor, SHAPES)]
+                 for a, shape in zip(anchor, shapes)]
     residuals = [[np.zeros_like(a) for a in anchor] for _ in range(ranks)]
     landed, expected = None, []
 
@@ -199,10 +219,10 @@ def assert_rounds(cfg, obs):
                                           err_msg=f"{method} final residual rank {r} parameter {i}")
 
 
-def assert_streamed(cfg, obs, **abandonment):
+def assert_streamed(cfg, obs, **reference):
     """Every boundary's parameters on both ranks, the parameters after the flush and the final
-    residuals, bitwise those of the written-out rounds."""
-    expected, final, residuals = reference_streamed(cfg, obs, **abandonment)
+    residuals, bitwise those of the written-out rounds (:func:`reference_streamed` given ``reference``)."""
+    expected, final, residuals = reference_streamed(cfg, obs, **reference)
     for r in range(obs.size):
         for i in range(len(SHAPES)):
             where = f"{cfg['name']} rank {r} parameter {i}"
@@ -232,3 +252,40 @@ def boundaries(obs, r):
     """Rank ``r``'s boundaries: inner step, fragment, exchanges closed, whether the last was abandoned."""
     return [(x["step"], x["fragment"], x["steps"], x["stats"] and x["stats"]["abandoned"])
             for x in obs.meta[r]["rounds"]]
+
+
+def assert_recorded_rounds(cfg, obs, expected, residuals, ranks, abandoned=()):
+    """Each of ``ranks``' records in ``obs``, bitwise: every round's average (sparse groups, rounds
+    not ``abandoned``) and parameters after it those of ``expected`` (per round ``(updates,
+    params)``, the same for every one of ``ranks``), its final residuals ``residuals[k]`` (``k``: its
+    place in ``ranks``; none for ``Compression.none``)."""
+    for j, (updates, params) in enumerate(expected):
+        for r in ranks:
+            for i in range(len(SHAPES)):
+                where = f"{cfg['name']} round {j} rank {r} parameter {i}"
+                if f"agg_{j}_{i}" in obs.arrays[r] and j not in abandoned:
+                    np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
+                                              err_msg=where)
+    last = len(expected) - 1
+    for k, r in enumerate(ranks):
+        for i in range(len(SHAPES)):
+            if cfg["method"] != "none":
+                np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{last}_{i}"]), residuals[k][i],
+                                              err_msg=f"{cfg['name']} final residual rank {r} parameter {i}")
+
+
+def assert_second_round_abandoned(obs, policy, bad_rank):
+    """On every rank of ``obs``: the second of three rounds abandoned (its parameters the first
+    round's: no outer step), ``"raise"`` raising at its end naming ``bad_rank`` (``"skip"``: no
+    error), and every residual finite after the third."""
+    for r in range(obs.size):
+        assert [x["stats"]["abandoned"] for x in obs.meta[r]["rounds"]] == [False, True, False]
+        errors = obs.meta[r]["errors"]
+        if policy == "raise":
+            assert [e[0] for e in errors] == [2 * EVERY - 1] and f"rank(s) [{bad_rank}]" in errors[0][1], errors
+        else:
+            assert errors == []
+        for i in range(len(SHAPES)):
+            np.testing.assert_array_equal(obs.arrays[r][f"param_1_{i}"], obs.arrays[r][f"param_0_{i}"])
+            assert np.isfinite(obs.arrays[r][f"residual_2_{i}"]).all()

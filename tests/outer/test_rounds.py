@@ -17,7 +17,8 @@ import pytest
 
 import horovod_sparse.outer as hso
 from tests.outer.jobs import (BLOCKS, DECAY, DILOCO, EVERY, METHODS, RESUME, SHAPES, STEPS, STREAMED_RESUME, as32,
-                              assert_rounds, config, dense_average, reference_rounds, round_thetas, start_params)
+                              assert_rounds, config, dense_average, nesterov_reference, reference_rounds, round_thetas,
+                              start_params)
 from tests.support.checks import Observed, assert_conserved
 from tests.support.launch import HANG_TIMEOUT, worker_env
 
@@ -86,20 +87,6 @@ def test_identical_replicas_nothing_lost_and_the_round_statistics(job, method):
         for g in groups:
             assert not g["dense"] and g["target"] == method_options.count(g["numel"], j), g
         assert sum(g["sent"]["values"] + g["sent"]["indices"] for g in groups) > 0, groups
-
-
-def nesterov_reference():
-    """DiLoCo's outer step (SGD, lr 0.7, momentum 0.9, Nesterov) in float64 per round, as torch
-    defines it: ``b = 0.9 b + g`` (``b = g`` at first), ``θ = anchor - 0.7 (g + 0.9 b)``."""
-    buffers = {}
-
-    def step(anchor, update, i):
-        b = buffers.get(i)
-        b = update.astype(np.float64) if b is None else 0.9 * b + update
-        buffers[i] = b
-        return (anchor - 0.7 * (update + 0.9 * b)).astype(np.float32)
-
-    return step
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in DILOCO])

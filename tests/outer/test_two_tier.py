@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from tests.outer.jobs import EVERY, SHAPES, as32, round_thetas, start_params
+from tests.outer.jobs import EVERY, SHAPES, as32, assert_second_round_abandoned, round_thetas, start_params
 from tests.outer.tiers import (DDP, EXACT, LAYOUTS, NODE_SIZE, NODES, NONFINITE, NP, ONE_NODE, REFUSED, RESUMED,
                                assert_two_tier_rounds)
 from tests.support.checks import Observed, assert_conserved
@@ -94,16 +94,7 @@ def test_nonfinite_round_abandoned_on_every_rank(tiers_job, policy):
     finite ones kept), and the third round runs normally."""
     cfg = next(c for c in NONFINITE if c["name"] == f"tiers_nan_{policy}")
     obs = Observed(tiers_job, cfg["name"], NP)
-    for r in range(NP):
-        assert [x["stats"]["abandoned"] for x in obs.meta[r]["rounds"]] == [False, True, False]
-        errors = obs.meta[r]["errors"]
-        if policy == "raise":
-            assert [e[0] for e in errors] == [2 * EVERY - 1] and "rank(s) [1]" in errors[0][1], errors
-        else:
-            assert errors == []
-        for i in range(len(SHAPES)):
-            np.testing.assert_array_equal(obs.arrays[r][f"param_1_{i}"], obs.arrays[r][f"param_0_{i}"])
-            assert np.isfinite(obs.arrays[r][f"residual_2_{i}"]).all()
+    assert_second_round_abandoned(obs, policy, bad_rank=1)
     assert_two_tier_rounds(cfg, obs, abandoned=(1,), nan=(1, 0))
 
 

@@ -12,7 +12,7 @@ the outer step, SGD of lr 1 (an exact subtraction).
 """
 import numpy as np
 
-from tests.outer.jobs import SHAPES, as32, config, round_thetas, start_params
+from tests.outer.jobs import assert_recorded_rounds, config, round_thetas, start_params
 from tests.support.reference_grouping import group_exchange
 
 NP, NODE_SIZE = 4, 2
@@ -116,17 +116,4 @@ def assert_two_tier_rounds(cfg, obs, **abandonment):
     """Every round's average (sparse groups), parameters on every rank and the final residuals
     bitwise those of :func:`reference_two_tier`."""
     expected, residuals = reference_two_tier(cfg, obs, **abandonment)
-    for j, (updates, params) in enumerate(expected):
-        for r in range(NP):
-            for i in range(len(SHAPES)):
-                where = f"{cfg['name']} round {j} rank {r} parameter {i}"
-                if f"agg_{j}_{i}" in obs.arrays[r] and j not in abandonment.get("abandoned", ()):
-                    np.testing.assert_array_equal(as32(obs.arrays[r][f"agg_{j}_{i}"]), updates[i], err_msg=where)
-                np.testing.assert_array_equal(as32(obs.arrays[r][f"param_{j}_{i}"]).reshape(-1), params[i],
-                                              err_msg=where)
-    last = len(expected) - 1
-    for r in range(NP):
-        for i in range(len(SHAPES)):
-            if cfg["method"] != "none":
-                np.testing.assert_array_equal(as32(obs.arrays[r][f"residual_{last}_{i}"]), residuals[r][i],
-                                              err_msg=f"{cfg['name']} final residual rank {r} parameter {i}")
+    assert_recorded_rounds(cfg, obs, expected, residuals, range(NP), abandonment.get("abandoned", ()))

@@ -13,7 +13,7 @@ Each config: {"name", "method", "options", "every", "steps" (inner steps), "seed
 exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "nonfinite",
 "every_of_rank", "namespace", "sync_at_end", "overlap", "fragments", "offload", "flush_at_end",
 "hierarchical", "node_size", "hierarchical_of_rank", "node_size_of_rank", "local_world_size_of_rank",
-"subgroup", "ddp", "other_layouts", "keep", "loop_collective", "burst"}:
+"subgroup", "ddp", "other_layouts", "keep", "loop_collective", "burst", "fsdp", "fsdp_group"}:
 
 - ``resume_at``: after that many inner steps (mid-round) this rank's ``state_dict()`` goes through
   ``torch.save``/``torch.load(weights_only=True)``, or ``torch.distributed.checkpoint``'s save and
@@ -39,7 +39,13 @@ exact subtraction), "resume_at", "resume_via" ("torch" or "dcp"), "nan_at", "non
 - ``burst``: ``[step, parameter, factor]``: on every rank the first half of that parameter's
   gradient scaled by ``factor`` at that inner step (in two tiers the node sums' slice 0 only);
 - ``other_layouts``: before training, this rank's state loaded into outer steps of the other
-  layout (flat for two tiers) and theirs into these: the refusals are recorded as errors at step -2.
+  layout (flat for two tiers) and theirs into these: the refusals are recorded as errors at step -2;
+- ``fsdp``: 4 ranks as a 2 x 2 mesh (``replicate`` x ``shard``), the model ``fully_shard``-ed over
+  ``mesh["shard"]`` (each replica's parameters seeded by the replica, not the rank), outer steps
+  across ``mesh["replicate"]``; everything recorded is this rank's local shard, and ``nan_at``'s NaN
+  is the first element of the first parameter only (it reaches the rank holding that shard);
+  ``fsdp_group``: ``"world"`` (every rank as the process group), ``"shard"`` (the shard group) or
+  ``"hsdp"`` (the model sharded over the 2-D mesh) instead, refused at construction.
 
 Records per round boundary ``j`` (an inner step where a fragment's round ends, by the object's
 ``offsets``): ``theta_{j}_{i}`` (this rank's parameter i after the inner step, before the
@@ -48,7 +54,8 @@ boundary), ``agg_{j}_{i}`` (the averaged pseudo-gradient, sparse groups, without
 after construction); ``final_{i}`` and ``final_residual_{i}`` after the flush; the JSON record:
 each boundary's inner step, fragment, exchanges closed and last statistics, the object's
 ``fragments`` and ``offsets``, its tiers' ``[node_size, cross_size]`` (``tiers``, None: flat),
-whether its outer optimizer steps tensors in the anchor's memory (``steps_the_anchor``), errors.
+whether its outer optimizer steps tensors in the anchor's memory (``steps_the_anchor``), whether
+its state's tensors are all DTensors (``outer_state_sharded``), errors.
 """
 import io
 import json
@@ -61,6 +68,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 import horovod_sparse.outer as hso
 from tests.workers.cli import configs_and_out, init_torch_worker, torchrun_main
@@ -106,9 +116,30 @@ def job_rank():
     return dist.get_rank()
 
 
+def shard_of(t):
+    """This rank's shard of ``t`` (a DTensor: FSDP2's), or ``t``, detached."""
+    return (t.to_local() if isinstance(t, DTensor) else t).detach()
+
+
+#: The 2 x 2 mesh of the ``fsdp`` configs, made by the first.
+MESHES = []
+
+
+def sharded(config, model):
+    """``model`` sharded as an ``fsdp`` config says, and the process group its outer steps take."""
+    if not MESHES:
+        MESHES.append(init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
+    mesh, how = MESHES[0], config.get("fsdp_group")
+    fully_shard(model, mesh=mesh if how == "hsdp" else mesh["shard"])
+    return {"world": None, "shard": mesh["shard"].get_group()}.get(how, mesh["replicate"].get_group())
+
+
 def build(config, rank, seed):
+    if config.get("fsdp"):  # each replica's ranks start alike (seeded by the replica rank // 2)
+        seed -= rank % 2
     params = make_params(config["shapes"], seed, torch.float32)
     model = Given(params)
+    group = sharded(config, model) if config.get("fsdp") else None
     inner = RecordingSGD(model.parameters(), lr=0.1, momentum=config.get("inner_momentum", 0.9))
     offload = config.get("offload", False)
     outer_opt = None
@@ -128,6 +159,8 @@ def build(config, rank, seed):
                                          process_set=hst.node_process_set())
     if config.get("subgroup"):
         tiers["process_group"] = dist.new_group(list(range(dist.get_world_size())))
+    if config.get("fsdp"):
+        tiers["process_group"] = group
     hs = hso if config.get("namespace") == "outer" else front_end()
     compression = (hs.Compression.none if config["method"] == "none"
                    else hs.Compression.create(config["method"], **config.get("options", {})))
@@ -187,13 +220,13 @@ def run(config, out: Path):
     if config.get("other_layouts"):
         other_layouts(config, outer, rank, errors)
     net = forward(config, model, outer)
-    arrays.update({f"start_{i}": p.detach().double().numpy().copy() for i, p in enumerate(model.params)})
+    arrays.update({f"start_{i}": shard_of(p).double().numpy().copy() for i, p in enumerate(model.params)})
 
     def record_round(step, theta, fragment):
         j = len(rounds)
         for i, (group, p) in enumerate(zip(outer.groups, model.params)):
-            arrays[f"theta_{j}_{i}"] = theta[i].double().numpy()
-            arrays[f"param_{j}_{i}"] = p.detach().double().numpy().copy()
+            arrays[f"theta_{j}_{i}"] = shard_of(theta[i]).double().numpy()
+            arrays[f"param_{j}_{i}"] = shard_of(p).double().numpy().copy()
             if group.output is not None and not outer.overlap:
                 arrays[f"agg_{j}_{i}"] = group.output.double().numpy().copy()
             if group.residual is not None:
@@ -206,7 +239,9 @@ def run(config, out: Path):
             model, inner, outer = resumed(config, outer, rank, out)
             net = forward(config, model, outer)
         grads = step_gradients(list(model.params), config["seed"], step, rank)
-        if config.get("nan_at") == [step, rank]:
+        if config.get("nan_at") == [step, rank] and config.get("fsdp"):
+            grads[0].view(-1)[0] = float("nan")
+        elif config.get("nan_at") == [step, rank]:
             grads[0] = grads[0] * float("nan")
         if config.get("burst", [None])[0] == step:  # [step, parameter, factor]: its first half scaled
             _, index, factor = config["burst"]
@@ -228,7 +263,7 @@ def run(config, out: Path):
     if config.get("flush_at_end"):
         outer.flush()
         for i, (group, p) in enumerate(zip(outer.groups, model.params)):
-            arrays[f"final_{i}"] = p.detach().double().numpy().copy()
+            arrays[f"final_{i}"] = shard_of(p).double().numpy().copy()
             if group.residual is not None:
                 arrays[f"final_residual_{i}"] = group.residual.double().numpy().copy()
     anchors = {f.untyped_storage().data_ptr() for f in outer.anchor.flat}
@@ -236,7 +271,9 @@ def run(config, out: Path):
     write(out, config, rank, arrays, rounds, errors, {
         "fragments": outer.fragments, "offsets": outer.offsets,
         "tiers": None if outer.tiers is None else [outer.tiers.node_size, outer.tiers.cross_size],
-        "steps_the_anchor": all(p.untyped_storage().data_ptr() in anchors for p in stepped)})
+        "steps_the_anchor": all(shard_of(p).untyped_storage().data_ptr() in anchors for p in stepped),
+        "outer_state_sharded": all(isinstance(v, DTensor) for state in outer.outer_optimizer.state.values()
+                                   for v in state.values() if isinstance(v, torch.Tensor) and v.dim() > 0)})
 
 
 def loop_collective():
