@@ -15,6 +15,7 @@ inside each replica takes ``process_group=mesh["replicate"].get_group()``: :mod:
 """
 from horovod_sparse.distributed.job_exit import exit_job
 from horovod_sparse.distributed.compression import Compression
-from horovod_sparse.outer.rounds import DILOCO_OUTER, OuterSteps, diloco_outer_optimizer
+from horovod_sparse.outer.outer_optimizer import DILOCO_OUTER, diloco_outer_optimizer
+from horovod_sparse.outer.rounds import OuterSteps
 
 __all__ = ["Compression", "DILOCO_OUTER", "OuterSteps", "diloco_outer_optimizer", "exit_job"]

@@ -45,7 +45,7 @@ schedules count rounds).
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import IO, Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -60,24 +60,13 @@ from horovod_sparse.outer.anchor import Anchor
 from horovod_sparse.outer.checkpoint import RoundCheckpoints
 from horovod_sparse.outer.landing import Landed
 from horovod_sparse.outer.replicas import Replicas
-from horovod_sparse.outer.sharded import gradient_like, local_shard, replicas_of
+from horovod_sparse.outer.outer_optimizer import OuterOptimizer, OuterOptimizerArgument, check_outer_optimizer
+from horovod_sparse.outer.sharded import local_shard, replicas_of
 from horovod_sparse.outer.tiers import NodeTiers
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.finiteness import StepFiniteness
 
-#: A function building an optimizer over the tensors it is given (``outer_optimizer`` with ``offload``).
-OptimizerFactory = Callable[[List[torch.Tensor]], torch.optim.Optimizer]
-
-#: DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov SGD, learning rate 0.7, momentum 0.9.
-DILOCO_OUTER = {"lr": 0.7, "momentum": 0.9, "nesterov": True}
-
-
-def diloco_outer_optimizer(params: List[torch.Tensor]) -> torch.optim.Optimizer:
-    """DiLoCo's outer optimizer over ``params`` (:data:`DILOCO_OUTER`)."""
-    return torch.optim.SGD(params, **DILOCO_OUTER)
-
-
-class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
+class OuterSteps(RoundCheckpoints, NodeTiers, OuterOptimizer, EngineSteps):
     """Local inner steps and a sparse outer step every ``every`` of them, on ``torch.distributed``.
 
     Args:
@@ -90,11 +79,11 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
             ``Compression.none`` / ``Compression.fp16`` (DiLoCo's dense average).
         every: inner steps per round (DiLoCo's H), at least 1.
         outer_optimizer: the optimizer of the outer steps, over exactly the model's trainable
-            parameters (the average pseudo-gradient is its gradient); default
-            :func:`diloco_outer_optimizer`. With ``offload``, a function building it over the
-            tensors it is given (the anchor's, in the model's parameter order), such as
-            :func:`diloco_outer_optimizer` (the default) or
-            ``lambda params: torch.optim.SGD(params, lr=1.0)``.
+            parameters (the average pseudo-gradient is its gradient), or a function building it
+            over the tensors it is given (the parameters, or with ``offload`` the anchor's, in the
+            model's parameter order: an optimizer object is refused there), such as
+            ``lambda params: torch.optim.SGD(params, lr=1.0)``; default
+            :func:`~horovod_sparse.outer.outer_optimizer.diloco_outer_optimizer`.
         process_group: the ``torch.distributed`` group of the replicas (None: every process).
         nonfinite: what a NaN/Inf pseudo-gradient on any rank does, as in the other front ends:
             ``"raise"`` (default with a sparsifier) or ``"skip"``; None (default densely) checks
@@ -152,7 +141,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = Compression.none, every: int = 50,
-                 outer_optimizer: Union[None, torch.optim.Optimizer, OptimizerFactory] = None,
+                 outer_optimizer: OuterOptimizerArgument = None,
                  process_group: Optional[dist.ProcessGroup] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
                  offload: bool = False, hierarchical: bool = False, node_size: Optional[int] = None) -> None:
@@ -177,14 +166,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
         self.groups = [FlatGroup(i, [name], [local_shard(p)], name=name) for i, (name, p) in enumerate(named)]
         self.fragments = fragmenting.cut([p.numel() for _, p in named], count)  # whole parameters (FSDP2)
         self.offsets = fragmenting.offsets(self.every, count)
-        params = [p for _, p in named]
-        if not self.offload:
-            self.outer_optimizer = outer_optimizer if outer_optimizer is not None else diloco_outer_optimizer(params)
-            _require_over(self.outer_optimizer, params, named)
-        elif isinstance(outer_optimizer, torch.optim.Optimizer):
-            raise TypeError("with offload=True the outer optimizer steps the anchor in CPU memory: give "
-                            "outer_optimizer as a function of the tensors to step, e.g. "
-                            "outer_optimizer=lambda params: torch.optim.SGD(params, lr=1.0), or None for DiLoCo's")
+        check_outer_optimizer(outer_optimizer, self.offload, named)
         self._engine = self.replicas.engine(compression, stats_log)
         self._state = self._engine.model
         self._agree = self.replicas.agreement(self.nonfinite, self._engine)
@@ -198,12 +180,7 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
             self._state.use_tiers(self.tiers)
         self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self.anchor = Anchor(self.groups, self.offload)
-        #: The tensors the outer optimizer steps, group by group: the parameters, or the anchor's.
-        self._stepped = self.anchor.masters or [[p] for p in params]
-        if self.offload:
-            masters = [t for tensors in self._stepped for t in tensors]
-            self.outer_optimizer = (outer_optimizer or diloco_outer_optimizer)(masters)
-            _require_over(self.outer_optimizer, masters, named)
+        self._use_outer_optimizer(outer_optimizer, self.anchor.masters or [[p] for _, p in named], named)
 
     # -- the training loop ---------------------------------------------------------------------
     def step(self, closure: Optional[Callable[[], Any]] = None) -> Any:
@@ -305,21 +282,6 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
                 p.sub_(view)
         return landed
 
-    def _outer_step(self, indices: Sequence[int], updates: Sequence[torch.Tensor]) -> None:
-        """The outer optimizer's step with the averages ``updates`` of the groups ``indices`` as
-        the gradients of what it steps (:attr:`_stepped`; copied to its device), the others
-        without one; their gradients (the parameters' inner ones) put back afterwards."""
-        stepped = [t for tensors in self._stepped for t in tensors]
-        saved = [t.grad for t in stepped]
-        for t in stepped:
-            t.grad = None
-        for index, update in zip(indices, updates):
-            for t, view in zip(self._stepped[index], self.groups[index].views(update)):
-                t.grad = gradient_like(t, view.to(t.device))
-        self.outer_optimizer.step()
-        for t, grad in zip(stepped, saved):
-            t.grad = grad
-
     def _report(self, landed: List[Optional[Landed]]) -> None:
         """Report each abandoned exchange of ``landed`` (None: nothing landed) under the
         ``nonfinite`` policy, once every outer step of the call is taken."""
@@ -341,14 +303,3 @@ class OuterSteps(RoundCheckpoints, NodeTiers, EngineSteps):
                                                 "node_size": self.node_size,
                                                 "steps": self.steps, "position": self.position}, keys)
 
-
-def _require_over(optimizer: torch.optim.Optimizer, params: List[torch.Tensor], named: List[Any]) -> None:
-    """Raise ``ValueError`` unless ``optimizer`` steps exactly ``params`` (the model's trainable
-    parameters, or their anchors with ``offload``; ``named``: the parameters' names, in order)."""
-    given = {id(p) for group in optimizer.param_groups for p in group["params"]}
-    if given != {id(p) for p in params}:
-        missing = [name for (name, _), p in zip(named, params) if id(p) not in given]
-        raise ValueError(f"outer_optimizer must step exactly the model's trainable parameters: it misses "
-                         f"{missing[:5]} and has {len(given - {id(p) for p in params})} others; build it over "
-                         "model.parameters() (with offload=True: over the tensors it is given), or leave it None "
-                         "for DiLoCo's Nesterov SGD")

@@ -30,7 +30,7 @@ the host through Horovod's optimizer over the host's process set, made before th
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, List, Optional, Sequence, Union
+from typing import IO, Any, Callable, List, Optional, Sequence
 
 import horovod.torch as hvd
 import torch
@@ -46,6 +46,7 @@ from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.engine.topology import Transport
 from horovod_sparse.methods.base import checked_sparse
 from horovod_sparse.outer import rounds
+from horovod_sparse.outer.outer_optimizer import OuterOptimizerArgument
 from horovod_sparse.outer.replicas import Replicas
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
@@ -127,7 +128,7 @@ class OuterSteps(rounds.OuterSteps):
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = hvd.Compression.none, every: int = 50,
-                 outer_optimizer: Union[None, torch.optim.Optimizer, rounds.OptimizerFactory] = None,
+                 outer_optimizer: OuterOptimizerArgument = None,
                  process_set: Optional[hvd.ProcessSet] = None, nonfinite: Optional[str] = "default",
                  stats_log: Optional[IO[str]] = None, overlap: bool = False, fragments: int = 1,
                  offload: bool = False, hierarchical: bool = False, node_size: Optional[int] = None) -> None:

@@ -1,6 +1,9 @@
 """The outer-steps job shared by ``tests/outer``'s modules (one ``torchrun`` launch: the configs
 of ``tests/workers/outer_steps.py``) and the written-out reference of the synchronous rounds.
 """
+import subprocess
+import sys
+
 import numpy as np
 import torch
 
@@ -8,6 +11,7 @@ import horovod_sparse.methods  # noqa: F401  (registers every method)
 from horovod_sparse.common.registry import method_names
 from tests.support.reference_grouping import group_exchange
 from tests.torch.test_threshold_baselines import DENSITY as BASELINE_DENSITY
+from tests.support.launch import HANG_TIMEOUT, worker_env
 from tests.workers.given_gradients import make_params
 
 
@@ -289,3 +293,35 @@ def assert_second_round_abandoned(obs, policy, bad_rank):
         for i in range(len(SHAPES)):
             np.testing.assert_array_equal(obs.arrays[r][f"param_1_{i}"], obs.arrays[r][f"param_0_{i}"])
             assert np.isfinite(obs.arrays[r][f"residual_2_{i}"]).all()
+
+
+#: What every one-process refusal script (:func:`one_process_lines`) starts with: a one-rank
+#: ``torch.distributed`` group and Horovod, a small model, its inner optimizer, and ``refused(make)``
+#: printing the error ``make()`` raises (one line), or ``accepted``.
+ONE_PROCESS = r"""
+import os, io
+import torch, torch.distributed as dist, horovod.torch as hvd
+import horovod_sparse.outer as hso, horovod_sparse.torch as hs
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+dist.init_process_group("gloo", rank=0, world_size=1)
+hvd.init()
+model = torch.nn.Linear(4, 2)
+inner = torch.optim.SGD(model.parameters(), lr=0.1)
+def refused(make):
+    try:
+        make()
+    except (ValueError, TypeError) as error:
+        print(str(error).replace("\n", " "))
+    else:
+        print("accepted")
+"""
+
+
+def one_process_lines(body, port, count):
+    """The last ``count`` lines ``body`` printed after :data:`ONE_PROCESS` (``port``: the group's
+    rendezvous), run in a fresh process that must exit 0."""
+    script = ONE_PROCESS.replace("{port}", str(port)) + body + "\ndist.destroy_process_group()\n"
+    result = subprocess.run([sys.executable, "-c", script], env=worker_env(), capture_output=True, text=True,
+                            timeout=HANG_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout.strip().splitlines()[-count:]

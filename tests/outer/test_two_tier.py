@@ -6,17 +6,14 @@ owning it, the averages gathered, SGD of lr 1 outside. The worker (``tests/worke
 is the flat tests' (tests/outer/test_rounds.py), and so is the reference's input: only each rank's
 parameters at the end of a round are taken from the job.
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from tests.outer.jobs import EVERY, SHAPES, as32, assert_second_round_abandoned, round_thetas, start_params
+from tests.outer.jobs import (EVERY, SHAPES, as32, assert_second_round_abandoned, one_process_lines, round_thetas,
+                              start_params)
 from tests.outer.tiers import (DDP, EXACT, LAYOUTS, NODE_SIZE, NODES, NONFINITE, NP, ONE_NODE, REFUSED, RESUMED,
                                assert_two_tier_rounds)
 from tests.support.checks import Observed, assert_conserved
-from tests.support.launch import HANG_TIMEOUT, worker_env
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in EXACT + [DDP]])
@@ -136,37 +133,18 @@ def test_one_node_runs_flat_and_layouts_are_not_mixed_in_checkpoints(tiers_job):
     assert "saved flat, these run in two tiers of 2" in into_tiers[1] and "hierarchical=False" in into_tiers[1]
 
 
-REFUSALS = r"""
-import os
-import torch, torch.distributed as dist, horovod.torch as hvd
-import horovod_sparse.outer as hso, horovod_sparse.torch as hs
-os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29537")
-dist.init_process_group("gloo", rank=0, world_size=1)
-hvd.init()
-model = torch.nn.Linear(4, 2)
-inner = torch.optim.SGD(model.parameters(), lr=0.1)
-def refused(make):
-    try:
-        make()
-    except (ValueError, TypeError) as error:
-        print(str(error).replace("\n", " "))
-    else:
-        print("accepted")
+REFUSALS = """
 refused(lambda: hso.OuterSteps(model, inner, hierarchical="yes"))
 refused(lambda: hso.OuterSteps(model, inner, hierarchical=True, node_size=0))
 refused(lambda: hso.OuterSteps(model, inner, hierarchical=True, node_size=1).node_group)
 refused(lambda: hs.OuterSteps(model, inner, hierarchical=True).node_group)
-dist.destroy_process_group()
 """
 
 
 def test_what_cannot_work_in_one_process_is_refused_with_the_fix():
     """A ``hierarchical`` that is not a bool, a ``node_size`` below 1, and the node group of outer
     steps that run flat (one worker per node; Horovod's on one host) are refused, each naming the fix."""
-    result = subprocess.run([sys.executable, "-c", REFUSALS], env=worker_env(), capture_output=True, text=True,
-                            timeout=HANG_TIMEOUT)
-    assert result.returncode == 0, result.stderr[-2000:]
-    flag, size, node_group, horovod = result.stdout.strip().splitlines()[-4:]
+    flag, size, node_group, horovod = one_process_lines(REFUSALS, 29537, 4)
     assert "hierarchical must be True or False" in flag and "'yes'" in flag, flag
     assert "node_size must be an integer >= 1" in size, size
     assert "run flat" in node_group and "there is no node group" in node_group, node_group
