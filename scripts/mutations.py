@@ -1123,6 +1123,13 @@ MUTATIONS: List[Mutation] = [
       ["tests/outer/test_two_tier.py", "-k", "layouts"],
       "a two-tier state (residuals and method states by slice) loads into flat outer steps, and a flat one "
       "into two tiers, without a word"),
+    M("fsdp-configuration-on-the-replicas-only", P + "fsdp/replicas.py",
+      "                                          model_state=functools.partial(ShardedModelState, whole=[]))\n",
+      "                                          model_state=ShardedModelState.__mro__[1])\n",
+      ["tests/fsdp/test_replicas.py", "-k", "differing_on_one_rank"],
+      "FSDP2's configuration is agreed within each replicate group only: a rank differing outside rank 0's "
+      "group stops its group alone, the others go on and wait for it (a hang, not an error on every rank)",
+      hang=True),
     M("outer-fsdp-shard-copied", P + "outer/sharded.py",
       "        return p.to_local().detach()\n",
       "        return p.to_local().detach().clone()\n",
@@ -1135,7 +1142,7 @@ MUTATIONS: List[Mutation] = [
       ["tests/outer/test_fsdp.py", "-k", "nonfinite_shard and skip"],
       "a NaN in one shard abandons the round on its replicate group only: the other shard position takes its "
       "outer step, and the model's shards are of different rounds"),
-    M("outer-fsdp-configuration-on-the-replicas-only", P + "outer/sharded.py",
+    M("outer-fsdp-configuration-on-the-replicas-only", P + "fsdp/agreement.py",
       "            super().require_same_configuration(settings, self.whole)\n",
       "            pass\n",
       ["tests/outer/test_fsdp.py", "-k", "refused and every_differs"],

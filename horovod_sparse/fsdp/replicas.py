@@ -15,6 +15,7 @@ first hook): the non-finite policy is agreed over the whole job, the step closes
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import IO, Any, Dict, List, Optional
 
@@ -30,6 +31,7 @@ from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.distributed.stepping import dense_average, distributed_engine, nonfinite_agreement
 from horovod_sparse.engine.model_state import Record
 from horovod_sparse.engine.step import EngineSteps
+from horovod_sparse.fsdp.agreement import ShardedModelState
 from horovod_sparse.fsdp.checkpoint import unit_group
 from horovod_sparse.fsdp.units import ShardGroup, fill_gradients, hook_units, replicate_group_given
 from horovod_sparse.torch_core.device_timing import ready_timeline
@@ -81,7 +83,9 @@ class State(EngineSteps):
         #: This step's loss scale, read at its first hook.
         self._scale = UNSCALED
         self.process_group = ProcessGroup(replicate_group)
-        self._engine = distributed_engine(compression, self.process_group, stats_log)
+        # The configuration is agreed over the whole job (every replicate group stops together).
+        self._engine = distributed_engine(compression, self.process_group, stats_log,
+                                          model_state=functools.partial(ShardedModelState, whole=[]))
         self._model = self._engine.model
         # Every rank of the job agrees: a step abandoned on one replica's shards is abandoned on all.
         self._agree = nonfinite_agreement(self.nonfinite, ProcessGroup(None))

@@ -22,7 +22,7 @@ abandoned, or none.
 from __future__ import annotations
 
 import functools
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -30,14 +30,10 @@ from torch.distributed.tensor import DTensor
 
 from horovod_sparse.distributed.process_group import ProcessGroup
 from horovod_sparse.distributed.stepping import distributed_engine, nonfinite_agreement
-from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
+from horovod_sparse.fsdp.agreement import ShardedModelState
 from horovod_sparse.fsdp.units import require_one_dimensional_meshes, require_replicas_of_one_shard
 from horovod_sparse.outer.replicas import ProcessGroupReplicas, Replicas
-
-#: A group's key in a configuration's agreement: its name, size, dtype and member shapes.
-Key = Tuple[str, int, str, List[List[int]]]
-
 
 def is_sharded(model: torch.nn.Module) -> bool:
     """Whether any trainable parameter of ``model`` is a DTensor (sharded by FSDP2's ``fully_shard``)."""
@@ -92,28 +88,3 @@ class ShardedReplicas(ProcessGroupReplicas):
 
     def agreement(self, policy: Optional[str], engine: StepEngine) -> Callable[[Sequence[str]], List[int]]:
         return nonfinite_agreement(policy, ProcessGroup(None))
-
-
-class ShardedModelState(ModelState):
-    """The engine's model state on sharded replicas: a configuration is agreed over the whole job
-    first, with ``whole`` (each parameter's key with its whole shape, the same on every rank) as
-    the groups (every rank joins: a difference between any two ranks raises on every rank, none
-    left waiting in a collective of its replicas), then over the replicas with the groups given
-    (the local shards' shapes)."""
-
-    def __init__(self, *args: Any, whole: Sequence[Key]) -> None:
-        super().__init__(*args)
-        self.whole = list(whole)
-        self._over_the_job = False
-
-    def require_same_configuration(self, settings: Dict[str, Any], groups: Sequence[Key]) -> None:
-        self._over_the_job = True
-        try:
-            super().require_same_configuration(settings, self.whole)
-        finally:
-            self._over_the_job = False
-        super().require_same_configuration(settings, groups)
-
-    def _allgather_bytes(self) -> Callable[[bytes, str], List[bytes]]:
-        return functools.partial(self.B.allgather_bytes,
-                                 process_set=ProcessGroup(None) if self._over_the_job else self.process_set)

@@ -311,6 +311,16 @@ def test_replicas_that_do_not_hold_one_shard_are_refused_on_every_rank(job):
         assert "2-D DeviceMesh" in told["one_dimensional"] and "('replicate', 'shard')" in told["one_dimensional"], told
 
 
+def test_a_configuration_differing_on_one_rank_stops_every_rank(job):
+    """Rank 3 alone (its replicate group is [1, 3], not rank 0's) builds its state with another
+    ``nonfinite``: the first backward pass raises the same ``ValueError`` on all 4 ranks, naming
+    the rank and the setting (agreed over the whole job: within the replicate groups only, ranks
+    0 and 2 would go on and wait for ever for the others at the step's end)."""
+    told = [json.loads((job / f"refusals.rank{rank}.json").read_text())["nonfinite_differs"] for rank in range(NP)]
+    assert all(message == told[0] for message in told), told
+    assert "rank 3 differs from rank 0" in told[0] and "nonfinite" in told[0], told[0]
+
+
 def test_a_unit_kept_dense_is_the_replicas_average(job):
     """``dense="b.*"`` (every parameter of unit ``b``) beside Top-k: each step, unit ``b``'s shard
     is the dense average over the replicate group, bitwise, with no residual, and the other units

@@ -112,8 +112,9 @@ def build(config, mesh, loss_scaler=None):
 
 def refusals(mesh, out):
     """What each rank is told for replicas that are not replicas of one shard (the shard group,
-    the whole job), for a 1-D mesh, for ``dense=`` choosing part of a unit and for a misspelt
-    ``dense=``: the messages, per rank."""
+    the whole job), for a 1-D mesh, for ``dense=`` choosing part of a unit, for a misspelt
+    ``dense=`` and for a configuration differing on one rank (:func:`differing_configuration`):
+    the messages, per rank."""
     told = {}
     cases = {"shard_group": {"replicate_group": mesh["shard"].get_group()},
              "world": {"replicate_group": dist.group.WORLD},
@@ -129,7 +130,24 @@ def refusals(mesh, out):
             told[case] = "not refused"
         except ValueError as error:
             told[case] = str(error)
+    told["nonfinite_differs"] = differing_configuration(mesh)
     (out / f"refusals.rank{dist.get_rank()}.json").write_text(json.dumps(told))
+
+
+def differing_configuration(mesh):
+    """Rank 3 (in the other replicate group than rank 0) builds its state with ``nonfinite="skip"``,
+    the others with the default: the first backward pass must raise the same ``ValueError`` on
+    every rank (its message, or ``"not refused"``)."""
+    model = Net(0)
+    for unit in (model.a, model.b, model):
+        fully_shard(unit, mesh=mesh["shard"])
+    nonfinite = "skip" if dist.get_rank() == 3 else "default"
+    hsf.compress_replicas(model, hsf.Compression.topk(density=0.1), mesh=mesh, nonfinite=nonfinite)
+    try:
+        model(given(0, 0, dist.get_rank())).backward()
+    except ValueError as error:
+        return str(error)
+    return "not refused"
 
 
 class Checked:
