@@ -1134,6 +1134,12 @@ MUTATIONS: List[Mutation] = [
       "        self._engine.restart_at(int(first[\"steps\"]))\n",
       ["tests/outer/test_elastic.py", "-k", "refused"],
       "a worker joining with another configuration (every) is taken into the job without a word", hang=True),
+    M("hvd-outer-elastic-job-size-kept", P + "torch/outer_steps.py",
+      "    @property\n    def job_size(self) -> int:\n",
+      '    @__import__("functools").cached_property\n    def job_size(self) -> int:\n',
+      ["tests/outer/test_elastic.py", "-k", "keyed"],
+      "the replicas' job size is read once: after a membership change state_dict() is saved for the old world "
+      "(a checkpoint then refused, or resumed as another size's)"),
     M("hvd-outer-elastic-construction-collective", P + "torch/outer_steps.py",
       '        self.agree_at_construction = not int(os.environ.get("HOROVOD_ELASTIC", "0"))\n',
       "        self.agree_at_construction = True\n",

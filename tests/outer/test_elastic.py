@@ -93,6 +93,13 @@ def test_replicas_identical_after_every_change_and_round(events):
                                                   err_msg=f"{kind} at round {j}: rank {e.rank}'s {key}")
 
 
+def test_state_dict_keyed_for_the_current_world(events):
+    """``state_dict()`` after every change is keyed by the rank in the new world and saved with
+    its size (what a checkpoint taken then resumes in)."""
+    for e in of_kind(events, "enter"):
+        assert e.state_dict == [f"rank{e.rank}", e.size], (e.state_dict, e.rank, e.size)
+
+
 def reference(events, method: str, name: str):
     """The written-out committed rounds of config ``name``: per round the expected averages and
     parameters after its outer step (SGD of lr 1: ``anchor - average``) and each rank's residual;

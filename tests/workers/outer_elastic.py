@@ -24,13 +24,14 @@ give every rank rank 0's). Every process writes its events, one file each,
 
 * ``enter``: at every entry into the training function (after the sync): per config the
   parameters, anchor, residuals (absent: never exchanged), outer optimizer state (flat),
-  position and step counter;
+  position and step counter; Top-k's ``state_dict()`` key and the job size saved in it;
 * ``round``: at every round's end, before its commit: the same, and per config each parameter's
   value after the round's last inner step (``theta``) and the sparse configs' averages;
 * ``commit``: after every commit of a round (``round``: the rounds committed);
 * ``refused``: the ``ValueError`` the last sync raised.
 """
 import argparse
+import io
 import json
 import os
 import time
@@ -54,10 +55,11 @@ CONFIGS = {"topk": ("topk", "sgd1"), "none": ("none", "sgd1"), "diloco_topk": ("
 POLL = 0.05
 #: Seconds the survivors pause in the round the lost worker leaves: only when the loss is seen.
 PAUSE = 3.0
-#: Gloo's timeout in the first world (seconds; Horovod's default is 30): how long a survivor may
-#: wait in a collective on another whose background loop the loss stopped before it sees the loss
-#: itself. Later worlds take the launcher's (a joining worker may start slowly).
-FIRST_WORLD_GLOO_TIMEOUT = "15"
+#: Gloo's timeout in the first world (seconds): Horovod's default, not the launcher's hang guard,
+#: since a survivor may wait that long in a collective on another whose background loop the loss
+#: stopped before it sees the loss itself. Later worlds take the launcher's (a joining worker may
+#: start slowly).
+FIRST_WORLD_GLOO_TIMEOUT = "30"
 
 
 def build(name: str, every: int, seed: int) -> hs.OuterSteps:
@@ -87,6 +89,9 @@ class Recorder:
         if kind in ("enter", "round"):
             meta["steps"] = {name: outer.steps for name, outer in self.outers.items()}
             meta["position"] = {name: outer.position for name, outer in self.outers.items()}
+            if kind == "enter":
+                ((key, saved),) = self.outers["topk"].state_dict().items()
+                meta["state_dict"] = [key, torch.load(io.BytesIO(saved), weights_only=True)["world_size"]]
             for name, outer in self.outers.items():
                 arrays[f"params.{name}"] = flat(outer.model.parameters())
                 arrays[f"anchor.{name}"] = flat(outer.anchor.flat)
