@@ -4,11 +4,12 @@
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 from horovod_sparse.distributed.rank_state import rank_entry, state_of_this_rank
 from horovod_sparse.outer.landing import Landed
 from horovod_sparse.torch_core.buffers import FlatGroup
+from horovod_sparse.torch_core.finiteness import StepFiniteness
 
 
 class RoundCheckpoints:
@@ -26,14 +27,18 @@ class RoundCheckpoints:
         rank saves) and whose outer step stays for its boundary, and the tiers' node size (None:
         flat), which lays out the residuals and method states (in two tiers, per slice). ``torch.save`` it on every
         rank, or ``dcp.save({"outer": outer.state_dict()}, ...)``: that keeps every rank's."""
+        return rank_entry(self._whole_state(), rank=self.replicas.job_rank, size=self.replicas.job_size)
+
+    def _whole_state(self) -> Dict[str, Any]:
+        """What :meth:`state_dict` keeps of this rank, for any job size: references to the live
+        tensors, not copies (the exchange in flight ended first: collective then)."""
         self._land()
-        return rank_entry({"engine": self._state.record(self.groups, self.steps, per_rank=True),
-                           "landed": None if self._landed is None else self._landed.record(),
-                           "position": self.position, "every": self.every, "tiers": self.node_size_in_tiers(),
-                           "anchor": self.anchor.flat,
-                           "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
-                           "outer": self.outer_optimizer.state_dict()},
-                          rank=self.replicas.job_rank, size=self.replicas.job_size)
+        return {"engine": self._state.record(self.groups, self.steps, per_rank=True),
+                "landed": None if self._landed is None else self._landed.record(),
+                "position": self.position, "every": self.every, "tiers": self.node_size_in_tiers(),
+                "anchor": self.anchor.flat,
+                "model": self.model.state_dict(), "inner": self.inner_optimizer.state_dict(),
+                "outer": self.outer_optimizer.state_dict()}
 
     def load_state_dict(self, state_dict: Dict[str, bytes]) -> None:
         """Continue exactly from a :meth:`state_dict` this rank saved in a job of the same size
@@ -57,6 +62,17 @@ class RoundCheckpoints:
         if problem:
             raise ValueError(problem)
         self._land()
+        self._continue_from(saved)
+        self._require_same_configuration()
+
+    def _continue_from(self, saved: Dict[str, Any]) -> None:
+        """Take this rank's :meth:`_whole_state` (of this model: unchecked), its tensors copied
+        into the live ones or kept (the model's and optimizers' loading decides: give a copy
+        when ``saved`` must stay as it is). Not collective: an exchange in flight, and what a
+        failed one left half done (its flights, finiteness decisions, residuals), is dropped."""
+        self._in_flight = None
+        self._engine.flights = []
+        self._finiteness = StepFiniteness(self._finiteness.checking)
         self.anchor.load(saved["anchor"])
         self.model.load_state_dict(saved["model"])
         self.inner_optimizer.load_state_dict(saved["inner"])
@@ -64,11 +80,14 @@ class RoundCheckpoints:
         for group in self.groups:
             group.residual = group.output = None
         self._state.states.clear()
-        self._engine.restart_at(self._state.restore(saved["engine"], self.groups, _no_regrouping))
+        self._engine.restart_at(self._state.restore(saved["engine"], self.groups, no_regrouping))
         self.position = int(saved["position"])
+        self._land_record(saved.get("landed"))
+
+    def _land_record(self, record: Optional[Dict[str, Any]]) -> None:
+        """Make :meth:`Landed.record` ``record`` (None: nothing) what landed, on the groups' devices."""
         devices = [[self.groups[i].params[0].device for i in indices] for indices in self.fragments]
-        self._landed = Landed.from_record(saved.get("landed"), devices)
-        self._require_same_configuration()
+        self._landed = Landed.from_record(record, devices)
 
 
 def _layout(node_size: Optional[int]) -> str:
@@ -79,5 +98,7 @@ def _arguments(node_size: Optional[int]) -> str:
     return "hierarchical=False" if node_size is None else f"hierarchical=True, node_size={node_size}"
 
 
-def _no_regrouping(members: List[List[int]]) -> List[FlatGroup]:
+def no_regrouping(members: List[List[int]]) -> List[FlatGroup]:
+    """The regrouping the engine's model state takes on a restore or an agreement: the outer
+    steps' groups (one per parameter) never change, so it is never called."""
     raise AssertionError("the outer steps' groups never change")

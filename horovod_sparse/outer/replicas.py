@@ -22,10 +22,14 @@ from horovod_sparse.torch_core.finiteness import Finite
 
 class Replicas(Protocol):
     """The replicas' collectives (every call collective over the replicas). ``job_rank`` and
-    ``job_size``: this process's rank in the job and the job's size (a checkpoint's key)."""
+    ``job_size``: this process's rank in the job and the job's size (a checkpoint's key);
+    ``agree_at_construction``: whether the configuration check and the first replica's
+    parameters belong to the construction (not in a Horovod elastic job, whose workers start
+    at different times: its state's sync does both, :mod:`horovod_sparse.torch.elastic`)."""
 
     job_rank: int
     job_size: int
+    agree_at_construction: bool
 
     def checked_sparse(self, compression: Any) -> bool:
         """Whether ``compression`` is a sparsifier, after checking it was built for these
@@ -66,6 +70,7 @@ class ProcessGroupReplicas:
     def __init__(self, process_group: Optional[dist.ProcessGroup]) -> None:
         self.process_group = ProcessGroup(process_group)
         self.job_rank, self.job_size = dist.get_rank(), dist.get_world_size()
+        self.agree_at_construction = True
 
     def checked_sparse(self, compression: Any) -> bool:
         return checked_sparse(compression, "outer")

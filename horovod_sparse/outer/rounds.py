@@ -121,11 +121,11 @@ class OuterSteps(RoundCheckpoints, NodeTiers, OuterOptimizer, EngineSteps):
             node_size)`` on node ``c`` (as ``torchrun`` numbers them); default ``LOCAL_WORLD_SIZE``
             (one node without it). Every rank must give the same.
 
-    At construction every rank takes rank 0's parameters (of ``process_group``) and checks that
-    the configuration (method and options, ``every``, ``nonfinite``, ``hierarchical``,
-    ``node_size``, the parameters' names, sizes and dtypes) is the same everywhere, raising the
-    same ``ValueError`` on every rank naming what differs, before the tiers are made: collective,
-    like every outer step.
+    At construction every rank checks that the configuration (method and options, ``every``,
+    ``nonfinite``, ``hierarchical``, ``node_size``, the parameters' names, sizes and dtypes) is the
+    same everywhere, raising the same ``ValueError`` on every rank naming what differs, and takes
+    rank 0's parameters (of ``process_group``), before the tiers are made: collective, like every
+    outer step (in a Horovod elastic job ``TorchState``'s sync does both: :mod:`horovod_sparse.torch.elastic`).
 
     Attributes:
         steps: exchanges closed so far (a fragment's round each, abandoned ones included); an
@@ -174,11 +174,12 @@ class OuterSteps(RoundCheckpoints, NodeTiers, OuterOptimizer, EngineSteps):
         self.position = 0
         self._in_flight: Optional[Tuple[int, List[Flight]]] = None
         self._landed: Optional[Landed] = None
-        self._require_same_configuration()
+        if self.replicas.agree_at_construction:
+            self._require_same_configuration()
+            self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self._engine.tiers = self.replicas.tiers(self.hierarchical, self.node_size)
         if self.tiers is not None:
             self._state.use_tiers(self.tiers)
-        self.replicas.broadcast_from_first([p.data for group in self.groups for p in group.params])
         self.anchor = Anchor(self.groups, self.offload)
         self._use_outer_optimizer(outer_optimizer, self.anchor.masters or [[p] for _, p in named], named)
 
@@ -285,9 +286,8 @@ class OuterSteps(RoundCheckpoints, NodeTiers, OuterOptimizer, EngineSteps):
     def _report(self, landed: List[Optional[Landed]]) -> None:
         """Report each abandoned exchange of ``landed`` (None: nothing landed) under the
         ``nonfinite`` policy, once every outer step of the call is taken."""
-        for each in landed:
-            if each is not None:
-                each.report(self.nonfinite)
+        for each in filter(None, landed):
+            each.report(self.nonfinite)
 
     @staticmethod
     def _replicas_of(process_group: Any, model: torch.nn.Module) -> Replicas:

@@ -16,6 +16,8 @@ The rounds, their options (``overlap``, ``fragments``, ``offload``, ``hierarchic
 checkpoints are the ``torch.distributed`` outer steps' (:mod:`horovod_sparse.outer.rounds`); only
 the collectives differ: the method's exchange through Horovod's (the Horovod optimizer's
 transport), the dense average through Horovod's allreduce, the agreement over the process set.
+Under Horovod elastic they commit, roll back and agree through ``hvd.elastic.TorchState``
+(:mod:`horovod_sparse.torch.elastic`).
 
 In two tiers (``hierarchical=True``) the nodes are Horovod's hosts (``horovodrun -H
 host1:L,host2:L``), each host's workers one DiLoCo replica; its inner steps exchange densely inside
@@ -30,7 +32,9 @@ the host through Horovod's optimizer over the host's process set, made before th
 """
 from __future__ import annotations
 
-from typing import IO, Any, Callable, List, Optional, Sequence
+import copy
+import os
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence
 
 import horovod.torch as hvd
 import torch
@@ -47,6 +51,7 @@ from horovod_sparse.engine.topology import Transport
 from horovod_sparse.methods.base import checked_sparse
 from horovod_sparse.outer import rounds
 from horovod_sparse.outer.outer_optimizer import OuterOptimizerArgument
+from horovod_sparse.outer.checkpoint import no_regrouping
 from horovod_sparse.outer.replicas import Replicas
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
@@ -68,7 +73,17 @@ class ProcessSetReplicas:
 
     def __init__(self, process_set: Optional[hvd.ProcessSet]) -> None:
         self.process_set = hvd.global_process_set if process_set is None else process_set
-        self.job_rank, self.job_size = hvd.rank(), hvd.size()
+        self.agree_at_construction = not int(os.environ.get("HOROVOD_ELASTIC", "0"))
+
+    @property
+    def job_rank(self) -> int:
+        """This process's rank in the job now (an elastic job numbers its workers anew)."""
+        return hvd.rank()
+
+    @property
+    def job_size(self) -> int:
+        """The job's size now (an elastic job's changes)."""
+        return hvd.size()
 
     def checked_sparse(self, compression: Any) -> bool:
         return checked_sparse(compression, "torch", backend,
@@ -88,7 +103,7 @@ class ProcessSetReplicas:
         if node_size is not None:
             raise ValueError(f"horovod_sparse.torch.OuterSteps takes Horovod's hosts as the nodes (horovodrun -H "
                              f"host1:L,host2:L): leave node_size=None (given: {node_size})")
-        if hvd.elastic_enabled() if hasattr(hvd, "elastic_enabled") else False:
+        if not self.agree_at_construction:  # an elastic job
             raise ValueError("hierarchical=True does not follow elastic changes of the hosts: use "
                              "hierarchical=False in a Horovod elastic job")
         return horovod_tiers(True, hvd, self.process_set, gather_places)
@@ -124,7 +139,13 @@ class OuterSteps(rounds.OuterSteps):
     dense average, and ``fp16``) and ``process_set`` the Horovod process set of the replicas
     (default: every process) in place of ``process_group``; with ``hierarchical=True`` the nodes
     are Horovod's hosts (``node_size`` refused; the module's docstring). Build it after
-    ``hvd.init()``, on every rank of the process set."""
+    ``hvd.init()``, on every rank of the process set.
+
+    In a Horovod elastic job (``HOROVOD_ELASTIC=1``: ``horovodrun --min-np``/``--max-np``), over
+    every worker: construction is not collective (a worker may join a running job), and
+    ``hvd.elastic.TorchState(outer=outer, ...)`` commits, rolls back and agrees its state
+    (:mod:`horovod_sparse.torch.elastic`: :meth:`snapshot`, :meth:`roll_back`,
+    :meth:`agree_after_change`)."""
 
     def __init__(self, model: torch.nn.Module, inner_optimizer: torch.optim.Optimizer,
                  compression: Any = hvd.Compression.none, every: int = 50,
@@ -139,3 +160,41 @@ class OuterSteps(rounds.OuterSteps):
     def _replicas_of(process_set: Any, model: torch.nn.Module) -> Replicas:
         """The replicas of ``process_set`` (a Horovod process set)."""
         return ProcessSetReplicas(process_set)
+
+    def snapshot(self) -> Dict[str, Any]:
+        """A copy of this rank's whole state, in memory and for any job size (:meth:`state_dict`'s:
+        the model, both optimizers, the anchor, the position, the step counter, residuals and
+        method states, what landed of an overlapped exchange): what ``TorchState.commit()``
+        keeps. Collective with an exchange in flight (``overlap``: it is ended first), else not."""
+        return copy.deepcopy(self._whole_state())
+
+    def roll_back(self, snapshot: Dict[str, Any]) -> None:
+        """Back to ``snapshot`` (this rank's :meth:`snapshot`) exactly, which stays as it was for
+        another roll-back. Not collective (after a worker was lost every collective of the old
+        world fails): an exchange the loss interrupted is dropped with all it had changed, so
+        nothing of the lost round is applied, and nothing twice when it is trained again."""
+        self._continue_from(copy.deepcopy(snapshot))
+
+    def agree_after_change(self, new: bool) -> None:
+        """After a membership change, on every worker of the new world at once (``TorchState``'s
+        sync): every rank takes rank 0's position and step counter; the configuration is checked
+        (the same ``ValueError`` on every rank naming what differs: a joining worker built
+        otherwise is refused before anything of it is used); every rank takes rank 0's method
+        state shared by all ranks, anchor, outer optimizer state and what landed. A ``new``
+        worker (none of its state committed in this job) puts its parameters at the anchor and
+        keeps its empty residuals and fresh inner optimizer; the others keep theirs (at a round
+        boundary every replica's parameters are the anchor). Collective."""
+        first = hvd.broadcast_object(
+            {"position": self.position, "steps": self.steps, "outer": self.outer_optimizer.state_dict(),
+             "landed": None if self._landed is None else self._landed.record()} if hvd.rank() == 0 else None,
+            root_rank=0, name="hs.outer.elastic")
+        self.position = int(first["position"])
+        self._engine.restart_at(int(first["steps"]))
+        self._require_same_configuration()
+        self._state.agree(0, self.groups, self.steps, no_regrouping)
+        for i, flat in enumerate(self.anchor.flat):
+            hvd.broadcast_(flat, 0, name=f"hs.outer.elastic.anchor.{i}")
+        if new:
+            self.anchor.reset()
+        self.outer_optimizer.load_state_dict(first["outer"])
+        self._land_record(first["landed"])

@@ -138,14 +138,18 @@ refused(lambda: hso.OuterSteps(model, inner, hierarchical="yes"))
 refused(lambda: hso.OuterSteps(model, inner, hierarchical=True, node_size=0))
 refused(lambda: hso.OuterSteps(model, inner, hierarchical=True, node_size=1).node_group)
 refused(lambda: hs.OuterSteps(model, inner, hierarchical=True).node_group)
+os.environ["HOROVOD_ELASTIC"] = "1"
+refused(lambda: hs.OuterSteps(model, inner, hierarchical=True))
 """
 
 
 def test_what_cannot_work_in_one_process_is_refused_with_the_fix():
-    """A ``hierarchical`` that is not a bool, a ``node_size`` below 1, and the node group of outer
-    steps that run flat (one worker per node; Horovod's on one host) are refused, each naming the fix."""
-    flag, size, node_group, horovod = one_process_lines(REFUSALS, 29537, 4)
+    """A ``hierarchical`` that is not a bool, a ``node_size`` below 1, the node group of outer
+    steps that run flat (one worker per node; Horovod's on one host), and Horovod's two tiers in an
+    elastic job (``HOROVOD_ELASTIC=1``: its hosts change) are refused, each naming the fix."""
+    flag, size, node_group, horovod, elastic = one_process_lines(REFUSALS, 29537, 5)
     assert "hierarchical must be True or False" in flag and "'yes'" in flag, flag
     assert "node_size must be an integer >= 1" in size, size
     assert "run flat" in node_group and "there is no node group" in node_group, node_group
     assert "run flat" in horovod and "there is no node group" in horovod, horovod
+    assert "hierarchical=False in a Horovod elastic job" in elastic, elastic
