@@ -184,6 +184,9 @@ def main():
     init_tensorflow_worker("dynamic" if any(c.get("hierarchical") for c in configs) else None)
     for config in configs:
         run(config, out)
+    # A two-tier step ends with the node's collectives: every rank finishes its last one before
+    # any exits (Horovod shuts every rank down when one leaves; docs/two-tier.md).
+    hvd.allreduce(tf.constant(0.0), name="hs.test.end", op=hvd.Sum)
 
 
 if __name__ == "__main__":
