@@ -1166,6 +1166,12 @@ MUTATIONS: List[Mutation] = [
       ["tests/outer/test_fsdp.py", "-k", "empty_shard"],
       "an empty group (an FSDP2 shard of a parameter with fewer rows than shard ranks) goes through the sparse "
       "method, which indexes an empty buffer: the outer steps crash"),
+    M("ddp-rebuilt-bucket-copied-per-parameter", P + "ddp/buckets.py",
+      "        owner = {n: key for key in self._saved_groups for n in key}\n",
+      "        owner = {n: key for key in [*self._groups, *self._saved_groups] for n in key}\n",
+      ["tests/ddp/test_hook.py", "-k", "rebuilt_in_another_order"],
+      "a bucket DDP rebuilt in another order is exchanged as the groups of its first layout: every step "
+      "copies each parameter's gradient out of the bucket and back (operations per parameter)"),
     M("hvd-outer-tiers-in-elastic-accepted", P + "torch/outer_steps.py",
       "        if not self.agree_at_construction:  # an elastic job\n",
       "        if False:  # an elastic job\n",

@@ -3,11 +3,13 @@
 A group is identified by its *members*: the numbers of its parameters, each parameter numbered
 by its position in the first bucket layout this process sees (DDP's first iteration puts every
 parameter in one bucket, in an order the same model reproduces in any process). A bucket whose
-members are a known group's is exchanged as that group; a bucket that is exactly a run of known
-groups (the first iteration after loading a checkpoint, before DDP rebuilds its buckets) is
-exchanged as those groups, so the method sees the grouping it was saved with; any other bucket
-becomes a new group that takes its parameters' residuals from the groups they were in (nothing
-is lost) and starts its method state afresh. The parameters kept dense (``dense=``) of a bucket
+members are a known group's, in the same order, is exchanged as that group (its buffer the
+bucket's own); a bucket that is exactly a run of a loaded checkpoint's groups (the first
+iteration after loading it, before DDP rebuilds its buckets) is exchanged as those groups, so
+the method sees the grouping it was saved with; any other bucket (DDP's rebuild after its first,
+dense step: other members, or the same in another order) becomes a new group, in bucket order,
+that takes its parameters' residuals from the groups they were in (nothing is lost) and starts
+its method state afresh. The parameters kept dense (``dense=``) of a bucket
 are a group of their own, beside the group of its other parameters: DDP's buckets mix them.
 """
 from __future__ import annotations
@@ -84,10 +86,14 @@ class BucketGroups:
         return tuple(int(name) for name in group.names)
 
     def _cover(self, members: Members, by_number: Dict[int, torch.Tensor]) -> Optional[List[Members]]:
-        """The known groups (live or saved) whose members together are exactly ``members``, in
-        the order the bucket reaches them; None if there are no such groups, or if one of them
-        mixes parameters kept dense with others (a checkpoint saved with another ``dense=``)."""
-        owner = {n: key for key in [*self._groups, *self._saved_groups] for n in key}
+        """The saved groups (a loaded checkpoint's, not yet taken) whose members together are
+        exactly ``members``, in the order the bucket reaches them; None if there are no such
+        groups, or if one of them mixes parameters kept dense with others (a checkpoint saved
+        with another ``dense=``). Live groups cover nothing: a bucket that is not exactly one of
+        them (DDP rebuilt its buckets: other members, or the same in another order) becomes a
+        group of its own, in bucket order, so that its buffer is the bucket's, no parameter
+        copied in or out (:func:`split`)."""
+        owner = {n: key for key in self._saved_groups for n in key}
         keys = list(dict.fromkeys(owner.get(n) for n in members))
         if None in keys or sum(len(key) for key in keys) != len(members):
             return None

@@ -36,6 +36,9 @@ def config(name, method, steps=6, **extra):
             "shapes": SHAPES, "bucket_cap_mb": BUCKET_MB, **extra}
 
 
+#: Backward readies the gradients in another order than DDP's first layout (the forward pass takes
+#: the parameters in ``forward_order``): DDP rebuilds its buckets in that order after its first step.
+REORDERED = config("topk_reordered", "topk", forward_order=[2, 0, 1, 3, 4])
 #: LAGS's adaptive rule decides from times measured on the running job, which differ between two
 #: jobs: the parity runs take its uniform rule (the adaptive one runs in the other tests).
 PARITY = ([config(m, m) if m != "lags" else {**config(m, m), "options": {**OPTIONS, "adaptive": False}}
@@ -58,7 +61,7 @@ REBUCKETED = [config(f"{m}_rebucketed", m, steps=7, resume_at=4, bucket_cap_mb=2
 
 #: Every method again, its hook on the accelerators' paths with its host reads counted
 #: (``ddp_exchange.py``'s ``reads``): the same aggregates as its parity config, bitwise.
-READS = [{**c, "name": c["name"] + "_reads", "reads": []} for c in PARITY[:len(METHODS)]]
+READS = [{**c, "name": c["name"] + "_reads", "reads": []} for c in PARITY[:len(METHODS)] + [REORDERED]]
 #: Host reads of a step's hooks (two buckets, the end of the step in the last one), the most of
 #: either rank, as measured when last lowered: one read of the step's finiteness and statistics
 #: together, the agreement on non-finite gradients, and what each method still reads per bucket
@@ -81,7 +84,8 @@ def two(tmp_path_factory):
     """Every parity, resume and non-finite config on 2 processes, and the Horovod optimizer on
     the parity configs with the groups DDP formed."""
     out = tmp_path_factory.mktemp("ddp2")
-    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE + REBUCKETED + READS, backend="torchrun")
+    run_configs("ddp_exchange.py", 2, out, PARITY + RESUME + NONFINITE + REBUCKETED + READS + [REORDERED],
+                backend="torchrun")
     horovod = []
     for c in PARITY:
         groups = Observed(out, c["name"], 2).groups
@@ -212,6 +216,21 @@ def test_residuals_follow_their_parameters_into_new_buckets(two, cfg):
     assert len(groups[3]) == 1 and len(groups[-1]) == 2, groups
     assert_identical_replicas(obs)
     assert_conservation(obs, cfg)
+
+
+def test_a_bucket_rebuilt_in_another_order_is_one_group_in_that_order(two):
+    """Backward readies the gradients in another order than DDP's first layout, so DDP rebuilds
+    its bucket in that order after its first step: from then on the bucket is exchanged as one
+    group in the bucket's order (its buffer the bucket's: no parameter copied in or out, and no
+    more operations per step than the in-order model's two buckets), the replicas stay identical
+    and nothing is lost."""
+    obs = Observed(two, REORDERED["name"], 2)
+    assert obs.groups == [REORDERED["forward_order"][::-1]], obs.groups
+    assert_identical_replicas(obs)
+    assert_conservation(obs, REORDERED)
+    ops = {name: max(sum(step) for record in Observed(two, name, 2).meta for step in record["ops"][1:])
+           for name in ("topk_reads", "topk_reordered_reads")}
+    assert ops["topk_reordered_reads"] <= ops["topk_reads"], ops
 
 
 @pytest.mark.parametrize("policy", ["skip", "raise"])

@@ -200,9 +200,9 @@ def test_a_saved_state_resumes_bitwise(job, method):
 @pytest.mark.parametrize("method", METHODS)
 def test_the_same_update_as_the_ddp_hook_on_the_unsharded_model_bitwise(job, method):
     """Every rank a replica (a ``(4, 1)`` mesh, the model one FSDP unit) against DDP with
-    horovod_sparse's hook on the unsharded model (one bucket of the same flat layout), fed the
-    same gradients: after the warm-up step (dense in both: DDP rebuilds its buckets after its
-    first iteration), every parameter's gradient is bitwise equal at every sparse step. The
+    horovod_sparse's hook on the unsharded model (one bucket of the same flat layout, kept: DDP
+    with ``find_unused_parameters=True`` never rebuilds it), fed the same gradients: after the
+    warm-up step (dense in both), every parameter's gradient is bitwise equal at every sparse step. The
     dense step agrees to 1e-6 relative: DDP divides each rank's bucket before summing, the
     FSDP2 front end scales the sum."""
     for rank in range(NP):

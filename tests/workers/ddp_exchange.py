@@ -5,7 +5,11 @@ both and the two front ends compare bitwise.
 
 Each config: {"name", "method", "options", "steps", "seed", "shapes", "dtype", "stream",
 "bucket_cap_mb", "passes", "resume_at", "nan_at", "nonfinite", "options_of_rank", "hierarchical",
-"node_size", "reads"} (``hierarchical`` and ``node_size``: ``State``'s arguments):
+"node_size", "reads", "forward_order"} (``hierarchical`` and ``node_size``: ``State``'s arguments):
+
+- ``forward_order``: the parameter indices in the order the forward pass takes them (default
+  descending, so that backward readies the gradients in ascending order, DDP's first layout):
+  another order makes DDP rebuild its buckets in another order after its first step;
 
 - ``passes``: each step's gradient arrives over that many backward passes, all but the last
   under ``ddp.no_sync()`` (parts 1:2:..., as torch_exchange's ``backward_passes``);
@@ -48,12 +52,16 @@ class GivenGradients(torch.nn.Module):
     hold them in ascending order, as the Horovod optimizer's groups do (their flat layout
     decides partitions and ties)."""
 
-    def __init__(self, params):
+    def __init__(self, params, order=None):
         super().__init__()
         self.reversed = torch.nn.ParameterList(params[::-1])
+        #: The order of the terms in the forward pass (parameter indices; default descending),
+        #: whose reverse is the order backward readies their gradients in.
+        self.order = list(range(len(params)))[::-1] if order is None else order
 
     def forward(self, grads, weight):
-        return sum((p * g).sum() for p, g in zip(self.reversed, grads[::-1])) * weight
+        params = self.reversed[::-1]
+        return sum((params[i] * grads[i]).sum() for i in self.order) * weight
 
 
 def build(config, params, rank, stats_log=None):
@@ -62,7 +70,7 @@ def build(config, params, rank, stats_log=None):
     state = hsd.State(compression=hsd.Compression.create(config["method"], **options),
                       nonfinite=config.get("nonfinite", "default"), stats_log=stats_log,
                       hierarchical=config.get("hierarchical"), node_size=config.get("node_size"))
-    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params),
+    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params, config.get("forward_order")),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
     ddp.register_comm_hook(state, counting(hsd.hook, config["reads"], config.setdefault("ops", []))
                            if "reads" in config else hsd.hook)

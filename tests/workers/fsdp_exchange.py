@@ -321,16 +321,16 @@ def ddp_twin(config, out):
     """The FSDP2 front end against the DDP hook on the unsharded model, fed the same gradients:
     on a ``(world, 1)`` mesh (every rank a replica, shards of one rank: each holds the whole
     unit) with the model as one FSDP unit, and DDP with one bucket. DDP's first step is dense
-    (its first iteration builds the buckets again, in the order gradients become ready), so
-    both take one warm-up step (``warmup_steps=1`` in the config) and the sparse steps follow;
-    FSDP2 lays the unit out as the children's parameters, then the root's own; the DDP hook
-    keeps the layout of DDP's first bucket for its group (the rebuilt bucket's parameters are
-    the same, so their residual stays), which holds the parameters in the reverse of their
-    registration order, and ``GivenGradients`` registers them reversed: it is given them in
-    FSDP2's order reversed. Records whether the flat gradient FSDP2's hook exchanged and the
-    one the DDP hook's group exchanged were equal at every sparse step (the layouts match), per
-    step the parameters whose gradients on this rank differ, and the largest relative
-    difference of the dense step."""
+    (its hook's first step is), so both take one warm-up step (``warmup_steps=1`` in the
+    config) and the sparse steps follow; FSDP2 lays the unit out as the children's parameters,
+    then the root's own; the DDP hook's group is DDP's bucket in the bucket's own order, and DDP
+    built with ``find_unused_parameters=True`` keeps its first layout (without it, DDP rebuilds
+    its buckets after its first iteration in the order backward readied the gradients), which
+    holds the parameters in the reverse of their registration order, and ``GivenGradients``
+    registers them reversed: it is given them in FSDP2's order reversed. Records whether the
+    flat gradient FSDP2's hook exchanged and the one the DDP hook's group exchanged were equal at
+    every sparse step (the layouts match), per step the parameters whose gradients on this rank
+    differ, and the largest relative difference of the dense step."""
     rank, world = dist.get_rank(), dist.get_world_size()
     flat = init_device_mesh("cpu", (world, 1), mesh_dim_names=("replicate", "shard"))
     model = Net(config["seed"])
@@ -349,7 +349,8 @@ def ddp_twin(config, out):
 
     fsdp_state.exchange = fsdp_exchange
     state = hsd.State(compression=hsd.Compression.create(config["method"], **config["options"]))
-    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients([params[name] for name in reversed(order)]))
+    ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients([params[name] for name in reversed(order)]),
+                                                    find_unused_parameters=True)
     ddp.register_comm_hook(state, hsd.hook)
     split = ddp_hook_module.split
 
