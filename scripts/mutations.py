@@ -1214,7 +1214,7 @@ MUTATIONS: List[Mutation] = [
       "the replicas' job size is read once: after a membership change state_dict() is saved for the old world "
       "(a checkpoint then refused, or resumed as another size's)"),
     M("hvd-outer-elastic-construction-collective", P + "torch/outer_steps.py",
-      '        self.agree_at_construction = not int(os.environ.get("HOROVOD_ELASTIC", "0"))\n',
+      "        self.agree_at_construction = not in_elastic_job()\n",
       "        self.agree_at_construction = True\n",
       ["tests/outer/test_elastic.py"],
       "a worker joining an elastic job runs the construction's collectives while the others run the sync's: "

@@ -33,7 +33,7 @@ def horovod_tiers(hierarchical: Optional[bool], hvd: Any, process_set: Any,
         if process_set.process_set_id != 0:
             raise ValueError("hierarchical=True splits the job into its nodes, so it needs the global process "
                              "set; use hierarchical=False with another process_set")
-        return NodeLayout.from_places(gather_places((hvd.cross_rank(), hvd.local_rank())))
+        return node_layout(hvd, gather_places)
 
     return make_tiers(hierarchical, hvd.rank(), find_layout, lambda ranks: _process_set(hvd, ranks))
 
@@ -42,9 +42,15 @@ def node_process_set(hvd: Any, gather_places: Callable[[Tuple[int, int]], List[T
     """This rank's node's Horovod process set (the ranks of its host, Horovod's ``cross_rank``), the
     one :func:`horovod_tiers` takes for the node: found among those registered, else added
     (every node's, on every rank in the same order). Collective over the job."""
-    layout = NodeLayout.from_places(gather_places((hvd.cross_rank(), hvd.local_rank())))
+    layout = node_layout(hvd, gather_places)
     sets = [_process_set(hvd, list(node)) for node in layout.nodes]
     return next(found for found, node in zip(sets, layout.nodes) if hvd.rank() in node)
+
+
+def node_layout(hvd: Any, gather_places: Callable[[Tuple[int, int]], List[Tuple[int, int]]]) -> NodeLayout:
+    """The job's nodes, from every rank's Horovod ``(cross_rank, local_rank)`` (``gather_places``
+    allgathers them). Collective over the job."""
+    return NodeLayout.from_places(gather_places((hvd.cross_rank(), hvd.local_rank())))
 
 
 def _process_set(hvd: Any, ranks: List[int]) -> Any:

@@ -9,14 +9,14 @@ built inside an elastic job, on every rank (no collective has run yet, so no ran
 """
 from __future__ import annotations
 
-import os
+from horovod_sparse.common.horovod_job import in_elastic_job
 
 
 def refuse_elastic(wrapper: str) -> None:
     """Raise ``NotImplementedError`` naming ``wrapper``, the problem and the alternatives when
     this process is a worker of a Horovod elastic job (``HOROVOD_ELASTIC=1``, which
     ``horovodrun`` sets with ``--min-np`` / ``--max-np`` / ``--host-discovery-script``)."""
-    if int(os.environ.get("HOROVOD_ELASTIC", "0")):
+    if in_elastic_job():
         raise NotImplementedError(
             f"{wrapper}: horovod_sparse's TensorFlow front end does not support Horovod elastic "
             "(this worker runs with HOROVOD_ELASTIC=1): after a membership change its sparsifier "

@@ -11,7 +11,6 @@ optimizer. Dense groups take Horovod's own allreduce (:mod:`horovod_sparse.torch
 from __future__ import annotations
 
 import functools
-import os
 from typing import IO, Any, Dict, List, Optional
 
 import horovod.torch as hvd
@@ -23,6 +22,7 @@ from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.mergecomp import MergeCompOptions
 from horovod_sparse.common.mergecomp_scheduler import MergeCompScheduler
 from horovod_sparse.common.tiers import Tiers, wants_hierarchical
+from horovod_sparse.common.horovod_job import in_elastic_job
 from horovod_sparse.common.horovod_tiers import horovod_tiers
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import EngineSteps, StepEngine
@@ -109,7 +109,7 @@ class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optim
         #: In a Horovod elastic job a worker that joins builds its optimizer while the others sync
         #: their state, so the configuration check waits for the agreement, which all ranks reach
         #: together (:meth:`agree_shared_state`); elsewhere it runs here, at construction.
-        self._elastic = bool(int(os.environ.get("HOROVOD_ELASTIC", "0")))
+        self._elastic = in_elastic_job()
         #: Whether sparse groups take the two-tier exchange (horovod_sparse.common.tiers) ...
         self._hierarchical = self._sparse and wants_hierarchical(hierarchical)
         if self._hierarchical and self._elastic:

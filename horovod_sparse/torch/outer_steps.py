@@ -33,12 +33,12 @@ the host through Horovod's optimizer over the host's process set, made before th
 from __future__ import annotations
 
 import copy
-import os
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence
 
 import horovod.torch as hvd
 import torch
 
+from horovod_sparse.common.horovod_job import in_elastic_job
 from horovod_sparse.common.horovod_tiers import horovod_tiers, node_process_set as find_node_set
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.common.tiers import Tiers
@@ -73,7 +73,7 @@ class ProcessSetReplicas:
 
     def __init__(self, process_set: Optional[hvd.ProcessSet]) -> None:
         self.process_set = hvd.global_process_set if process_set is None else process_set
-        self.agree_at_construction = not int(os.environ.get("HOROVOD_ELASTIC", "0"))
+        self.agree_at_construction = not in_elastic_job()
 
     @property
     def job_rank(self) -> int:
