@@ -48,11 +48,18 @@ def allgather_payload(numel: int, like: Optional[torch.Tensor], process_set: hvd
     synchronize(wait(hvd.allgather_async(payload, name=name, process_set=process_set)))
 
 
-def ranks_reporting(count: int, process_set: hvd.ProcessSet) -> List[int]:
-    """The ranks of ``process_set`` whose ``count`` is not zero (one tiny blocking allgather of
-    every rank's count: how every rank learns which ranks saw a non-finite gradient)."""
+def launch_report(count: int, process_set: hvd.ProcessSet) -> Any:
+    """Launch the allgather of every rank's ``count`` of non-finite groups (one tiny Horovod
+    collective: how every rank learns which ranks saw a non-finite gradient); its handle, for
+    :func:`ranks_reporting`."""
     local = torch.tensor([count], dtype=torch.int32)
-    counts = wait(hvd.allgather_async(local, name="hs.nonfinite", process_set=process_set))
+    return hvd.allgather_async(local, name="hs.nonfinite", process_set=process_set)
+
+
+def ranks_reporting(report: Any) -> List[int]:
+    """The ranks whose count was not zero in the allgather ``report`` (:func:`launch_report`'s
+    handle), once it finished."""
+    counts = wait(report)
     return [rank for rank, theirs in enumerate(counts.tolist()) if theirs]
 
 
@@ -76,14 +83,17 @@ def pad_collectives(missing: int, process_set: hvd.ProcessSet, label: Any) -> No
 
 
 def agree_at_step_end(policy: Optional[str], nonfinite_groups: Sequence[str], process_set: hvd.ProcessSet,
-                      rank: int, tiers: Optional[Tiers], stats: StepStats) -> List[int]:
+                      rank: int, tiers: Optional[Tiers], stats: StepStats, report: Any = None) -> List[int]:
     """The ranks that saw a non-finite gradient this step (none without a ``policy``; this rank's
-    non-finite groups ``nonfinite_groups``); in two ``tiers``, in the same allgather, every rank's
-    collectives of the step (``stats``) leveled
+    non-finite groups ``nonfinite_groups``), from ``report`` where the front end launched the
+    allgather of the counts already (:func:`launch_report`, flat steps only); in two ``tiers``, in
+    the same allgather, every rank's collectives of the step (``stats``) leveled
     (:func:`~horovod_sparse.common.horovod_tiers.level_collectives`), so that the training loop's
     own unnamed collectives get the same name on every rank."""
     if tiers is None:
-        return [] if policy is None else ranks_reporting(len(nonfinite_groups), process_set)
+        if policy is None:
+            return []
+        return ranks_reporting(launch_report(len(nonfinite_groups), process_set) if report is None else report)
     launched = sum(group.collectives for group in stats.groups)
     reports = step_reports(len(nonfinite_groups), launched, process_set)
     level_collectives([sent for _, sent in reports], rank,

@@ -9,7 +9,7 @@ reading it, so a step reads finiteness on the host once per device, however many
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -46,6 +46,13 @@ class StepFiniteness:
     def note(self, names: Sequence[str], finite: bool) -> None:
         """Note a decision made elsewhere (a sparse gradient's rows)."""
         self._decisions.append((names, finite))
+
+    def count_on_host(self) -> Optional[int]:
+        """How many of the step's groups so far were not finite on this rank, when every decision
+        is known on the host (CPU tensors, or none checked); None while one is left on a device."""
+        if any(isinstance(finite, torch.Tensor) for _, finite in self._decisions):
+            return None
+        return sum(len(names) for names, finite in self._decisions if not finite)
 
     def nonfinite(self, read: ReadScalars = read_scalars) -> List[str]:
         """The groups of this step whose gradients were not finite on this rank, in launch order

@@ -347,6 +347,18 @@ def test_waiting_compares_the_spin_with_the_sleeping_wait(tmp_path):
                          text, re.M)
 
 
+def test_step_end_times_the_agreement_beside_no_policy_and_dense(tmp_path):
+    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                  "step_end", "--methods", "topk", "--rounds", "2", "--steps", "2",
+                  "--results", str(tmp_path / "step_end.json")])
+    text = "\n".join(rank0_lines(result.stdout))
+    rows = json.loads((tmp_path / "step_end.json").read_text())["results"]["rows"]
+    assert [r["copy"] for r in rows] == ["dense", "topk", "topk nonfinite=None"]
+    policy, none = rows[1], rows[2]
+    assert policy["policy_over_none"] == pytest.approx(policy["seconds"] / none["seconds"])
+    assert re.search(rf"^topk +{policy['seconds'] * 1e3:.3f} +{policy['policy_over_none']:.3f}$", text, re.M)
+
+
 @pytest.mark.parametrize("files, quota", [({"cpu.max": "max 100000\n"}, None),
                                           ({"cpu.max": "200000 100000\n"}, 2.0),
                                           ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
