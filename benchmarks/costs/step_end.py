@@ -2,16 +2,21 @@
 
     horovodrun -np 2 -H localhost:2 --gloo python -m benchmarks.costs.step_end \\
         [--methods topk micro] [--density 0.01] [--rounds 5] [--steps 100] [--results FILE]
+    torchrun --nproc-per-node 2 -m benchmarks.costs.step_end --ddp [...]
 
 Per method, three copies of the digits MLP (85,002 parameters, a batch of 32 of random inputs per
 worker) trained in turn: Horovod's own ``DistributedOptimizer`` (dense), and
 ``hs.DistributedOptimizer`` with the method under its default ``nonfinite`` policy and without one
-(``nonfinite=None``: no agreement). The copies run ``--steps`` steps each per round, in an order
+(``nonfinite=None``: no agreement); with ``--ddp`` (a ``torchrun`` job over Gloo) DDP with its own
+allreduce (dense) and with the method's comm hook (``horovod_sparse.ddp.State``) under the default
+policy and without one. The copies run ``--steps`` steps each per round, in an order
 that rotates between rounds so that a shared machine's drifts fall on all alike. Rank 0 prints
 per copy the median over rounds of the milliseconds per step, and per method the step with the
 policy over the step without it: the agreement's cost. The agreement is one tiny Horovod
 allgather; launched after the exchange finished it takes a Horovod cycle of its own every step,
 launched with the exchange (when the step's finiteness is known on the host) it shares its cycle.
+In DDP the agreement is a ``torch.distributed`` allgather at the step's end, in the last bucket's
+hook.
 """
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import argparse
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 
 def parser() -> argparse.ArgumentParser:
@@ -28,31 +33,64 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--density", type=float, default=0.01)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=100, help="steps per copy and round")
+    p.add_argument("--ddp", action="store_true", help="DDP and the comm hook in a torchrun job, not Horovod")
     p.add_argument("--results", type=Path, help="also write the figures to this JSON file")
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def horovod_copies(density: float) -> Tuple[int, int, Callable[..., Tuple[Any, Any]]]:
+    """This rank, the job's size, and ``build(net, method, **options)``: the digits MLP ``net`` with
+    Horovod's optimizer (``method`` None) or ``hs.DistributedOptimizer`` with ``method``."""
     import horovod.torch as hvd
     import torch
 
     import horovod_sparse.torch as hs
+
+    hvd.init()
+
+    def build(net: Any, method: Optional[str], **options: Any) -> Tuple[Any, Any]:
+        sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+        if method is None:
+            return net, hvd.DistributedOptimizer(sgd, named_parameters=net.named_parameters())
+        return net, hs.DistributedOptimizer(sgd, named_parameters=net.named_parameters(),
+                                            compression=hs.Compression.create(method, density=density), **options)
+    return hvd.rank(), hvd.size(), build
+
+
+def ddp_copies(density: float) -> Tuple[int, int, Callable[..., Tuple[Any, Any]]]:
+    """:func:`horovod_copies` for DDP in a ``torchrun`` job (Gloo): DDP's own allreduce, or the
+    method's comm hook."""
+    import torch
+    import torch.distributed as dist
+
+    import horovod_sparse.ddp as hsd
+
+    dist.init_process_group("gloo")
+
+    def build(net: Any, method: Optional[str], **options: Any) -> Tuple[Any, Any]:
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        if method is not None:
+            ddp.register_comm_hook(hsd.State(compression=hsd.Compression.create(method, density=density), **options),
+                                   hsd.hook)
+        return ddp, torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    return dist.get_rank(), dist.get_world_size(), build
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    import torch
+
     from benchmarks.shared.models import digits_mlp
     from benchmarks.shared.results import command_line, write_results
 
     args = parser().parse_args(argv)
-    hvd.init()
+    rank, size, build = (ddp_copies if args.ddp else horovod_copies)(args.density)
     torch.set_num_threads(1)
-    torch.manual_seed(hvd.rank())
+    torch.manual_seed(rank)
     inputs, labels = torch.randn(32, 64), torch.randint(0, 10, (32,))
 
     def copy(method: Optional[str], **options: Any) -> Callable[[], None]:
         torch.manual_seed(0)
-        net = digits_mlp()
-        sgd = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-        opt = (hvd.DistributedOptimizer(sgd, named_parameters=net.named_parameters()) if method is None else
-               hs.DistributedOptimizer(sgd, named_parameters=net.named_parameters(),
-                                       compression=hs.Compression.create(method, density=args.density), **options))
+        net, opt = build(digits_mlp(), method, **options)
 
         def step() -> None:
             opt.zero_grad()
@@ -73,11 +111,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             for _ in range(args.steps):
                 copies[name]()
             measured[name].append((time.perf_counter() - start) / args.steps)
-    if hvd.rank() != 0:
+    if rank != 0:
         return
     rows = [{"copy": name, "seconds": statistics.median(runs)} for name, runs in measured.items()]
     seconds = {row["copy"]: row["seconds"] for row in rows}
-    print(f"{hvd.size()} ranks, {args.rounds} rounds x {args.steps} steps per copy; medians over rounds")
+    print(f"{'DDP' if args.ddp else 'Horovod'}, {size} ranks, {args.rounds} rounds x {args.steps} steps per copy; "
+          "medians over rounds")
     print(f"{'copy':28} {'ms/step':>8} {'policy / none':>14}")
     for row in rows:
         without = seconds.get(f"{row['copy']} nonfinite=None")
@@ -86,7 +125,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         ratio = f"{row['policy_over_none']:14.3f}" if "policy_over_none" in row else ""
         print(f"{row['copy']:28} {row['seconds'] * 1e3:8.3f} {ratio}")
     if args.results:
-        write_results(args.results, "step_end", {"ranks": hvd.size(), "density": args.density, "rows": rows},
+        write_results(args.results, "step_end", {"front_end": "ddp" if args.ddp else "horovod", "ranks": size,
+                                                 "density": args.density, "rows": rows},
                       command_line(argv, "benchmarks.costs.step_end"))
 
 

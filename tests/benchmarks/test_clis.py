@@ -347,12 +347,19 @@ def test_waiting_compares_the_spin_with_the_sleeping_wait(tmp_path):
                          text, re.M)
 
 
-def test_step_end_times_the_agreement_beside_no_policy_and_dense(tmp_path):
-    result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
-                  "step_end", "--methods", "topk", "--rounds", "2", "--steps", "2",
-                  "--results", str(tmp_path / "step_end.json")])
-    text = "\n".join(rank0_lines(result.stdout))
-    rows = json.loads((tmp_path / "step_end.json").read_text())["results"]["rows"]
+@pytest.mark.parametrize("front_end", ["horovod", "ddp"])
+def test_step_end_times_the_agreement_beside_no_policy_and_dense(tmp_path, front_end):
+    options = ["step_end", "--methods", "topk", "--rounds", "2", "--steps", "2",
+               "--results", str(tmp_path / "end.json")]
+    if front_end == "horovod":
+        result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
+                      *options])
+        text = "\n".join(rank0_lines(result.stdout))
+    else:
+        text = run([TORCHRUN, "--standalone", "--nproc-per-node", "2", "-m", "benchmarks", *options, "--ddp"]).stdout
+    payload = json.loads((tmp_path / "end.json").read_text())["results"]
+    rows = payload["rows"]
+    assert payload["front_end"] == front_end and payload["ranks"] == 2
     assert [r["copy"] for r in rows] == ["dense", "topk", "topk nonfinite=None"]
     policy, none = rows[1], rows[2]
     assert policy["policy_over_none"] == pytest.approx(policy["seconds"] / none["seconds"])
