@@ -188,8 +188,9 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         nothing."""
 
     # -- selection (ascending int64 indices; ties to the lower index) ------------------------
-    def top_k(self, x: Tensor, k: Any) -> Tensor:
-        """The ``k`` largest ``|x|``."""
+    def top_k(self, x: Tensor, k: Any, ascending: bool = True) -> Tensor:
+        """The ``k`` largest ``|x|`` (``ascending=False``: in any order, where a backend can
+        spare the sort)."""
 
     def select(self, x: Tensor, threshold: Any, block: int) -> Tensor:
         """``|x| >= threshold`` over the whole ``x`` (``block``: the scan's block length)."""
@@ -275,14 +276,15 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
 
     def scatter_chunks(self, out: Tensor, indices: Tensor, values: Tensor, counts: Any, scale: float) -> Tensor:
         """``out[indices] += scale * values``, one rank's chunk (``counts[r]`` entries, distinct
-        indices within a chunk) at a time, in rank order."""
+        indices within a chunk) at a time, in rank order; ``indices`` int32 or int64, as they came
+        off the wire (:meth:`wire_index`)."""
 
     def scatter_set(self, out: Tensor, idx: Tensor, values: Tensor, scale: float) -> Tensor:
         """``out[idx] = scale * values`` (distinct ``idx``)."""
 
     def distinct(self, indices: Tensor, numel: int, padded: bool = False) -> Any:
-        """Number of distinct ``indices`` (all in ``[0, numel)``, or :data:`PAD` when ``padded``,
-        which is not counted)."""
+        """Number of distinct ``indices`` (int32 or int64, all in ``[0, numel)``, or :data:`PAD`
+        when ``padded``, which is not counted)."""
 
     # -- what gTop-k and DGC need ------------------------------------------------------------
     def coalesce(self, idx: Tensor, values: Tensor) -> Tuple[Tensor, Tensor]:

@@ -212,7 +212,6 @@ class Sparsifier:
         values, indices, *counts = yield pendings
         with comm.timer("apply"):
             chunk_counts = B.chunk_counts(counts[0] if counts else fixed_count, comm.size, fixed=not counts)
-            indices = B.as_index(indices)
             update = B.scatter_chunks(comm.output(x), B.unpadded(indices) if capped.padded else indices, values,
                                       chunk_counts, comm.scale)
             comm.stats.union = B.distinct(indices, numel, padded=capped.padded)

@@ -24,5 +24,5 @@ class TopK(Sparsifier):
     def exchange(self, x: Tensor, comm: Comm, state: Any, step: Step) -> Exchange:
         k = self.count(self.B.numel(x), step)
         with comm.timer("select"):
-            idx = self.B.top_k(x, k)
+            idx = self.B.top_k(x, k, ascending=False)  # the exchange needs no order
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))

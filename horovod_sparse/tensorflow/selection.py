@@ -81,8 +81,9 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: float) -> Tuple[tf.Tenso
     return indices, tf.abs(tf.gather(scanned.x, indices))
 
 
-def top_k(x: tf.Tensor, k: Union[int, tf.Tensor]) -> tf.Tensor:
-    """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``tf.reshape(x, [-1])``.
+def top_k(x: tf.Tensor, k: Union[int, tf.Tensor], ascending: bool = True) -> tf.Tensor:
+    """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``tf.reshape(x, [-1])``
+    (``ascending`` is the PyTorch side's: here they are ascending either way).
 
     Tie rule, as :func:`horovod_sparse.torch_core.selection.top_k`: among equal magnitudes the lower
     index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.

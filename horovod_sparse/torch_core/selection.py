@@ -78,7 +78,8 @@ class BlockScan:
     def magnitudes(self) -> torch.Tensor:
         """``|x[start:end]|``, formed once for the accelerators' passes over the slice (a pass
         is cheap there; a threshold's retries each count from it)."""
-        return self.x[self.start:self.end].abs()
+        whole = self.start == 0 and self.end == self.x.numel()  # a slice is an operation too
+        return (self.x if whole else self.x[self.start:self.end]).abs()
 
     @property
     def full_blocks(self) -> int:
@@ -206,7 +207,8 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)
     if scanned.start:
         idx = torch.where(idx == PAD, idx, idx + scanned.start)
-    return Capped(idx, found.clamp(max=capacity), (found - capacity).clamp_min(0), padded=True)
+    sent = found.clamp(max=capacity)
+    return Capped(idx, sent, found - sent, padded=True)
 
 
 def count_capped(scanned: BlockScan, threshold: Threshold,
@@ -225,8 +227,9 @@ def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
     return pick(scan(x, 0, x.numel(), block), threshold)
 
 
-def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``x.reshape(-1)``.
+def top_k(x: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
+    """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``x.reshape(-1)``; with
+    ``ascending=False`` the same set in an order left unspecified (a sort fewer on an accelerator).
 
     Tie rule: among equal magnitudes the lower index wins, so the result is the first ``k``
     indices in the order of ``(-|x[i]|, i)``, on every rank and device and in both frameworks.
@@ -245,14 +248,14 @@ def top_k(x: torch.Tensor, k: int) -> torch.Tensor:
     contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks. On a GPU
     the selection runs as :func:`device_top_k` instead, without a host synchronisation.
     """
-    flat = x.reshape(-1)
+    flat = x if x.dim() == 1 else x.reshape(-1)  # a flat buffer's reshape is an operation too
     numel = flat.numel()
     if k <= 0:
         return torch.empty(0, dtype=torch.int64, device=x.device)
     if k >= numel:
         return torch.arange(numel, device=x.device)
     if on_accelerator(flat):
-        return device_top_k(flat, k)
+        return device_top_k(flat, k, ascending)
     flat = flat.contiguous()
     scanned = scan(flat, 0, numel, min(scan_block_size(k / numel), numel // k))
     level = candidate_level(scanned.maxima, k)
@@ -306,18 +309,19 @@ def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
     return torch.add(positions, magnitudes.view(bits), alpha=_INDEX_SPAN)
 
 
-def device_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
+def device_top_k(flat: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
-    the buffer are cheap; on a CPU too for buffers as small as SparseLoCo's last chunk), ascending.
-    The same set as the host path, tie rule included: one
-    ``torch.topk`` of :func:`ranked_keys` where there are keys (six operations whatever the
-    data), else :func:`_top_k_by_level`."""
+    the buffer are cheap; on a CPU too for buffers as small as SparseLoCo's last chunk),
+    ascending unless ``ascending`` is False. The same set as the host path, tie rule included:
+    one ``torch.topk`` of :func:`ranked_keys` where there are keys (six operations whatever the
+    data, five unordered), else :func:`_top_k_by_level` (ascending)."""
     magnitudes = flat.abs()
     keys = ranked_keys(magnitudes)
     if keys is None:
         return _top_k_by_level(magnitudes, k)
-    return torch.topk(keys, k, sorted=False).indices.sort().values
+    chosen = torch.topk(keys, k, sorted=False).indices
+    return chosen.sort().values if ascending else chosen
 
 
 def _top_k_by_level(magnitudes: torch.Tensor, k: int) -> torch.Tensor:

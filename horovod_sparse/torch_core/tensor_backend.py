@@ -114,7 +114,19 @@ def delivered(x: torch.Tensor, capped: Capped) -> Tuple[torch.Tensor, torch.Tens
         return capped.idx, x[capped.idx]
     real = capped.idx != PAD
     index = capped.idx.clamp_min(0)
-    return index, torch.where(real, x[index], 0.0)
+    return index, torch.where(real, x[index], _constant(0.0, x.dtype, x.device))
+
+
+#: The 0-dim constants the exchanges pass to tensor operations, made once per value, dtype and
+#: device (a Python scalar there is made into a tensor at every call: an operation each).
+_CONSTANTS: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _constant(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    key = (repr(value), dtype, device)  # not the value: -0.0 == 0.0
+    if key not in _CONSTANTS:
+        _CONSTANTS[key] = torch.full((), value, dtype=dtype, device=device)
+    return _CONSTANTS[key]
 
 
 def unpadded(indices: torch.Tensor) -> torch.Tensor:
@@ -161,9 +173,10 @@ def distinct(indices: torch.Tensor, numel: int, padded: bool = False) -> Union[i
     if not on_accelerator(indices) and indices.numel() * UNION_BY_MARKS < numel:
         return int(torch.unique(indices).numel())
     marks = torch.zeros(numel + padded, dtype=torch.bool, device=indices.device)
-    if padded:
-        indices = torch.where(indices == PAD, numel, indices)
-    marks.index_fill_(0, indices, True)  # not marks[indices] = True: that copies True from the host
+    # index_put_ of a True made once per device: it takes the wire's int32 indices (index_fill_
+    # takes int64 only: a cast), and not marks[indices] = True, which copies True from the host.
+    # A PAD (-1) marks marks[-1], the place past the buffer, as an index does in Python.
+    marks.index_put_((indices,), _constant(True, torch.bool, indices.device))
     count = (marks[:numel] if padded else marks).sum()
     return count if on_accelerator(indices) else int(count)
 
@@ -325,7 +338,8 @@ def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
     if not isinstance(count, torch.Tensor):
         return band_factor(count, low, high, below, above)
     count = count.double()  # compared exactly, whatever the count; the factors in double precision too
-    return torch.where(count < low, below, torch.where(count > high, above, torch.ones_like(count)))
+    factor = [_constant(f, torch.float64, count.device) for f in (below, above, 1.0)]
+    return torch.where(count < low, factor[0], torch.where(count > high, factor[1], factor[2]))
 
 
 def reaches(count: Union[int, torch.Tensor], low: float) -> bool:

@@ -163,5 +163,5 @@ class Lags(Sparsifier):
                                  "beta": None if model is None else model.beta,
                                  "local_cost": None if local is None else dataclasses.asdict(local)})
         with comm.timer("select"):
-            idx = self.B.top_k(x, k)
+            idx = self.B.top_k(x, k, ascending=False)  # the exchange needs no order
         return (yield from self.allgather_exchange(x, idx, comm, fixed_count=k))
