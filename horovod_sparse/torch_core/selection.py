@@ -227,6 +227,13 @@ def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:
     return pick(scan(x, 0, x.numel(), block), threshold)
 
 
+#: Below this many elements a CPU buffer's :func:`top_k` takes :func:`device_top_k` too: its
+#: whole-buffer passes cost less there than the block scan's fixed cost, several small operations
+#: and host reads (0.2-0.7x of its time up to 32,768 elements, 0.8-1.0x at 49,152, mostly 1-4x from
+#: 65,792 on, where its int64 keys outgrow the caches: ``python -m benchmarks.costs.top_k_paths``).
+DEVICE_TOP_K_BELOW = 49_152
+
+
 def top_k(x: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``x.reshape(-1)``; with
     ``ascending=False`` the same set in an order left unspecified (a sort fewer on an accelerator).
@@ -235,7 +242,24 @@ def top_k(x: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     indices in the order of ``(-|x[i]|, i)``, on every rank and device and in both frameworks.
     It is the set ``torch.topk(x.abs(), k)`` returns whenever that set is unambiguous
     (``torch.topk`` promises no order among ties). ``k <= 0`` gives nothing, ``k >= numel``
-    every index. ``x`` must hold no NaN; a non-contiguous ``x`` is copied once.
+    every index. ``x`` must hold no NaN. On a GPU, and on a CPU below :data:`DEVICE_TOP_K_BELOW`
+    elements, by :func:`device_top_k` (no host read); on a larger CPU buffer by
+    :func:`scanned_top_k`.
+    """
+    flat = x if x.dim() == 1 else x.reshape(-1)  # a flat buffer's reshape is an operation too
+    numel = flat.numel()
+    if k <= 0:
+        return torch.empty(0, dtype=torch.int64, device=x.device)
+    if k >= numel:
+        return torch.arange(numel, device=x.device)
+    if on_accelerator(flat) or numel < DEVICE_TOP_K_BELOW:
+        return device_top_k(flat, k, ascending)
+    return scanned_top_k(flat, k)
+
+
+def scanned_top_k(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) by one block scan, ascending (a
+    non-contiguous ``flat`` is copied once).
 
     How (exact for any input): one block scan, and a level at or below the ``k``-th largest
     block maximum (:func:`candidate_level`): at least ``k`` coordinates reach it (one in each
@@ -244,18 +268,10 @@ def top_k(x: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     the tie rule; otherwise it is all of them and the lowest-index coordinates equal to the
     level (:func:`first_at`: in the order of the buffer, up to the last one needed). Blocks are
     of :func:`horovod_sparse.methods.micro.controllers.scan_block_size` elements, fewer when the buffer
-    holds less than ``k`` such blocks. On CPU nothing of the buffer's size is allocated for a
-    contiguous ``x``: the block maxima and a copy of at most ``2k`` candidate blocks. On a GPU
-    the selection runs as :func:`device_top_k` instead, without a host synchronisation.
+    holds less than ``k`` such blocks. Nothing of the buffer's size is allocated for a
+    contiguous ``flat``: the block maxima and a copy of at most ``2k`` candidate blocks.
     """
-    flat = x if x.dim() == 1 else x.reshape(-1)  # a flat buffer's reshape is an operation too
     numel = flat.numel()
-    if k <= 0:
-        return torch.empty(0, dtype=torch.int64, device=x.device)
-    if k >= numel:
-        return torch.arange(numel, device=x.device)
-    if on_accelerator(flat):
-        return device_top_k(flat, k, ascending)
     flat = flat.contiguous()
     scanned = scan(flat, 0, numel, min(scan_block_size(k / numel), numel // k))
     level = candidate_level(scanned.maxima, k)
@@ -312,10 +328,11 @@ def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
 def device_top_k(flat: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over
-    the buffer are cheap; on a CPU too for buffers as small as SparseLoCo's last chunk),
-    ascending unless ``ascending`` is False. The same set as the host path, tie rule included:
-    one ``torch.topk`` of :func:`ranked_keys` where there are keys (six operations whatever the
-    data, five unordered), else :func:`_top_k_by_level` (ascending)."""
+    the buffer are cheap; on a CPU too below :data:`DEVICE_TOP_K_BELOW` elements and for
+    SparseLoCo's last chunk), ascending unless ``ascending`` is False. The same set as
+    :func:`scanned_top_k`, tie rule included: one ``torch.topk`` of :func:`ranked_keys` where there
+    are keys (six operations whatever the data, five unordered), else :func:`_top_k_by_level`
+    (ascending)."""
     magnitudes = flat.abs()
     keys = ranked_keys(magnitudes)
     if keys is None:

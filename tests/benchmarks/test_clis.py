@@ -439,6 +439,16 @@ def test_selection_cost_prints_ratios(tmp_path):
         assert f"{tensorflow[name + '_ms']:13.1f} {tensorflow[name + '_over_sum']:8.2f}" in result.stdout
 
 
+def test_top_k_paths_times_both_paths_on_each_size(tmp_path):
+    result = run([sys.executable, "-m", "benchmarks", "top_k_paths", "--sizes", "3000", "70000", "--densities", "0.01",
+                  "--repeats", "1", "--results", str(tmp_path / "paths.json")])
+    rows = json.loads((tmp_path / "paths.json").read_text())["rows"]
+    assert [(r["numel"], r["k"]) for r in rows] == [(3000, 30), (70000, 700)]
+    for r in rows:
+        assert r["device_over_host"] == pytest.approx(r["device_ms"] / r["host_ms"])
+        assert f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f}" in result.stdout
+
+
 # -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
 def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
     result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from horovod_sparse.common.thresholds import SCAN_CHUNK
-from horovod_sparse.torch_core.selection import device_top_k, top_k
+from horovod_sparse.torch_core.selection import DEVICE_TOP_K_BELOW, device_top_k, scanned_top_k, top_k
 from tests.support.host_reads import HostReads
 from tests.support.reference import topk_indices
 
@@ -52,7 +52,13 @@ def expected(x: np.ndarray, k: int) -> list:
 
 
 def torch_top_k(x: np.ndarray, k: int, dtype: str) -> list:
-    return top_k(torch.from_numpy(x).to(DTYPES[dtype]), k).tolist()
+    """``top_k``'s indices, after checking that its block scan (``scanned_top_k``, a CPU buffer's
+    path from ``DEVICE_TOP_K_BELOW`` elements) picks the same, whatever the size."""
+    tensor = torch.from_numpy(x).to(DTYPES[dtype])
+    chosen = top_k(tensor, k).tolist()
+    if 0 < k < x.size:
+        assert scanned_top_k(tensor, k).tolist() == chosen
+    return chosen
 
 
 K_CHOICES = st.one_of(st.sampled_from(["0", "1", "numel", "above_numel", "nonzeros", "nonzeros+1"]),
@@ -131,8 +137,20 @@ def test_device_top_k_is_the_same_set_without_a_host_read(kind, numel, fraction,
         chosen = device_top_k(tensor, k)
     assert reads.names == [] and chosen.tolist() == expected(x, k)
     with HostReads() as reads:
-        top_k(tensor, k)
+        scanned_top_k(tensor, k)
     assert reads.count > 0  # the counter sees the host path's reads
+
+
+@pytest.mark.parametrize("numel", [DEVICE_TOP_K_BELOW - 1, DEVICE_TOP_K_BELOW])
+def test_a_cpu_buffer_below_the_bound_takes_the_device_path(numel):
+    """Below ``DEVICE_TOP_K_BELOW`` elements a CPU buffer's top-k is ``device_top_k``'s, which
+    reads nothing on the host (faster there: ``benchmarks.costs.top_k_paths``); from the bound on,
+    the block scan's, which reads."""
+    x = make("ties", numel, 5, "float32")
+    with HostReads() as reads:
+        chosen = top_k(torch.from_numpy(x).float(), numel // 100)
+    assert chosen.tolist() == expected(x, numel // 100)
+    assert (reads.count == 0) == (numel < DEVICE_TOP_K_BELOW), reads.names
 
 
 def test_torch_topk_agrees_whenever_its_set_is_unambiguous():

@@ -1,0 +1,80 @@
+"""Which of the exact top-k's two paths is faster on a CPU buffer of each size: what sets
+``horovod_sparse.torch_core.selection.DEVICE_TOP_K_BELOW``.
+
+    python -m benchmarks.costs.top_k_paths [--sizes 2570 16640 32768 49152 65792 85002 262144 1048576] \
+        [--densities 0.01 0.001] [--repeats 31] [--results results/top_k_paths.json]
+
+One process, one thread (``torch.set_num_threads(1)``), a float32 normal buffer per size,
+``k = max(1, int(density * numel))``. Per size and density, side by side and interleaved
+(medians of ``--repeats`` of the process's CPU time, so that other load on a shared machine does
+not count; only the ratio is meant to be read):
+
+* ``host``: :func:`~horovod_sparse.torch_core.selection.scanned_top_k`, the block scan (the path
+  a CPU buffer of ``DEVICE_TOP_K_BELOW`` elements or more takes: several small operations and
+  host reads, and nothing of the buffer's size allocated);
+* ``device``: :func:`~horovod_sparse.torch_core.selection.device_top_k` (whole-buffer passes
+  and one ``torch.topk`` of int64 keys, no host read; what a GPU runs, and a smaller CPU buffer);
+
+and ``device / host``, below 1 where the device path is faster. The default sizes are the main
+job's groups (the digits MLP's three layers, 2,570, 16,640 and 65,792 elements, and its one
+flat bucket of 85,002), the sizes around the bound, and larger buffers. Both paths are checked
+once to pick the same set.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from horovod_sparse.torch_core import selection
+
+
+def cpu_ms(run: Callable[[], object]) -> float:
+    start = time.process_time()
+    run()
+    return (time.process_time() - start) * 1e3
+
+
+def row(numel: int, density: float, repeats: int) -> Dict[str, float]:
+    """The medians of both paths on one buffer, interleaved, and their ratio."""
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
+    k = max(1, int(density * numel))
+    paths = {"host": lambda: selection.scanned_top_k(x, k), "device": lambda: selection.device_top_k(x, k)}
+    if not torch.equal(paths["host"](), paths["device"]()):
+        raise AssertionError(f"the paths picked different sets for {numel} elements, k={k}")
+    times: Dict[str, List[float]] = {name: [] for name in paths}
+    for _ in range(repeats):
+        for name, run in paths.items():
+            times[name].append(cpu_ms(run))
+    host, device = (statistics.median(times[name]) for name in paths)
+    return {"numel": numel, "density": density, "k": k, "host_ms": host, "device_ms": device,
+            "device_over_host": device / host}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[2570, 16640, 32768, 49152, 65792, 85002, 262144, 1048576])
+    p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001])
+    p.add_argument("--repeats", type=int, default=31)
+    p.add_argument("--results", type=Path, help="also write the rows to this JSON file")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    rows = [row(numel, density, args.repeats) for numel in args.sizes for density in args.densities]
+    print(f"CPU ms of one top-k, medians of {args.repeats}; DEVICE_TOP_K_BELOW = {selection.DEVICE_TOP_K_BELOW:,}")
+    print(f"{'elements':>10} {'density':>8} {'k':>7} {'host ms':>9} {'device ms':>10} {'device/host':>12}")
+    for r in rows:
+        print(f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f} {r['device_ms']:>10.3f} "
+              f"{r['device_over_host']:>12.2f}")
+    if args.results:
+        args.results.parent.mkdir(parents=True, exist_ok=True)
+        args.results.write_text(json.dumps({"benchmark": "top_k_paths", "rows": rows}, indent=1))
+        print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
