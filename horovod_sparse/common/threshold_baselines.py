@@ -29,9 +29,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from statistics import NormalDist
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 from horovod_sparse.common.capacity import CappedOptions
+from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.validation import check_fraction, check_int
 
 #: DGC's refinement bounds and step (the reference's compress_upper/lower_bound).
@@ -107,6 +108,19 @@ def band_factor(count: int, low: float, high: float, below: float, above: float)
     if count > high:
         return above
     return 1.0
+
+
+def lowered_thresholds(threshold: float, factor: float, times: int) -> List[float]:
+    """DGC's thresholds to try in turn: ``threshold`` lowered ``i`` times by ``factor`` for ``i``
+    in ``0..times``, each the product ``threshold * factor ** i`` in double precision rounded to
+    float32 once (:func:`~horovod_sparse.common.thresholds.as_float32`), so that an accelerator
+    forms them all in one operation with the same bits (the powers are these floats)."""
+    return [as_float32(threshold * power) for power in powers(factor, times)]
+
+
+def powers(factor: float, times: int) -> Tuple[float, ...]:
+    """``factor ** i`` for ``i`` in ``0..times`` (Python floats, as every backend takes them)."""
+    return tuple(factor ** i for i in range(times + 1))
 
 
 def first_settled(thresholds: Sequence[float], counts: Sequence[int], low: float, high: float,

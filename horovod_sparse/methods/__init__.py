@@ -15,14 +15,14 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
   (the histogram controller's candidates, :mod:`horovod_sparse.methods.micro.candidates`);
 * payloads of fixed capacity (a :class:`~horovod_sparse.methods.backend.Capped` selection,
   padded on an accelerator) and the threshold decisions that stay there: ``pick_capped``,
-  ``count_capped``, ``top_k_capped``, ``reaches``, ``first_settled``, ``band``, ``as_threshold``, ``delivered``,
-  ``unpadded``, ``copy_at``;
+  ``count_capped``, ``lowered_thresholds``, ``counts_at``, ``first_settled``, ``top_k_capped``,
+  ``band``, ``as_threshold``, ``delivered``, ``unpadded``, ``copy_at``;
 * the histogram controller on an accelerator (:mod:`horovod_sparse.methods.micro.device_rounds`):
   ``decides_on_device``, ``candidate_bar``, ``window_edges``, ``fine_edges``, ``histograms_above``,
   ``read_histograms``, ``choose`` (on the host: ``local_histogram``);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
-  ``splits_to``, ``momentum_step``, ``kth_magnitude``, ``scaled_threshold``;
+  ``splits_to``, ``momentum_step``, ``kth_magnitude``;
 * chunked selection and quantized values (:mod:`horovod_sparse.methods.sparseloco`):
   ``top_k_chunks``, ``float32``, ``moments``, ``level_codes``, ``bin_means``, ``dequantize``,
   ``pack_codes``, ``unpack_codes``;

@@ -211,16 +211,23 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         :meth:`pick_capped` that counted them (on an accelerator None: the count is a 0-dim
         tensor from one pass, and the pick waits for the threshold the counts settle on)."""
 
-    def reaches(self, count: Any, low: float) -> bool:
-        """Whether a count of :meth:`count_capped`'s kind is at least ``low``, when the host knows
-        it; False for a count left on an accelerator (:meth:`first_settled` decides there)."""
+    def lowered_thresholds(self, threshold: Any, factor: float, times: int) -> Any:
+        """:func:`~horovod_sparse.common.threshold_baselines.lowered_thresholds` of a threshold of
+        :meth:`kth_magnitude`'s kind: a list of floats, or on an accelerator a 1-D float32 tensor
+        of the same values left there (one product)."""
 
-    def first_settled(self, thresholds: Sequence[Any], counts: Sequence[Any], low: float, high: float,
+    def counts_at(self, scanned: Any, thresholds: Any) -> Any:
+        """On an accelerator (a backend whose ``decides_on_device`` is always False need not
+        provide it): how many ``|x| >= t`` the scanned slice holds for each of the descending
+        :meth:`lowered_thresholds` ``t``, a 1-D float tensor of exact counts from one pass."""
+
+    def first_settled(self, thresholds: Any, counts: Any, low: float, high: float,
                       checks: int) -> Tuple[Any, Any]:
-        """Of thresholds tried in turn and their counts (of :meth:`count_capped`'s kind), the
-        first among the first ``checks`` whose count is at least ``low`` (else the last), and
-        whether its count exceeds ``high`` (never for the unchecked last): ``(threshold, cut)``,
-        Python values, or on an accelerator 0-dim tensors left there."""
+        """Of thresholds tried in turn and their counts (lists on the host, the thresholds' first
+        ``len(counts)``; on an accelerator every threshold's, :meth:`counts_at`), the first among
+        the first ``checks`` whose count is at least ``low`` (else the last), and whether its count
+        exceeds ``high`` (never for the unchecked last): ``(threshold, cut)``, Python values, or
+        on an accelerator 0-dim tensors left there."""
 
     def top_k_capped(self, x: Tensor, capped: Capped, k: int, cut: Any) -> Capped:
         """Where ``cut`` (of :meth:`first_settled`'s kind) holds, the ``k`` largest ``|x|`` among
@@ -342,11 +349,7 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         """The ``k``-th largest ``|values|`` as a threshold, rounded to float32 and at least
         :data:`~horovod_sparse.methods.micro.controllers.SMALLEST_THRESHOLD`
         (:func:`~horovod_sparse.methods.micro.controllers.as_float32`): a float, or on an accelerator a
-        0-dim float32 tensor left there (what :meth:`pick` and :meth:`scaled_threshold` take)."""
-
-    def scaled_threshold(self, threshold: Any, factor: float) -> Any:
-        """``as_float32(threshold * factor)`` (the product in double precision), for a threshold
-        of :meth:`kth_magnitude`'s kind."""
+        0-dim float32 tensor left there (what :meth:`pick` and :meth:`lowered_thresholds` take)."""
 
     def synchronize(self, like: Tensor) -> None:
         """Wait until the work queued on ``like``'s device is done (a timer's edge; nothing to

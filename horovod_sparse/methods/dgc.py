@@ -25,29 +25,32 @@ class MomentumState:
 def dgc_select(B: Backend, x: Tensor, options: DGCOptions, step: int, capacity: int) -> Tuple[Capped, Any]:
     """DGC's selection from the flat ``x`` at ``step``, cut to ``capacity``, and its final
     threshold. The threshold of the sample (:func:`~horovod_sparse.common.threshold_baselines.dgc_sample`)
-    is refined from the counts of one block scan (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`):
-    below ``0.8 k`` it is lowered ×0.8, at most ``max_adaptations`` times; above ``1.3 k`` the
-    top-k of the selection's first ``capacity`` indices is kept
+    is refined from the counts of one block scan: below ``0.8 k`` it is lowered ×0.8, at most
+    ``max_adaptations`` times (:meth:`~horovod_sparse.methods.backend.Backend.lowered_thresholds`);
+    above ``1.3 k`` the top-k of the selection's first ``capacity`` indices is kept
     (:meth:`~horovod_sparse.methods.backend.Backend.top_k_capped`). On the host the refinement
-    stops at the first count that settles it; on an accelerator every lowered threshold is
-    counted (a pass each) and the first that settles is chosen there
+    counts the thresholds in turn and stops at the first that settles it
+    (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`); on an accelerator every
+    threshold is counted in one pass (:meth:`~horovod_sparse.methods.backend.Backend.counts_at`)
+    and the first that settles is chosen there
     (:meth:`~horovod_sparse.methods.backend.Backend.first_settled`): nothing is read on the host."""
     numel = B.numel(x)
     k, density = options.count(numel, step), options.density_at(step)
+    low, high, checks = DGC_LOWER * k, DGC_UPPER * k, options.max_adaptations
     offset, stride, count = dgc_sample(numel, density, options.sample_ratio, step)
-    threshold = B.kth_magnitude(x[offset::stride], count)
     scanned = B.scan(x, 0, numel, scan_block_size(density))
-    found, capped = B.count_capped(scanned, threshold, capacity)
-    thresholds, counts = [threshold], [found]
-    for _ in range(options.max_adaptations):
-        if B.reaches(found, DGC_LOWER * k):  # settled, on the host (on an accelerator: decided below)
-            break
-        threshold = B.scaled_threshold(threshold, DGC_LOWER)
+    thresholds = B.lowered_thresholds(B.kth_magnitude(x[offset::stride], count), DGC_LOWER, checks)
+    if B.decides_on_device(x):
+        threshold, cut = B.first_settled(thresholds, B.counts_at(scanned, thresholds), low, high, checks)
+        return B.top_k_capped(x, B.pick_capped(scanned, threshold, capacity), k, cut), threshold
+    counts = []
+    for threshold in thresholds:
         found, capped = B.count_capped(scanned, threshold, capacity)
-        thresholds.append(threshold)
         counts.append(found)
-    threshold, cut = B.first_settled(thresholds, counts, DGC_LOWER * k, DGC_UPPER * k, options.max_adaptations)
-    return B.top_k_capped(x, capped or B.pick_capped(scanned, threshold, capacity), k, cut), threshold
+        if found >= low:
+            break
+    threshold, cut = B.first_settled(thresholds[:len(counts)], counts, low, high, checks)
+    return B.top_k_capped(x, capped, k, cut), threshold
 
 
 @implements("dgc", DGCOptions,

@@ -119,10 +119,6 @@ def count_capped(scanned: selection.BlockScan, threshold: float, capacity: int) 
     return capped.sent + capped.overflow, capped
 
 
-def reaches(count: int, low: float) -> bool:
-    return count >= low
-
-
 def first_settled(thresholds: Sequence[float], counts: Sequence[int], low: float, high: float,
                   checks: int) -> Tuple[float, bool]:
     return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
@@ -282,8 +278,7 @@ def kth_magnitude(values: tf.Tensor, k: int) -> float:
     return as_float32(float(tf.reduce_min(tf.math.top_k(tf.abs(values), k, sorted=False).values)))
 
 
-def scaled_threshold(threshold: float, factor: float) -> float:
-    return as_float32(threshold * factor)
+lowered_thresholds = threshold_baselines.lowered_thresholds
 
 
 def decides_on_device(x: tf.Tensor) -> bool:

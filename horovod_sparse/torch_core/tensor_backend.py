@@ -28,12 +28,12 @@ from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_acc
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "bin_means", "both",
            "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "count_true",
-           "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
+           "counts_at", "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
            "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept",
-           "kth_magnitude", "level_codes", "local_histogram", "mask", "moments", "momentum_step", "numel",
-           "outside_trace", "pack_codes", "pack_offsets", "pick", "pick_capped", "pick_with_magnitudes", "reaches",
-           "reshape_one", "saved", "scaled_threshold", "scan", "scatter_chunks", "scatter_set", "select", "size",
-           "splits_to", "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
+           "kth_magnitude", "level_codes", "local_histogram", "lowered_thresholds", "mask", "moments", "momentum_step",
+           "numel", "outside_trace", "pack_codes", "pack_offsets", "pick", "pick_capped", "pick_with_magnitudes",
+           "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to",
+           "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
            "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
@@ -117,15 +117,16 @@ def delivered(x: torch.Tensor, capped: Capped) -> Tuple[torch.Tensor, torch.Tens
     return index, torch.where(real, x[index], _constant(0.0, x.dtype, x.device))
 
 
-#: The 0-dim constants the exchanges pass to tensor operations, made once per value, dtype and
-#: device (a Python scalar there is made into a tensor at every call: an operation each).
+#: The constants the exchanges pass to tensor operations, made once per value, dtype and device
+#: (a Python scalar there is made into a tensor at every call: an operation each): 0-dim for a
+#: number, 1-D for a tuple of them.
 _CONSTANTS: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
 
 
 def _constant(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     key = (repr(value), dtype, device)  # not the value: -0.0 == 0.0
     if key not in _CONSTANTS:
-        _CONSTANTS[key] = torch.full((), value, dtype=dtype, device=device)
+        _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
     return _CONSTANTS[key]
 
 
@@ -342,22 +343,52 @@ def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
     return torch.where(count < low, factor[0], torch.where(count > high, factor[1], factor[2]))
 
 
-def reaches(count: Union[int, torch.Tensor], low: float) -> bool:
-    return not isinstance(count, torch.Tensor) and count >= low
+def lowered_thresholds(threshold: Union[float, torch.Tensor], factor: float,
+                       times: int) -> Union[List[float], torch.Tensor]:
+    if not isinstance(threshold, torch.Tensor):
+        return threshold_baselines.lowered_thresholds(threshold, factor, times)
+    powers = _constant(threshold_baselines.powers(factor, times), torch.float64, threshold.device)
+    return (threshold.double() * powers).float().clamp_min(SMALLEST_THRESHOLD)
 
 
-def first_settled(thresholds: Sequence[Union[float, torch.Tensor]], counts: Sequence[Union[int, torch.Tensor]],
+def counts_at(scanned: BlockScan, thresholds: torch.Tensor) -> torch.Tensor:
+    """One pass (two on a CUDA device under ``torch.use_deterministic_algorithms``, whose
+    ``histc`` has no deterministic kernel: :func:`counts_at_each` there): each magnitude's place
+    among the ascending thresholds (``bucketize``), a histogram of the places with those below
+    every threshold left out (most magnitudes, so nearly none is added), and the counts summed
+    from the highest threshold down. Counted in float32 below 2**24 magnitudes (exact there),
+    else in float64."""
+    magnitudes = scanned.magnitudes
+    if magnitudes.is_cuda and torch.are_deterministic_algorithms_enabled():
+        return counts_at_each(magnitudes, thresholds)
+    # Compared in the magnitudes' precision, as ``magnitudes >= threshold`` does.
+    places = torch.bucketize(magnitudes, thresholds.flip(0).to(magnitudes.dtype), right=True, out_int32=True)
+    levels = thresholds.numel()
+    reached = torch.histc(places.to(_count_dtype(magnitudes)), bins=levels, min=0.5, max=levels + 0.5)
+    return reached.flip(0).cumsum(0)
+
+
+def counts_at_each(magnitudes: torch.Tensor, thresholds: torch.Tensor) -> torch.Tensor:
+    """:func:`counts_at` of ``|x|`` (``magnitudes``) in a pass per threshold, the same counts in
+    the same dtype: the plain twin the tests hold it equal to."""
+    counts = [(magnitudes >= threshold).sum() for threshold in thresholds.unbind()]
+    return torch.stack(counts).to(_count_dtype(magnitudes))
+
+
+def _count_dtype(magnitudes: torch.Tensor) -> torch.dtype:
+    """A float dtype that counts up to ``magnitudes.numel()`` exactly."""
+    return torch.float32 if magnitudes.numel() < 2 ** 24 else torch.float64
+
+
+def first_settled(thresholds: Union[Sequence[float], torch.Tensor], counts: Union[Sequence[int], torch.Tensor],
                   low: float, high: float, checks: int) -> Tuple[Union[float, torch.Tensor], Union[bool, torch.Tensor]]:
-    if not isinstance(counts[0], torch.Tensor):
+    if not isinstance(counts, torch.Tensor):
         return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
-    # Every threshold was counted: the first settled one is chosen on the device.
-    counted = torch.stack(list(counts)).double()
-    settled = counted[:checks] >= low
-    first = torch.where(settled.any(), settled.int().argmax(), len(counts) - 1).reshape(1)
-    # Gathered, not indexed: a 0-dim index is read on the host.
-    found = counted.gather(0, first)[0]
-    threshold = torch.stack(list(thresholds)).gather(0, first)[0]
-    return threshold, (first[0] < checks).logical_and_(found > high)
+    # Every threshold was counted (:func:`counts_at`): the first settled one is chosen on the
+    # device, the count of unsettled ones ahead of it (``checks`` when none settles: the last).
+    first = ((counts[:checks] >= low).cumsum(0) == 0).sum()
+    # Taken, not indexed: a 0-dim index is read on the host.
+    return thresholds.take(first), (first < checks).logical_and_(counts.take(first) > high)
 
 
 def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:
@@ -372,7 +403,7 @@ def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch
         return capped
     # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude),
     # padded again, taken where ``cut`` says so: no host read.
-    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], 0.0), k)]
+    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], _constant(0.0, x.dtype, x.device)), k)]
     chosen = torch.cat([chosen, chosen.new_full((capacity - k,), PAD)])
     return Capped(torch.where(cut, chosen, idx), torch.where(cut, capped.sent.clamp(max=k), capped.sent),
                   capped.overflow, padded=True)
@@ -382,12 +413,6 @@ def as_threshold(value: Union[float, torch.Tensor]) -> Union[float, torch.Tensor
     if isinstance(value, torch.Tensor):
         return value.float().clamp_min(SMALLEST_THRESHOLD)
     return as_float32(value)
-
-
-def scaled_threshold(threshold: Union[float, torch.Tensor], factor: float) -> Union[float, torch.Tensor]:
-    if isinstance(threshold, torch.Tensor):
-        return (threshold.double() * factor).float().clamp_min(SMALLEST_THRESHOLD)
-    return as_float32(threshold * factor)
 
 
 def index_dtype(numel: int) -> torch.dtype:

@@ -22,6 +22,7 @@ from horovod_sparse.methods.gtopk.exchange import merge
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
 from horovod_sparse.torch_core.selection import accelerator_paths
+from horovod_sparse.torch_core.tensor_backend import counts_at_each
 from tests.support.reference_gtopk import merge_sets
 
 BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
@@ -146,7 +147,7 @@ def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
     """PyTorch's accelerator paths (a bar and histograms computed on the device, read by no one)
     give bitwise the host's NumPy results: the candidates' bar, the local histograms of the
     coordinates at or above two bars in the first step's window and in a fine one around a
-    threshold, built on the device (every rank's mark), DGC's threshold and its lowered retry.
+    threshold, built on the device (every rank's mark), DGC's threshold and its lowered ones.
     Run on CPU tensors through ``accelerator_paths``."""
     from horovod_sparse.methods.micro.controllers import HistogramWindow
 
@@ -172,9 +173,10 @@ def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
             assert int(expected[len(window) + 1 + rank]) == window.edge_at_or_above(host_bars[0])
     with accelerator_paths():
         threshold = B.kth_magnitude(buffer[::7], 30)
-        lowered = B.scaled_threshold(threshold, 0.8)
+        lowered = B.lowered_thresholds(threshold, 0.8, 10)
     assert isinstance(threshold, torch.Tensor) and float(threshold) == B.kth_magnitude(buffer[::7], 30)
-    assert float(lowered) == B.scaled_threshold(B.kth_magnitude(buffer[::7], 30), 0.8)
+    assert lowered.dtype == torch.float32
+    assert lowered.tolist() == B.lowered_thresholds(B.kth_magnitude(buffer[::7], 30), 0.8, 10)
 
 
 def _converse(plans, convert):
@@ -222,6 +224,33 @@ def _rounds_on_both_paths(x, k, parts, state):
         assert [bool(f) for f in reading[1:]] == [settled.clamped, settled.short, settled.coarse], rank
         assert rounds_taken(RoundFlags(*(bool(f) for f in flags))) == on_host.tags == tags, rank
     return tuple(tags)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_dgc_one_pass_counts_are_a_pass_per_threshold_and_the_hosts(dtype):
+    """DGC's counts on an accelerator (``counts_at``: each magnitude's place among the lowered
+    thresholds, a histogram of the places) are those of a pass per threshold (``counts_at_each``,
+    the plain twin, bitwise) and of the host's ``count_capped`` at each threshold: on magnitudes
+    equal to a threshold, zeros, and thresholds clamped to the smallest (all equal)."""
+    B = torch_backend
+    values = np.concatenate([tied(10_007, 5), np.random.default_rng(9).standard_normal(10_004).astype(np.float32)])
+    buffer = torch.from_numpy(values).to(getattr(torch, dtype))
+    scanned = B.scan(buffer, 0, buffer.numel(), 64)
+    for first in (0.75, 0.5, float(buffer.abs().max()), 1e-45):
+        with accelerator_paths():
+            thresholds = B.lowered_thresholds(torch.tensor(first), 0.8, 10)
+            counts = B.counts_at(scanned, thresholds)
+        assert torch.equal(counts, counts_at_each(scanned.magnitudes, thresholds))
+        assert counts.tolist() == [B.count_capped(scanned, t, buffer.numel())[0] for t in thresholds.tolist()], first
+
+
+def test_dgc_one_pass_counts_stay_exact_beyond_the_integers_of_float32():
+    """Above 2**24 magnitudes at one threshold the counts are still exact (float64 counting)."""
+    ones = torch.ones(2 ** 24 + 3)
+    with accelerator_paths():
+        scanned = torch_backend.scan(ones, 0, ones.numel(), 1024)
+        counts = torch_backend.counts_at(scanned, torch_backend.lowered_thresholds(torch.tensor(1.0), 0.8, 2))
+    assert counts.tolist() == [2 ** 24 + 3] * 3
 
 
 def test_the_accelerators_histogram_rounds_settle_on_the_hosts_threshold():

@@ -93,15 +93,14 @@ def select_dgc(x, step, sample_ratio=0.01, max_adaptations=10, capacity=CAPACITY
     stride = max(1, round(1 / sample_ratio))
     offset = step % stride if x.size > stride else 0
     sample = np.sort(np.abs(x[offset::stride]))[::-1]
-    threshold = f32(sample[max(1, math.ceil(DENSITY * sample.size)) - 1])
-    idx = above(x, threshold)
+    sampled = f32(sample[max(1, math.ceil(DENSITY * sample.size)) - 1])
+    idx = above(x, sampled)
     cut = False
-    for _ in range(max_adaptations):
+    for lowered in range(1, max_adaptations + 1):
         cut = idx.size > 1.3 * k
         if cut or idx.size >= 0.8 * k:
             break
-        threshold = f32(threshold * 0.8)
-        idx = above(x, threshold)
+        idx = above(x, f32(sampled * 0.8 ** lowered))  # lowered from the sample's, rounded once
     if found is not None:
         found.append(idx.size)
     return idx[:cap][np.argsort(-np.abs(x[idx[:cap]]), kind="stable")[:k]] if cut else idx[:cap]
