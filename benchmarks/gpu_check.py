@@ -39,6 +39,10 @@ code and the DDP hook run on the device as in a job. Its parts, each printed and
 * ``fsdp_steps``: the first of those models sharded by FSDP2 on a one-rank mesh, plain and with
   every method through :func:`horovod_sparse.fsdp.compress_replicas`: the median step time and
   its ratio to the plain one (:func:`fsdp_step_times`).
+* ``exchange_cost``: :mod:`benchmarks.costs.exchange_cost`'s rows of those models' parameter lists
+  on the device, DDP's (dense, its baselines, every method) and FSDP2's (dense, every method):
+  per row the operations dispatched in a step, the host and the device milliseconds, their
+  ratios to dense (:func:`exchange_costs`).
 * ``profile``: ``torch.profiler`` over three such steps, dense and with ``--profile``'s method
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
@@ -50,8 +54,8 @@ code and the DDP hook run on the device as in a job. Its parts, each printed and
   device synchronised; ratios to the read pass).
 
 The check exits non-zero if a correctness part fails (``methods``, ``amp``, ``fsdp``,
-``layout``); the ``syncs``, ``steps``, ``fsdp_steps``, ``profile`` and ``selection`` figures are
-measurements to report.
+``layout``); the ``syncs``, ``steps``, ``fsdp_steps``, ``exchange_cost``, ``profile`` and
+``selection`` figures are measurements to report.
 """
 from __future__ import annotations
 
@@ -73,6 +77,7 @@ import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
 from benchmarks.emulated.wire import Payload, wire_law
+from benchmarks.shared.ddp_baselines import BASELINE_HOOKS, baselines
 from benchmarks.shared.models import model_spec
 from benchmarks.shared.results import command_line, write_results
 from horovod_sparse.common.cost_model import BF16_BYTES, INDEX_BYTES, VALUE_BYTES, break_even_link
@@ -402,31 +407,6 @@ class Training:
     parameters: int
 
 
-def _powersgd() -> Tuple[Any, Callable[..., Any]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
-
-    return powersgd.PowerSGDState(process_group=None, matrix_approximation_rank=4, start_powerSGD_iter=2), \
-        powersgd.powerSGD_hook
-
-
-def _bf16() -> Tuple[Any, Callable[..., Any]]:
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-    return None, default_hooks.bf16_compress_hook
-
-
-#: What users would pick instead of a sparsifier, as ``(state, hook)`` factories: PyTorch's
-#: bfloat16 all-reduce hook (CUDA only: DDP refuses it elsewhere) and PowerSGD at rank 4 (from its
-#: third step on).
-BASELINE_HOOKS: Dict[str, Callable[[], Tuple[Any, Callable[..., Any]]]] = {"bf16_hook": _bf16,
-                                                                            "powersgd": _powersgd}
-
-
-def baselines(device: str) -> List[str]:
-    """The :data:`BASELINE_HOOKS` that run on ``device``."""
-    return [name for name in BASELINE_HOOKS if device.startswith("cuda") or name != "bf16_hook"]
-
-
 def training(device: str, model: str, batch_size: int, method: str, bucket_view: bool = False) -> Training:
     """Training steps of ``model`` (seeded) through DDP on ``device``, dense (``"dense"``:
     DDP's own allreduce), with a :data:`BASELINE_HOOKS` hook, or with ``method``'s hook at
@@ -531,6 +511,16 @@ def fsdp_step_times(device: str, model: str, batch_size: int, steps: int) -> Dic
             "ratio_to_dense": {m: t / seconds["dense"] for m, t in seconds.items()}}
 
 
+def exchange_costs(device: str, models: Sequence[str], steps: int) -> List[Dict[str, Any]]:
+    """:func:`benchmarks.costs.exchange_cost.rows` of ``models`` on ``device`` (the default process
+    group up), DDP's and FSDP2's, every method on its own paths, ``steps`` timed after three."""
+    from benchmarks.costs import exchange_cost
+
+    methods = [m for m in hsd.Compression.names() if m not in ("none", "fp16")]
+    options = argparse.Namespace(device=device, steps=steps, warmup=3, accelerator_paths=False)
+    return exchange_cost.rows(models, methods, ["ddp", "fsdp"], options)
+
+
 #: Training steps profiled per run (after two untimed ones).
 PROFILED_STEPS = 3
 
@@ -626,6 +616,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                "steps": [step_times(device, model, batch, args.train_steps)
                          for model, batch in zip(args.model, args.batch_sizes, strict=True)],
                "fsdp_steps": fsdp_step_times(device, args.model[0], args.batch_sizes[0], args.train_steps),
+               "exchange_cost": exchange_costs(device, args.model, args.train_steps),
                "profile": profile(device, args.model[0], args.batch_sizes[0], args.profile),
                "selection": selection(device, args.numel, args.density, args.repeats)}
     dist.destroy_process_group()
@@ -653,6 +644,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fsdp = results["fsdp_steps"]
     print(f"fsdp steps {fsdp['model']} batch={fsdp['batch_size']} " + " ".join(
         f"{m}={t * 1e3:.1f}ms ({fsdp['ratio_to_dense'][m]:.2f}x)" for m, t in fsdp["seconds"].items()))
+    from benchmarks.costs.exchange_cost import table
+
+    print("exchange cost, one rank:\n" + "\n".join(table(results["exchange_cost"])))
     for sel in results["selection"]:
         figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                    for name, seconds in sel["seconds"].items()]

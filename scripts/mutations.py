@@ -1314,6 +1314,17 @@ MUTATIONS: List[Mutation] = [
       "    for run in cut([p.numel() for p in params], 1) * count:",
       ["tests/benchmarks/test_clis.py", "-k", "torchft_rows"],
       "torchft's streamed rows hand it the whole model as every fragment (its exchange no smaller than a round's)"),
+    M("bench-exchange-cost-without-baselines", "benchmarks/costs/exchange_cost.py",
+      '            found += [ddp_row(model, exchange, args) '
+      'for exchange in ["dense", *baselines(args.device), *methods]]',
+      '            found += [ddp_row(model, exchange, args) for exchange in ["dense", *methods]]',
+      ["tests/benchmarks/test_clis.py", "-k", "exchange_cost"],
+      "issue 57's exchange cost leaves out what users would pick instead (PowerSGD, the bf16 hook)"),
+    M("bench-exchange-cost-fsdp-step-uncounted", "benchmarks/costs/exchange_cost.py",
+      "    figures = measured(step, ops, args)\n    return {\"model\": model, \"front_end\": \"fsdp\",",
+      "    figures = measured(step, DispatchedOps(), args)\n    return {\"model\": model, \"front_end\": \"fsdp\",",
+      ["tests/benchmarks/test_clis.py", "-k", "exchange_cost"],
+      "the FSDP2 rows of issue 57's exchange cost count none of the step's operations"),
 ]
 
 

@@ -33,16 +33,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 import horovod_sparse.ddp as hsd
 from benchmarks.emulated.synthetic_harness import benchmark_parser, compressor_options, measure, run_all, spec_label
+from benchmarks.shared.ddp_baselines import POWERSGD_RANK, POWERSGD_START_ITER  # noqa: F401  (cluster's too)
 from benchmarks.shared.models import count_parameters, model_spec
 from benchmarks.shared.results import command_line
 from horovod_sparse.common.registry import parse_spec
 
 #: ``--compressor`` name of PyTorch's PowerSGD hook.
 POWERSGD = "powersgd"
-#: PowerSGD's matrix approximation rank unless ``powersgd:rank=R`` says otherwise.
-POWERSGD_RANK = 4
-#: PowerSGD's ``start_powerSGD_iter``: the smallest it accepts with error feedback.
-POWERSGD_START_ITER = 2
 
 
 class SerialPowerSGDState(powerSGD_hook.PowerSGDState):

@@ -6,6 +6,7 @@ break-even links are checked against the report's own step times and bytes)."""
 import functools
 import json
 import math
+import re
 import subprocess
 import sys
 
@@ -46,7 +47,22 @@ def test_gpu_check_cpu_parts(tmp_path):
     fsdp = results["fsdp_steps"]
     assert fsdp["model"] == "resnet20" and set(fsdp["seconds"]) == {"dense", *METHODS}
     assert results["profile"]["method"] == "topk" and len(results["profile"]["added"]) == 20
+    check_exchange_cost(results["exchange_cost"], result.stdout)
     check_break_even(steps, result.stdout)
+
+
+def check_exchange_cost(rows, stdout):
+    """The exchange cost's rows on the CPU: DDP's dense, PowerSGD (its operations not counted:
+    its callbacks run on Gloo's threads) and every method, FSDP2's dense and every method, each
+    method dispatching more than its dense row, no device times, every row printed."""
+    assert [(r["front_end"], r["exchange"]) for r in rows] == (
+        [("ddp", e) for e in ["dense", "powersgd", *METHODS]] + [("fsdp", e) for e in ["dense", *METHODS]])
+    for r in rows:
+        assert r["model"] == "resnet20" and r["device_ms"] is None and r["ms"] > 0
+        if r["exchange"] in METHODS:
+            assert r["excess_ops"] > 0 and r["buckets"] >= 1, r
+        assert re.search(rf"^resnet20 +{r['front_end']} +{r['exchange']} ", stdout, re.M), r
+    assert next(r for r in rows if r["exchange"] == "powersgd")["ops"] is None
 
 
 #: Methods whose collectives are one allgather of what each rank sent (benchmarks.emulated.wire).
