@@ -76,6 +76,7 @@ import torch
 import torch.distributed as dist
 
 import horovod_sparse.ddp as hsd
+from benchmarks.costs import exchange_cost
 from benchmarks.emulated.wire import Payload, wire_law
 from benchmarks.shared.ddp_baselines import BASELINE_HOOKS, baselines
 from benchmarks.shared.models import model_spec
@@ -514,8 +515,6 @@ def fsdp_step_times(device: str, model: str, batch_size: int, steps: int) -> Dic
 def exchange_costs(device: str, models: Sequence[str], steps: int) -> List[Dict[str, Any]]:
     """:func:`benchmarks.costs.exchange_cost.rows` of ``models`` on ``device`` (the default process
     group up), DDP's and FSDP2's, every method on its own paths, ``steps`` timed after three."""
-    from benchmarks.costs import exchange_cost
-
     methods = [m for m in hsd.Compression.names() if m not in ("none", "fp16")]
     options = argparse.Namespace(device=device, steps=steps, warmup=3, accelerator_paths=False)
     return exchange_cost.rows(models, methods, ["ddp", "fsdp"], options)
@@ -644,9 +643,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     fsdp = results["fsdp_steps"]
     print(f"fsdp steps {fsdp['model']} batch={fsdp['batch_size']} " + " ".join(
         f"{m}={t * 1e3:.1f}ms ({fsdp['ratio_to_dense'][m]:.2f}x)" for m, t in fsdp["seconds"].items()))
-    from benchmarks.costs.exchange_cost import table
-
-    print("exchange cost, one rank:\n" + "\n".join(table(results["exchange_cost"])))
+    print("exchange cost, one rank:\n" + "\n".join(exchange_cost.table(results["exchange_cost"])))
     for sel in results["selection"]:
         figures = [f"{name}={seconds * 1e3:.3f}ms ({sel['ratio_to_sum'][name]:.1f}x sum)"
                    for name, seconds in sel["seconds"].items()]
