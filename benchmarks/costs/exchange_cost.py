@@ -181,7 +181,16 @@ def fsdp_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, A
     state = None
     if exchange != "dense":
         state = hsf.compress_replicas(net, hsf.Compression.create(exchange, density=0.001), dist.new_group([0]))
-    opt = torch.optim.SGD(net.parameters(), lr=1e-6)
+    figures = whole_steps(net, torch.optim.SGD(net.parameters(), lr=1e-6), args)
+    return {"model": model, "front_end": "fsdp", "exchange": exchange,
+            "parameters": sum(p.numel() for p in net.parameters()), "tensors": tensors, **figures,
+            "buckets": None if state is None else len(state.last_stats.groups)}
+
+
+def whole_steps(net: torch.nn.Module, opt: Any, args: argparse.Namespace) -> Dict[str, Any]:
+    """:func:`measured` steps of ``net``'s loss through ``opt`` (``zero_grad``, forward, backward,
+    ``step``), every operation of the step counted: the scope of the front ends that no hook
+    holds (FSDP2's, the Horovod optimizer's)."""
     ops = DispatchedOps()
 
     def step() -> None:
@@ -190,10 +199,7 @@ def fsdp_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, A
             net().backward()
             opt.step()
 
-    figures = measured(step, ops, args)
-    return {"model": model, "front_end": "fsdp", "exchange": exchange,
-            "parameters": sum(p.numel() for p in net.parameters()), "tensors": tensors, **figures,
-            "buckets": None if state is None else len(state.last_stats.groups)}
+    return measured(step, ops, args)
 
 
 def _paths(args: argparse.Namespace) -> ContextManager[None]:
@@ -219,17 +225,9 @@ def horovod_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str
     else:
         opt = hs.DistributedOptimizer(sgd, named_parameters=net.named_parameters(), groups=groups or None,
                                       compression=hs.Compression.create(method, density=0.001))
-    ops = DispatchedOps()
-
-    def step() -> None:
-        with _paths(args), ops:
-            opt.zero_grad()
-            net().backward()
-            opt.step()
-
     return {"model": model, "front_end": "horovod", "exchange": exchange,
             "parameters": sum(p.numel() for p in net.parameters()), "tensors": len(net.params),
-            **measured(step, ops, args), "buckets": None if method == "dense" else len(opt.groups)}
+            **whole_steps(net, opt, args), "buckets": None if method == "dense" else len(opt.groups)}
 
 
 def measured(step: Callable[[], None], ops: DispatchedOps, args: argparse.Namespace) -> Dict[str, Any]:
