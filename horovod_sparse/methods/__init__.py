@@ -15,7 +15,7 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
   (the histogram controller's candidates, :mod:`horovod_sparse.methods.micro.candidates`);
 * payloads of fixed capacity (a :class:`~horovod_sparse.methods.backend.Capped` selection,
   padded on an accelerator) and the threshold decisions that stay there: ``pick_capped``,
-  ``count_capped``, ``lowered_thresholds``, ``counts_at``, ``first_settled``, ``top_k_capped``,
+  ``count_reaching``, ``lowered_thresholds``, ``counts_at``, ``first_settled``, ``top_k_capped``,
   ``band``, ``as_threshold``, ``delivered``, ``unpadded``, ``copy_at``;
 * the histogram controller on an accelerator (:mod:`horovod_sparse.methods.micro.device_rounds`):
   ``decides_on_device``, ``candidate_bar``, ``window_edges``, ``fine_edges``, ``histograms_above``,

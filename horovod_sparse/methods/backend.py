@@ -206,10 +206,11 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         """``pick(scanned, threshold)`` cut to its ``capacity`` lowest indices; on an accelerator
         padded to ``capacity`` (``capacity``: an int, or a scalar tensor while traced)."""
 
-    def count_capped(self, scanned: Any, threshold: Any, capacity: Any) -> Tuple[Any, Optional[Capped]]:
-        """How many ``|x| >= threshold`` the scanned slice holds, and on the host the
-        :meth:`pick_capped` that counted them (on an accelerator None: the count is a 0-dim
-        tensor from one pass, and the pick waits for the threshold the counts settle on)."""
+    def count_reaching(self, scanned: Any, threshold: Any) -> Any:
+        """How many ``|x| >= threshold`` the scanned slice holds: an int, or on an accelerator a
+        0-dim tensor from one pass. Counting picks nothing: the pick (:meth:`pick_capped`) waits
+        for the threshold the counts settle on, and on the host it finishes the count's pass
+        when that threshold is the one counted last."""
 
     def lowered_thresholds(self, threshold: Any, factor: float, times: int) -> Any:
         """:func:`~horovod_sparse.common.threshold_baselines.lowered_thresholds` of a threshold of
@@ -236,7 +237,7 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
 
     def band(self, count: Any, low: float, high: float, below: float, above: float) -> Any:
         """:func:`~horovod_sparse.common.threshold_baselines.band_factor` of ``count`` (of
-        :meth:`count_capped`'s kind): a float, or a 0-dim float64 tensor left on the accelerator."""
+        :meth:`count_reaching`'s kind): a float, or a 0-dim float64 tensor left on the accelerator."""
 
     def as_threshold(self, value: Any) -> Any:
         """:func:`~horovod_sparse.common.thresholds.as_float32` of ``value``: a float, or for a

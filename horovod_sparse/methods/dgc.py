@@ -30,10 +30,11 @@ def dgc_select(B: Backend, x: Tensor, options: DGCOptions, step: int, capacity: 
     above ``1.3 k`` the top-k of the selection's first ``capacity`` indices is kept
     (:meth:`~horovod_sparse.methods.backend.Backend.top_k_capped`). On the host the refinement
     counts the thresholds in turn and stops at the first that settles it
-    (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`); on an accelerator every
-    threshold is counted in one pass (:meth:`~horovod_sparse.methods.backend.Backend.counts_at`)
-    and the first that settles is chosen there
-    (:meth:`~horovod_sparse.methods.backend.Backend.first_settled`): nothing is read on the host."""
+    (:meth:`~horovod_sparse.methods.backend.Backend.count_reaching`; the pick finishes that
+    count's pass); on an accelerator every threshold is counted in one pass
+    (:meth:`~horovod_sparse.methods.backend.Backend.counts_at`) and the first that settles is
+    chosen there (:meth:`~horovod_sparse.methods.backend.Backend.first_settled`): nothing is
+    read on the host."""
     numel = B.numel(x)
     k, density = options.count(numel, step), options.density_at(step)
     low, high, checks = DGC_LOWER * k, DGC_UPPER * k, options.max_adaptations
@@ -41,16 +42,16 @@ def dgc_select(B: Backend, x: Tensor, options: DGCOptions, step: int, capacity: 
     scanned = B.scan(x, 0, numel, scan_block_size(density))
     thresholds = B.lowered_thresholds(B.kth_magnitude(x[offset::stride], count), DGC_LOWER, checks)
     if B.decides_on_device(x):
-        threshold, cut = B.first_settled(thresholds, B.counts_at(scanned, thresholds), low, high, checks)
-        return B.top_k_capped(x, B.pick_capped(scanned, threshold, capacity), k, cut), threshold
-    counts = []
-    for threshold in thresholds:
-        found, capped = B.count_capped(scanned, threshold, capacity)
-        counts.append(found)
-        if found >= low:
-            break
-    threshold, cut = B.first_settled(thresholds[:len(counts)], counts, low, high, checks)
-    return B.top_k_capped(x, capped, k, cut), threshold
+        counted, counts = thresholds, B.counts_at(scanned, thresholds)
+    else:
+        counts = []
+        for threshold in thresholds:
+            counts.append(B.count_reaching(scanned, threshold))
+            if counts[-1] >= low:
+                break
+        counted = thresholds[:len(counts)]
+    threshold, cut = B.first_settled(counted, counts, low, high, checks)
+    return B.top_k_capped(x, B.pick_capped(scanned, threshold, capacity), k, cut), threshold
 
 
 @implements("dgc", DGCOptions,

@@ -18,22 +18,22 @@ def gaussiank_select(B: Backend, x: Tensor, k: int, density: float, capacity: in
     ``capacity`` (:meth:`~horovod_sparse.methods.backend.Backend.pick_capped`), and that
     threshold (float32). One block scan gives the block maxima and the mean and deviation
     (``BlockScan.mean_std``); the first threshold and every correction count from it
-    (:meth:`~horovod_sparse.methods.backend.Backend.count_capped`). On an accelerator the
-    moments, counts, corrections and threshold stay device tensors (all three corrections run,
-    a settled one changing nothing; nothing is read on the host) and the final threshold is
-    picked once; on the host the corrections stop at the first count within the band, whose
-    pick is the selection."""
+    (:meth:`~horovod_sparse.methods.backend.Backend.count_reaching`), and the final threshold
+    is picked once. On an accelerator the moments, counts, corrections and threshold stay device
+    tensors (all three corrections run, a settled one changing nothing; nothing is read on the
+    host); on the host the corrections stop at the first count within the band, and the pick
+    finishes that count's pass."""
     scanned = B.scan(x, 0, B.numel(x), scan_block_size(density), moments=True)
     threshold = gaussian_threshold(*scanned.mean_std(), density)
-    found, capped = B.count_capped(scanned, B.as_threshold(threshold), capacity)
+    found = B.count_reaching(scanned, B.as_threshold(threshold))
     for _ in range(GAUSSIANK_CORRECTIONS):
         factor = B.band(found, GAUSSIANK_LOW * k, GAUSSIANK_HIGH * k, GAUSSIANK_LOWER, GAUSSIANK_RAISE)
         if isinstance(factor, float) and factor == 1.0:  # settled, on the host
             break
         threshold = threshold * factor
-        found, capped = B.count_capped(scanned, B.as_threshold(threshold), capacity)
+        found = B.count_reaching(scanned, B.as_threshold(threshold))
     threshold = B.as_threshold(threshold)
-    return capped or B.pick_capped(scanned, threshold, capacity), threshold
+    return B.pick_capped(scanned, threshold, capacity), threshold
 
 
 @implements("gaussiank", CappedOptions,

@@ -114,9 +114,10 @@ def pick_capped(scanned: selection.BlockScan, threshold: Union[float, tf.Tensor]
     return Capped(idx[:capacity], tf.minimum(found, capacity), tf.maximum(found - capacity, 0), padded=False)
 
 
-def count_capped(scanned: selection.BlockScan, threshold: float, capacity: int) -> Tuple[int, Capped]:
-    capped = pick_capped(scanned, threshold, capacity)
-    return capped.sent + capped.overflow, capped
+def count_reaching(scanned: selection.BlockScan, threshold: float) -> Union[int, tf.Tensor]:
+    magnitude = tf.abs(scanned.x[scanned.start:scanned.end])
+    counted = tf.math.count_nonzero(magnitude >= tf.cast(threshold, magnitude.dtype), dtype=tf.int64)
+    return int(counted) if tf.executing_eagerly() else counted
 
 
 def first_settled(thresholds: Sequence[float], counts: Sequence[int], low: float, high: float,

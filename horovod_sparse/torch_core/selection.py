@@ -25,8 +25,8 @@ from __future__ import annotations
 import functools
 import math
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import Callable, Iterator, List, Optional, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -54,6 +54,8 @@ class BlockScan:
         moments: ``(sum x, sum x^2)`` over the slice when the scan was asked for them (double
             precision sums of single-precision chunk sums, or double ones for float64): floats,
             or on an accelerator 0-dim float64 tensors left there.
+        last_pass: the host's last :class:`HostPass` of the slice, under its threshold and
+            comparison (:func:`host_pass`; at most one entry).
     """
 
     x: torch.Tensor
@@ -62,6 +64,8 @@ class BlockScan:
     block: int
     block_maxima: Optional[torch.Tensor]
     moments: Optional[Tuple[Moment, Moment]] = None
+    last_pass: Dict[Tuple[float, Callable[..., torch.Tensor]], "HostPass"] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @functools.cached_property
     def maxima(self) -> torch.Tensor:
@@ -163,25 +167,68 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: Threshold,
     reaches = torch.gt if strict else torch.ge
     if on_accelerator(scanned.x):
         return device_pick(scanned, threshold, reaches)
+    hits = host_pass(scanned, threshold, reaches)
+    flat = torch.nonzero(hits.reached).squeeze(1)
+    block = scanned.block
+    if block & (block - 1) == 0:  # a power of two (always, from scan_block_size): shifts, not divisions
+        shift = block.bit_length() - 1
+        positions = (hits.rows[flat >> shift] << shift) + (flat & (block - 1))
+    else:
+        positions = hits.rows[flat // block] * block + flat % block
+    found, found_magnitudes = [positions], [hits.magnitudes.take(flat)]
+    if hits.tail is not None:
+        in_tail = torch.nonzero(hits.tail_reached).squeeze(1)
+        found.append(in_tail + scanned.full_blocks * block)
+        found_magnitudes.append(hits.tail[in_tail])
+    return torch.cat(found) + scanned.start, torch.cat(found_magnitudes)
+
+
+@dataclass(frozen=True)
+class HostPass:
+    """What one threshold reaches in a scanned slice on the host: the pass a count and a pick
+    share (:func:`host_pass`).
+
+    Attributes:
+        rows: the indices (int64, ascending) of the full blocks whose maximum reaches.
+        magnitudes: ``|x|`` of those blocks, flat (a copy).
+        reached: the mask of ``magnitudes`` that reach.
+        tail: ``|x|`` of the partial last block when its maximum reaches, else None.
+        tail_reached: the mask of ``tail`` that reaches (None with ``tail``).
+    """
+
+    rows: torch.Tensor
+    magnitudes: torch.Tensor
+    reached: torch.Tensor
+    tail: Optional[torch.Tensor]
+    tail_reached: Optional[torch.Tensor]
+
+    def count(self) -> int:
+        """How many magnitudes reach: one host read."""
+        found = self.reached.sum()
+        return int(found if self.tail_reached is None else found + self.tail_reached.sum())
+
+
+def host_pass(scanned: BlockScan, threshold: float,
+              reaches: Callable[[torch.Tensor, float], torch.Tensor] = torch.ge) -> HostPass:
+    """The :class:`HostPass` of ``reaches(|x|, threshold)`` (``torch.ge`` or ``torch.gt``) in
+    the host's scanned slice: the blocks whose maximum reaches re-read, the others skipped. The
+    last pass of a scan is kept with it, so a pick at the threshold just counted (DGC's and
+    Gaussian-k's final one) does not read the blocks again."""
+    key = (threshold, reaches)
+    kept = scanned.last_pass
+    if key in kept:
+        return kept[key]
     hit = torch.nonzero(reaches(scanned.maxima, threshold)).squeeze(1)
     x, start, block, full = scanned.x, scanned.start, scanned.block, scanned.full_blocks
     has_tail = hit.numel() > 0 and int(hit[-1]) == full
-    rows_hit = hit[:-1] if has_tail else hit
-    rows = x[start:start + full * block].view(full, block).index_select(0, rows_hit)  # a copy
-    magnitudes = rows.abs_().view(-1)
-    flat = torch.nonzero(reaches(magnitudes, threshold)).squeeze(1)
-    if block & (block - 1) == 0:  # a power of two (always, from scan_block_size): shifts, not divisions
-        shift = block.bit_length() - 1
-        positions = (rows_hit[flat >> shift] << shift) + (flat & (block - 1))
-    else:
-        positions = rows_hit[flat // block] * block + flat % block
-    found, found_magnitudes = [positions], [magnitudes.take(flat)]
-    if has_tail:
-        tail = x[start + full * block:scanned.end].abs()
-        in_tail = torch.nonzero(reaches(tail, threshold)).squeeze(1)
-        found.append(in_tail + full * block)
-        found_magnitudes.append(tail[in_tail])
-    return torch.cat(found) + start, torch.cat(found_magnitudes)
+    rows = hit[:-1] if has_tail else hit
+    magnitudes = x[start:start + full * block].view(full, block).index_select(0, rows).abs_().view(-1)
+    tail = x[start + full * block:scanned.end].abs() if has_tail else None
+    found = HostPass(rows, magnitudes, reaches(magnitudes, threshold), tail,
+                     None if tail is None else reaches(tail, threshold))
+    kept.clear()
+    kept[key] = found
+    return found
 
 
 def device_pick(scanned: BlockScan, threshold: Threshold,
@@ -211,15 +258,13 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     return Capped(idx, sent, found - sent, padded=True)
 
 
-def count_capped(scanned: BlockScan, threshold: Threshold,
-                 capacity: int) -> Tuple[Union[int, torch.Tensor], Optional[Capped]]:
+def count_reaching(scanned: BlockScan, threshold: Threshold) -> Union[int, torch.Tensor]:
     """How many ``|x| >= threshold`` the scanned slice holds: on an accelerator a 0-dim int64
-    tensor left there (one pass; no pick), else an int, with the :func:`pick_capped` that
-    counted them."""
+    tensor left there (one pass), else an int from the :func:`host_pass` that a :func:`pick` at
+    the same threshold then finishes."""
     if on_accelerator(scanned.x):
-        return (scanned.magnitudes >= threshold).sum(), None
-    capped = pick_capped(scanned, threshold, capacity)
-    return capped.sent + capped.overflow, capped
+        return (scanned.magnitudes >= threshold).sum()
+    return host_pass(scanned, threshold).count()
 
 
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:

@@ -23,11 +23,11 @@ from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
 from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, level_codes, moments,  # noqa: F401
                                                pack_codes, pack_offsets, top_k_chunks, unpack_codes,
                                                unpack_offsets)  # (backend API)
-from horovod_sparse.torch_core.selection import (BlockScan, count_capped, on_accelerator, pick, pick_capped,
+from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, on_accelerator, pick, pick_capped,
                                                  pick_with_magnitudes, scan, select, top_k)
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "bin_means", "both",
-           "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_capped", "count_true",
+           "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_reaching", "count_true",
            "counts_at", "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
            "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept",
            "kth_magnitude", "level_codes", "local_histogram", "lowered_thresholds", "mask", "moments", "momentum_step",

@@ -230,7 +230,7 @@ def _rounds_on_both_paths(x, k, parts, state):
 def test_dgc_one_pass_counts_are_a_pass_per_threshold_and_the_hosts(dtype):
     """DGC's counts on an accelerator (``counts_at``: each magnitude's place among the lowered
     thresholds, a histogram of the places) are those of a pass per threshold (``counts_at_each``,
-    the plain twin, bitwise) and of the host's ``count_capped`` at each threshold: on magnitudes
+    the plain twin, bitwise) and of the host's ``count_reaching`` at each threshold: on magnitudes
     equal to a threshold, zeros, and thresholds clamped to the smallest (all equal)."""
     B = torch_backend
     values = np.concatenate([tied(10_007, 5), np.random.default_rng(9).standard_normal(10_004).astype(np.float32)])
@@ -241,7 +241,7 @@ def test_dgc_one_pass_counts_are_a_pass_per_threshold_and_the_hosts(dtype):
             thresholds = B.lowered_thresholds(torch.tensor(first), 0.8, 10)
             counts = B.counts_at(scanned, thresholds)
         assert torch.equal(counts, counts_at_each(scanned.magnitudes, thresholds))
-        assert counts.tolist() == [B.count_capped(scanned, t, buffer.numel())[0] for t in thresholds.tolist()], first
+        assert counts.tolist() == [B.count_reaching(scanned, t) for t in thresholds.tolist()], first
 
 
 def test_dgc_one_pass_counts_stay_exact_beyond_the_integers_of_float32():
