@@ -21,6 +21,7 @@ from typing import Tuple
 
 import torch
 
+from horovod_sparse.torch_core.constants import steps
 from horovod_sparse.torch_core.selection import device_top_k, ranked_keys
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
@@ -52,7 +53,7 @@ def _top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
     keys = ranked_keys(rows)
     if keys is not None:
         chosen = torch.topk(keys, k, dim=1, sorted=False).indices.sort(dim=1).values
-        return chosen.add_(torch.arange(0, full * chunk, chunk, device=rows.device).unsqueeze(1)).reshape(-1)
+        return chosen.add_(steps(0, full * chunk, chunk, torch.int64, rows.device).unsqueeze(1)).reshape(-1)
     kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
     above, tied = rows > kth, rows == kth
     keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
@@ -93,7 +94,7 @@ def dequantize(codes: torch.Tensor, tables: torch.Tensor, count: int) -> torch.T
 
 
 def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
-    return torch.arange(0, 8, bits, dtype=torch.int32, device=like.device)
+    return steps(0, 8, bits, torch.int32, like.device)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
@@ -122,7 +123,7 @@ def _offset_dtype(width: int) -> torch.dtype:
 
 def pack_offsets(idx: torch.Tensor, chunk: int, width: int) -> torch.Tensor:
     dtype = _offset_dtype(width)
-    bits = ((idx % chunk).to(dtype).unsqueeze(1) >> torch.arange(width, dtype=dtype, device=idx.device)) & 1
+    bits = ((idx % chunk).to(dtype).unsqueeze(1) >> steps(0, width, 1, dtype, idx.device)) & 1
     stream = torch.nn.functional.pad(bits.reshape(-1), (0, -bits.numel() % 8))
     return (stream.reshape(-1, 8) << _shifts(1, idx)).sum(1).to(torch.uint8)
 
@@ -132,7 +133,7 @@ def unpack_offsets(packed: torch.Tensor, chunk: int, k: int, width: int, count: 
     nbytes = -(-count * width // 8)
     bits = (packed.reshape(-1, nbytes, 1).to(torch.int32) >> _shifts(1, packed)) & 1
     bits = bits.reshape(-1, nbytes * 8)[:, :count * width].reshape(-1, count, width).to(dtype)
-    offsets = (bits << torch.arange(width, dtype=dtype, device=packed.device)).sum(2)
+    offsets = (bits << steps(0, width, 1, dtype, packed.device)).sum(2)
     # Offset j lies in chunk j // k (k per full chunk, in chunk order, then the last's k_last <= k).
-    starts = torch.arange(count, device=packed.device).div_(k, rounding_mode="floor").mul_(chunk)
+    starts = steps(0, count, 1, torch.int64, packed.device).div(k, rounding_mode="floor").mul_(chunk)
     return (offsets + starts).reshape(-1)

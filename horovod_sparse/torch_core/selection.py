@@ -34,6 +34,7 @@ import torch
 from horovod_sparse.common.thresholds import mean_std
 from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
 from horovod_sparse.methods.backend import PAD, Capped, cut
+from horovod_sparse.torch_core.constants import steps
 
 #: A moment of a scan: a float, or a 0-dim float64 tensor left on an accelerator.
 Moment = Union[float, torch.Tensor]
@@ -360,13 +361,15 @@ def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
     float16 or bfloat16) as the tie rule does: a magnitude's bits times 2**31 plus
     ``2**31 - 1 - i`` for position ``i``, so every key of a row is distinct and among equal
     magnitudes the lower position has the larger key; the ``k`` largest keys of a row are its
-    top-k, ties to the lower index (two operations, one ``torch.topk``). None for float64, whose
-    bits leave no room for a position, and for rows of more than 2**31 elements."""
+    top-k, ties to the lower index (two operations, one ``torch.topk``; the positions are made
+    once per row length up to :data:`~horovod_sparse.torch_core.constants.KEPT_RANGE`, a third
+    operation beyond). None for float64, whose bits leave no room for a position, and for rows of
+    more than 2**31 elements."""
     bits = _MAGNITUDE_BITS.get(magnitudes.dtype)
     width = magnitudes.shape[-1]
     if bits is None or width > _INDEX_SPAN:
         return None
-    positions = torch.arange(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, dtype=torch.int64, device=magnitudes.device)
+    positions = steps(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, torch.int64, magnitudes.device)
     return torch.add(positions, magnitudes.view(bits), alpha=_INDEX_SPAN)
 
 

@@ -20,6 +20,7 @@ from horovod_sparse.methods.micro import controllers
 from horovod_sparse.common import threshold_baselines
 from horovod_sparse.common.threshold_baselines import band_factor
 from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD, as_float32
+from horovod_sparse.torch_core.constants import constant
 from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, level_codes, moments,  # noqa: F401
                                                pack_codes, pack_offsets, top_k_chunks, unpack_codes,
                                                unpack_offsets)  # (backend API)
@@ -114,20 +115,7 @@ def delivered(x: torch.Tensor, capped: Capped) -> Tuple[torch.Tensor, torch.Tens
         return capped.idx, x[capped.idx]
     real = capped.idx != PAD
     index = capped.idx.clamp_min(0)
-    return index, torch.where(real, x[index], _constant(0.0, x.dtype, x.device))
-
-
-#: The constants the exchanges pass to tensor operations, made once per value, dtype and device
-#: (a Python scalar there is made into a tensor at every call: an operation each): 0-dim for a
-#: number, 1-D for a tuple of them.
-_CONSTANTS: Dict[Tuple[str, torch.dtype, torch.device], torch.Tensor] = {}
-
-
-def _constant(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    key = (repr(value), dtype, device)  # not the value: -0.0 == 0.0
-    if key not in _CONSTANTS:
-        _CONSTANTS[key] = torch.tensor(value, dtype=dtype, device=device)
-    return _CONSTANTS[key]
+    return index, torch.where(real, x[index], constant(0.0, x.dtype, x.device))
 
 
 def unpadded(indices: torch.Tensor) -> torch.Tensor:
@@ -177,7 +165,7 @@ def distinct(indices: torch.Tensor, numel: int, padded: bool = False) -> Union[i
     # index_put_ of a True made once per device: it takes the wire's int32 indices (index_fill_
     # takes int64 only: a cast), and not marks[indices] = True, which copies True from the host.
     # A PAD (-1) marks marks[-1], the place past the buffer, as an index does in Python.
-    marks.index_put_((indices,), _constant(True, torch.bool, indices.device))
+    marks.index_put_((indices,), constant(True, torch.bool, indices.device))
     count = (marks[:numel] if padded else marks).sum()
     return count if on_accelerator(indices) else int(count)
 
@@ -339,7 +327,7 @@ def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
     if not isinstance(count, torch.Tensor):
         return band_factor(count, low, high, below, above)
     count = count.double()  # compared exactly, whatever the count; the factors in double precision too
-    factor = [_constant(f, torch.float64, count.device) for f in (below, above, 1.0)]
+    factor = [constant(f, torch.float64, count.device) for f in (below, above, 1.0)]
     return torch.where(count < low, factor[0], torch.where(count > high, factor[1], factor[2]))
 
 
@@ -347,7 +335,7 @@ def lowered_thresholds(threshold: Union[float, torch.Tensor], factor: float,
                        times: int) -> Union[List[float], torch.Tensor]:
     if not isinstance(threshold, torch.Tensor):
         return threshold_baselines.lowered_thresholds(threshold, factor, times)
-    powers = _constant(threshold_baselines.powers(factor, times), torch.float64, threshold.device)
+    powers = constant(threshold_baselines.powers(factor, times), torch.float64, threshold.device)
     return (threshold.double() * powers).float().clamp_min(SMALLEST_THRESHOLD)
 
 
@@ -403,7 +391,7 @@ def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch
         return capped
     # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude),
     # padded again, taken where ``cut`` says so: no host read.
-    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], _constant(0.0, x.dtype, x.device)), k)]
+    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], constant(0.0, x.dtype, x.device)), k)]
     chosen = torch.cat([chosen, chosen.new_full((capacity - k,), PAD)])
     return Capped(torch.where(cut, chosen, idx), torch.where(cut, capped.sent.clamp(max=k), capped.sent),
                   capped.overflow, padded=True)
