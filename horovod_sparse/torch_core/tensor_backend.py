@@ -9,6 +9,7 @@ allocates nothing of a buffer's size (the front end reuses each group's residual
 from __future__ import annotations
 
 import itertools
+import math
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -420,13 +421,11 @@ def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:
-    """Whether every element of every one of ``tensors`` (on one device) is finite, read on the
-    host once for all of them. A NaN or Inf anywhere makes a sum non-finite, so one summing pass
-    settles the usual case (``torch.isfinite(t).all()`` costs about 20 times more on a CPU: it
-    writes a bool tensor of the full size); only a non-finite sum, which finite values near the
-    dtype's maximum can also produce, takes the exact check."""
-    if not tensors:
-        return True
-    sums = torch.stack([t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32).double()
-                        for t in tensors])
-    return bool(torch.isfinite(sums).all()) or all(bool(torch.isfinite(t).all()) for t in tensors)
+    """Whether every element of every one of ``tensors`` (on the CPU: the host's check; an
+    accelerator's is :func:`finite_flag`) is finite. A NaN or Inf anywhere makes a sum
+    non-finite, so one summing pass and its read settle the usual case (two operations a tensor;
+    ``torch.isfinite(t).all()`` costs about 20 times more on a CPU: it writes a bool tensor of the
+    full size); only a non-finite sum, which finite values near the dtype's maximum can also
+    produce, takes the exact check."""
+    return all(math.isfinite(t.sum(dtype=torch.float64 if t.dtype == torch.float64 else torch.float32))
+               or bool(torch.isfinite(t).all()) for t in tensors)

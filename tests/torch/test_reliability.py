@@ -115,8 +115,8 @@ def test_broadcast_optimizer_state_works_with_the_wrapper(run):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
 def test_the_cheap_finiteness_check_is_exact(dtype):
     """One sum decides the usual case; finite values whose sum overflows, and NaN/Inf anywhere
-    (including +Inf and -Inf together), still get the exact answer; so does the accelerators'
-    flag (``finite_flag``, no host read), of one tensor and of several."""
+    (including +Inf and -Inf together), still get the exact answer, of one tensor and of several;
+    so does the accelerators' flag (``finite_flag``, no host read)."""
     from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag
 
     values = torch.randn(3000, generator=torch.Generator().manual_seed(0)).to(dtype)
@@ -131,6 +131,6 @@ def test_the_cheap_finiteness_check_is_exact(dtype):
     cases.append(opposite)
     for case in cases:
         exact = bool(torch.isfinite(case).all())
-        assert all_finite(case) == exact
+        assert all_finite(case) == all_finite(values, case) == exact
         assert finite_flag(case).dim() == 0 and bool(finite_flag(case)) == exact
         assert bool(finite_flag(values, case)) == bool(finite_flag(case, huge)) == exact
