@@ -119,42 +119,49 @@ def scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool = Fals
     is read until a selection asks (:attr:`BlockScan.magnitudes`, :attr:`BlockScan.maxima`): a
     threshold's passes there count from the magnitudes, not the block maxima.
     """
-    if on_accelerator(x) and not moments:
-        return BlockScan(x, start, end, block, None)
+    if on_accelerator(x):
+        return _device_scan(x, start, end, block, moments)
     part = x[start:end]
     full = part.numel() // block
     body = part[:full * block]
-    sums: List[Moment] = [0.0, 0.0]
+    sums: List[float] = [0.0, 0.0]
     accumulator = torch.float64 if x.dtype == torch.float64 else torch.float32
-    left_on_device = on_accelerator(x)
 
     def add_moments(values: torch.Tensor, magnitudes: torch.Tensor) -> None:
-        if moments:  # in double precision, on the host or (a device) as float64 tensors left there
-            total = values.sum(dtype=accumulator)
-            norm = torch.linalg.vector_norm(magnitudes, dtype=accumulator)
-            total, norm = (total.double(), norm.double()) if left_on_device else (float(total), float(norm))
-            sums[0] = sums[0] + total
+        if moments:  # in double precision
+            norm = float(torch.linalg.vector_norm(magnitudes, dtype=accumulator))
+            sums[0] = sums[0] + float(values.sum(dtype=accumulator))
             sums[1] = sums[1] + norm * norm
 
-    if x.is_cuda:
-        magnitudes = body.abs()
-        maxima = magnitudes.view(full, block).amax(1)
-        add_moments(body, magnitudes)
-    else:
-        maxima = torch.empty(full, dtype=x.dtype)
-        chunk = max(block, SCAN_CHUNK - SCAN_CHUNK % block)
-        scratch = torch.empty(min(chunk, body.numel()), dtype=x.dtype)
-        for first in range(0, body.numel(), chunk):
-            piece = body[first:first + chunk]
-            magnitudes = torch.abs(piece, out=scratch[:piece.numel()])
-            torch.amax(magnitudes.view(-1, block), 1, out=maxima[first // block:(first + piece.numel()) // block])
-            add_moments(piece, magnitudes)
+    maxima = torch.empty(full, dtype=x.dtype)
+    chunk = max(block, SCAN_CHUNK - SCAN_CHUNK % block)
+    scratch = torch.empty(min(chunk, body.numel()), dtype=x.dtype)
+    for first in range(0, body.numel(), chunk):
+        piece = body[first:first + chunk]
+        magnitudes = torch.abs(piece, out=scratch[:piece.numel()])
+        torch.amax(magnitudes.view(-1, block), 1, out=maxima[first // block:(first + piece.numel()) // block])
+        add_moments(piece, magnitudes)
     tail = part[full * block:]
     if tail.numel():
         magnitudes = tail.abs()
         maxima = torch.cat([maxima, magnitudes.amax().view(1)])
         add_moments(tail, magnitudes)
     return BlockScan(x, start, end, block, maxima, (sums[0], sums[1]) if moments else None)
+
+
+def _device_scan(x: torch.Tensor, start: int, end: int, block: int, moments: bool) -> BlockScan:
+    """:func:`scan` on an accelerator: nothing is read without ``moments``; with them ``|x|`` of
+    the whole slice is formed once (kept as :attr:`BlockScan.magnitudes` for the passes that
+    follow) and the moments come from it and the slice in one sum each, left on the device."""
+    if not moments:
+        return BlockScan(x, start, end, block, None)
+    part = x if start == 0 and end == x.numel() else x[start:end]  # a slice is an operation too
+    magnitudes = part.abs()
+    accumulator = torch.float64 if x.dtype == torch.float64 else torch.float32
+    norm = torch.linalg.vector_norm(magnitudes, dtype=accumulator).double()
+    scanned = BlockScan(x, start, end, block, None, (part.sum(dtype=accumulator).double(), norm * norm))
+    scanned.__dict__["magnitudes"] = magnitudes  # the cached property's value, formed here once
+    return scanned
 
 
 def pick(scanned: BlockScan, threshold: Threshold) -> torch.Tensor:
