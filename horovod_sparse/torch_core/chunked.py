@@ -21,7 +21,7 @@ from typing import Tuple
 
 import torch
 
-from horovod_sparse.torch_core.constants import steps
+from horovod_sparse.torch_core.constants import constant, steps
 from horovod_sparse.torch_core.selection import device_top_k, ranked_keys
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
@@ -76,7 +76,10 @@ def moments(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
 
 
 def level_codes(centred: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
-    scale = torch.where(torch.isfinite(scale) & (scale != 0), scale, 1.0)
+    # The scale is a positive spread times a deviation, so +0, +inf or NaN where not usable: usable
+    # exactly where 0 < scale < inf (three operations where isfinite and != 0 took six).
+    usable = (scale > 0).logical_and_(scale < math.inf)
+    scale = torch.where(usable, scale, constant(1.0, scale.dtype, scale.device))
     return (centred / scale + levels // 2).round_().clamp_(0, levels - 1).to(torch.uint8)
 
 
@@ -84,7 +87,7 @@ def bin_means(values: torch.Tensor, codes: torch.Tensor, levels: int) -> torch.T
     index, wide = codes.long(), values.double()
     sums = wide.new_zeros(levels).index_add_(0, index, wide)
     counts = wide.new_zeros(levels).index_add_(0, index, torch.ones_like(wide))  # bincount reads a max on a GPU
-    return torch.where(counts > 0, sums / counts.clamp_min(1), 0.0).float()
+    return (sums / counts.clamp_min(1)).float()  # an empty code's sum is +0: its mean +0 / 1
 
 
 def dequantize(codes: torch.Tensor, tables: torch.Tensor, count: int) -> torch.Tensor:

@@ -65,7 +65,7 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: gtopk 188, dgc 235, sparseloco 402 before) when the short ``arange`` of the tie rule's positions,
 #: the chunks' starts and the packed bits' shifts were made once (``torch_core/constants.py``).
 OPS_PER_STEP = {"topk": 86, "lags": 86, "threshold": 107, "dgc": 232, "gaussiank": 256, "gtopk": 182, "micro": 823,
-                "exdyna": 823, "sparseloco": 378}
+                "exdyna": 823, "sparseloco": 357}
 
 
 def budget(method: str) -> int:
