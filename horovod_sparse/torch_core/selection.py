@@ -52,9 +52,10 @@ class BlockScan:
         block: block length; the last block is partial when ``block`` does not divide the slice.
         block_maxima: largest ``|x|`` of each block, in ``x``'s dtype, when the scan took them
             (None: on an accelerator, taken from :attr:`magnitudes` if :attr:`maxima` is asked for).
-        moments: ``(sum x, sum x^2)`` over the slice when the scan was asked for them (double
-            precision sums of single-precision chunk sums, or double ones for float64): floats,
-            or on an accelerator 0-dim float64 tensors left there.
+        moments: ``(sum x, sum x^2)`` over the slice when the scan was asked for them: on the
+            host floats, double-precision sums of single-precision chunk sums (double ones for
+            float64); on an accelerator one single-precision sum of the slice each (double for
+            float64), as 0-dim float64 tensors left there.
         last_pass: the host's last :class:`HostPass` of the slice, under its threshold and
             comparison (:func:`host_pass`; at most one entry).
     """
