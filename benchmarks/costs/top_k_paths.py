@@ -1,7 +1,7 @@
 """Which of the exact top-k's two paths is faster on a CPU buffer of each size: what sets
 ``horovod_sparse.torch_core.selection.DEVICE_TOP_K_BELOW``.
 
-    python -m benchmarks.costs.top_k_paths [--sizes 2570 16640 32768 49152 65792 85002 262144 1048576] \
+    python -m benchmarks.costs.top_k_paths [--keys] [--sizes 2570 16640 32768 49152 65792 85002 262144 1048576] \
         [--densities 0.01 0.001] [--repeats 31] [--results results/top_k_paths.json]
 
 One process, one thread (``torch.set_num_threads(1)``), a float32 normal buffer per size,
@@ -19,6 +19,11 @@ and ``device / host``, below 1 where the device path is faster. The default size
 job's groups (the digits MLP's three layers, 2,570, 16,640 and 65,792 elements, and its one
 flat bucket of 85,002), the sizes around the bound, and larger buffers. Both paths are checked
 once to pick the same set.
+
+``--keys``: instead, the two ways of forming the tie rule's int64 keys
+(:func:`~horovod_sparse.torch_core.selection.ranked_keys`) from ``|x|`` in rows of 4,096 (SparseLoCo's
+chunks) of each size: ``add``, the accelerators' one ``torch.add`` of the int32 bits to the int64
+positions, and ``widen``, the host's widening, shift and or; the same keys, checked.
 """
 from __future__ import annotations
 
@@ -56,25 +61,66 @@ def row(numel: int, density: float, repeats: int) -> Dict[str, float]:
             "device_over_host": device / host}
 
 
+def keys_row(numel: int, repeats: int) -> Dict[str, float]:
+    """The medians of both ways of forming the keys of ``numel`` magnitudes in rows of 4,096
+    (the last row dropped when short), interleaved, and their ratio."""
+    width = min(numel, 4096)
+    rows = torch.randn(numel // width, width, generator=torch.Generator().manual_seed(numel)).abs()
+
+    def keys(forced: bool) -> Callable[[], object]:
+        def run() -> object:
+            if not forced:
+                return selection.ranked_keys(rows)
+            with selection.accelerator_paths():
+                return selection.ranked_keys(rows)
+        return run
+
+    ways = {"add": keys(True), "widen": keys(False)}
+    if not torch.equal(ways["add"](), ways["widen"]()):
+        raise AssertionError(f"the two ways formed different keys for {numel} elements")
+    times: Dict[str, List[float]] = {way: [] for way in ways}
+    for _ in range(repeats):
+        for way, run in ways.items():
+            times[way].append(cpu_ms(run))
+    add, widen = (statistics.median(times[way]) for way in ways)
+    return {"numel": rows.numel(), "add_ms": add, "widen_ms": widen, "widen_over_add": widen / add}
+
+
+def print_keys(rows: List[Dict[str, float]], repeats: int) -> None:
+    print(f"CPU ms of forming the keys of rows of 4,096, medians of {repeats}")
+    print(f"{'elements':>10} {'add ms':>9} {'widen ms':>9} {'widen/add':>10}")
+    for r in rows:
+        print(f"{r['numel']:>10,} {r['add_ms']:>9.3f} {r['widen_ms']:>9.3f} {r['widen_over_add']:>10.2f}")
+
+
+def print_paths(rows: List[Dict[str, float]], repeats: int) -> None:
+    print(f"CPU ms of one top-k, medians of {repeats}; DEVICE_TOP_K_BELOW = {selection.DEVICE_TOP_K_BELOW:,}")
+    print(f"{'elements':>10} {'density':>8} {'k':>7} {'host ms':>9} {'device ms':>10} {'device/host':>12}")
+    for r in rows:
+        print(f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f} {r['device_ms']:>10.3f} "
+              f"{r['device_over_host']:>12.2f}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[2570, 16640, 32768, 49152, 65792, 85002, 262144, 1048576])
     p.add_argument("--densities", type=float, nargs="+", default=[0.01, 0.001])
     p.add_argument("--repeats", type=int, default=31)
     p.add_argument("--results", type=Path, help="also write the rows to this JSON file")
+    p.add_argument("--keys", action="store_true", help="time the two ways of forming the keys instead")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    rows = [row(numel, density, args.repeats) for numel in args.sizes for density in args.densities]
-    print(f"CPU ms of one top-k, medians of {args.repeats}; DEVICE_TOP_K_BELOW = {selection.DEVICE_TOP_K_BELOW:,}")
-    print(f"{'elements':>10} {'density':>8} {'k':>7} {'host ms':>9} {'device ms':>10} {'device/host':>12}")
-    for r in rows:
-        print(f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f} {r['device_ms']:>10.3f} "
-              f"{r['device_over_host']:>12.2f}")
+    if args.keys:
+        rows = [keys_row(numel, args.repeats) for numel in args.sizes]
+        print_keys(rows, args.repeats)
+    else:
+        rows = [row(numel, density, args.repeats) for numel in args.sizes for density in args.densities]
+        print_paths(rows, args.repeats)
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps({"benchmark": "top_k_paths", "rows": rows}, indent=1))
+        benchmark = "top_k_keys" if args.keys else "top_k_paths"
+        args.results.write_text(json.dumps({"benchmark": benchmark, "rows": rows}, indent=1))
         print(f"wrote {args.results}")
-
 
 if __name__ == "__main__":
     main()

@@ -449,6 +449,18 @@ def test_top_k_paths_times_both_paths_on_each_size(tmp_path):
         assert f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f}" in result.stdout
 
 
+def test_top_k_paths_keys_forms_the_same_keys_both_ways(tmp_path):
+    """``--keys`` times the accelerators' add and the host's widening of the keys, after checking
+    they are the same keys (it fails otherwise)."""
+    result = run([sys.executable, "-m", "benchmarks", "top_k_paths", "--keys", "--sizes", "3000", "70000",
+                  "--repeats", "1", "--results", str(tmp_path / "keys.json")])
+    rows = json.loads((tmp_path / "keys.json").read_text())["rows"]
+    assert [r["numel"] for r in rows] == [3000, 17 * 4096]  # whole rows of 4,096 (or one shorter row)
+    for r in rows:
+        assert r["widen_over_add"] == pytest.approx(r["widen_ms"] / r["add_ms"])
+        assert f"{r['numel']:>10,} {r['add_ms']:>9.3f} {r['widen_ms']:>9.3f}" in result.stdout
+
+
 # -- grouping, MergeComp, LAGS ------------------------------------------------------------------------------
 def test_grouping_overhead_compares_groupings_and_reports_the_search(tmp_path):
     result = run([*SUITE_HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m", "benchmarks",
