@@ -45,18 +45,26 @@ def cpu_ms(run: Callable[[], object]) -> float:
     return (time.process_time() - start) * 1e3
 
 
+def interleaved_medians(runs: List[Callable[[], torch.Tensor]], repeats: int, differ: str) -> List[float]:
+    """The median CPU ms of each of ``runs``, run in turn ``repeats`` times, after checking that
+    they return the same tensor (``AssertionError(differ)`` otherwise)."""
+    first = runs[0]()
+    if not all(torch.equal(first, run()) for run in runs[1:]):
+        raise AssertionError(differ)
+    times: List[List[float]] = [[] for _ in runs]
+    for _ in range(repeats):
+        for taken, run in zip(times, runs):
+            taken.append(cpu_ms(run))
+    return [statistics.median(taken) for taken in times]
+
+
 def row(numel: int, density: float, repeats: int) -> Dict[str, float]:
     """The medians of both paths on one buffer, interleaved, and their ratio."""
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
     k = max(1, int(density * numel))
-    paths = {"host": lambda: selection.scanned_top_k(x, k), "device": lambda: selection.device_top_k(x, k)}
-    if not torch.equal(paths["host"](), paths["device"]()):
-        raise AssertionError(f"the paths picked different sets for {numel} elements, k={k}")
-    times: Dict[str, List[float]] = {name: [] for name in paths}
-    for _ in range(repeats):
-        for name, run in paths.items():
-            times[name].append(cpu_ms(run))
-    host, device = (statistics.median(times[name]) for name in paths)
+    host, device = interleaved_medians(
+        [lambda: selection.scanned_top_k(x, k), lambda: selection.device_top_k(x, k)], repeats,
+        f"the paths picked different sets for {numel} elements, k={k}")
     return {"numel": numel, "density": density, "k": k, "host_ms": host, "device_ms": device,
             "device_over_host": device / host}
 
@@ -67,22 +75,16 @@ def keys_row(numel: int, repeats: int) -> Dict[str, float]:
     width = min(numel, 4096)
     rows = torch.randn(numel // width, width, generator=torch.Generator().manual_seed(numel)).abs()
 
-    def keys(forced: bool) -> Callable[[], object]:
-        def run() -> object:
+    def keys(forced: bool) -> Callable[[], torch.Tensor]:
+        def run() -> torch.Tensor:
             if not forced:
                 return selection.ranked_keys(rows)
             with selection.accelerator_paths():
                 return selection.ranked_keys(rows)
         return run
 
-    ways = {"add": keys(True), "widen": keys(False)}
-    if not torch.equal(ways["add"](), ways["widen"]()):
-        raise AssertionError(f"the two ways formed different keys for {numel} elements")
-    times: Dict[str, List[float]] = {way: [] for way in ways}
-    for _ in range(repeats):
-        for way, run in ways.items():
-            times[way].append(cpu_ms(run))
-    add, widen = (statistics.median(times[way]) for way in ways)
+    add, widen = interleaved_medians([keys(True), keys(False)], repeats,
+                                     f"the two ways formed different keys for {numel} elements")
     return {"numel": rows.numel(), "add_ms": add, "widen_ms": widen, "widen_over_add": widen / add}
 
 
