@@ -47,7 +47,7 @@ code and the DDP hook run on the device as in a job. Its parts, each printed and
   (Top-k by default): per step, the host and device time of every operation, and the 20
   operations whose host time the hook grew most (a figure to read, not asserted).
 * ``selection``: on the device, a read pass (``x.sum()``), ``torch.topk(x.abs(), k)``, the exact
-  top-k of the methods (:func:`horovod_sparse.torch_core.selection.top_k`) and the selections of
+  top-k of the methods (:func:`horovod_sparse.torch_core.top_k.top_k`) and the selections of
   the hard threshold, Gaussian-k, DGC and MiCRO as their exchanges run them there (capacity 2k)
   over float32 buffers of each of ``--numel`` elements (25.6M and 100M) at ``k = density * numel``
   for each of ``--density`` (0.001 and 0.01) (medians of ``--repeats``, each timed with the
@@ -85,7 +85,8 @@ from horovod_sparse.common.cost_model import BF16_BYTES, INDEX_BYTES, VALUE_BYTE
 from horovod_sparse.common.stats import StepStats
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.common.thresholds import scan_block_size
-from horovod_sparse.torch_core.selection import accelerator_paths, top_k
+from horovod_sparse.torch_core.selection import accelerator_paths
+from horovod_sparse.torch_core.top_k import top_k
 
 SHAPES = [[64, 48], [48], [96, 64], [64], [9]]
 #: Two buckets of about 3,000 float32 elements each for :data:`SHAPES`.

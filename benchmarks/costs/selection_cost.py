@@ -8,7 +8,7 @@ side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 
 * ``sum``: ``x.sum()``, a read-only pass over the buffer;
 * ``torch.topk``: ``torch.topk(x.abs(), k)``, what Top-k did before the exact top-k primitive;
-* ``top_k``: :func:`horovod_sparse.torch_core.selection.top_k`, the exact top-k of Top-k, gTop-k,
+* ``top_k``: :func:`horovod_sparse.torch_core.top_k.top_k`, the exact top-k of Top-k, gTop-k,
   LAGS and DGC's final pick (checked once to pick the same set as ``torch.topk``);
 * ``threshold``: the hard-threshold method's selection (block scan and pick at its fixed
   ``1 / (2 sqrt(k))``), on the gradient scaled so that this threshold selects ``k``;
@@ -58,7 +58,8 @@ from horovod_sparse.methods.micro.controllers import HistogramController, Thresh
 from horovod_sparse.common.capacity import CappedOptions, capacity_count
 from horovod_sparse.common.threshold_baselines import hard_threshold
 from horovod_sparse.methods.micro.candidates import Candidates
-from horovod_sparse.torch_core.selection import pick, pick_capped, scan, top_k
+from horovod_sparse.torch_core.selection import pick, pick_capped, scan
+from horovod_sparse.torch_core.top_k import top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.torch import backend
 

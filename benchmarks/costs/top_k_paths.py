@@ -1,5 +1,5 @@
 """Which of the exact top-k's two paths is faster on a CPU buffer of each size: what sets
-``horovod_sparse.torch_core.selection.DEVICE_TOP_K_BELOW``.
+``horovod_sparse.torch_core.top_k.DEVICE_TOP_K_BELOW``.
 
     python -m benchmarks.costs.top_k_paths [--keys] [--sizes 2570 16640 32768 49152 65792 85002 262144 1048576] \
         [--densities 0.01 0.001] [--repeats 31] [--results results/top_k_paths.json]
@@ -9,10 +9,10 @@ One process, one thread (``torch.set_num_threads(1)``), a float32 normal buffer 
 (medians of ``--repeats`` of the process's CPU time, so that other load on a shared machine does
 not count; only the ratio is meant to be read):
 
-* ``host``: :func:`~horovod_sparse.torch_core.selection.scanned_top_k`, the block scan (the path
+* ``host``: :func:`~horovod_sparse.torch_core.top_k.scanned_top_k`, the block scan (the path
   a CPU buffer of ``DEVICE_TOP_K_BELOW`` elements or more takes: several small operations and
   host reads, and nothing of the buffer's size allocated);
-* ``device``: :func:`~horovod_sparse.torch_core.selection.device_top_k` (whole-buffer passes
+* ``device``: :func:`~horovod_sparse.torch_core.top_k.device_top_k` (whole-buffer passes
   and one ``torch.topk`` of int64 keys, no host read; what a GPU runs, and a smaller CPU buffer);
 
 and ``device / host``, below 1 where the device path is faster. The default sizes are the main
@@ -21,7 +21,7 @@ flat bucket of 85,002), the sizes around the bound, and larger buffers. Both pat
 once to pick the same set.
 
 ``--keys``: instead, the two ways of forming the tie rule's int64 keys
-(:func:`~horovod_sparse.torch_core.selection.ranked_keys`) from ``|x|`` in rows of 4,096 (SparseLoCo's
+(:func:`~horovod_sparse.torch_core.top_k.ranked_keys`) from ``|x|`` in rows of 4,096 (SparseLoCo's
 chunks) of each size: ``add``, the accelerators' one ``torch.add`` of the int32 bits to the int64
 positions, and ``widen``, the host's widening, shift and or; the same keys, checked.
 """
@@ -36,7 +36,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from horovod_sparse.torch_core import selection
+from horovod_sparse.torch_core import selection, top_k
 
 
 def cpu_ms(run: Callable[[], object]) -> float:
@@ -63,7 +63,7 @@ def row(numel: int, density: float, repeats: int) -> Dict[str, float]:
     x = torch.randn(numel, generator=torch.Generator().manual_seed(numel))
     k = max(1, int(density * numel))
     host, device = interleaved_medians(
-        [lambda: selection.scanned_top_k(x, k), lambda: selection.device_top_k(x, k)], repeats,
+        [lambda: top_k.scanned_top_k(x, k), lambda: top_k.device_top_k(x, k)], repeats,
         f"the paths picked different sets for {numel} elements, k={k}")
     return {"numel": numel, "density": density, "k": k, "host_ms": host, "device_ms": device,
             "device_over_host": device / host}
@@ -78,9 +78,9 @@ def keys_row(numel: int, repeats: int) -> Dict[str, float]:
     def keys(forced: bool) -> Callable[[], torch.Tensor]:
         def run() -> torch.Tensor:
             if not forced:
-                return selection.ranked_keys(rows)
+                return top_k.ranked_keys(rows)
             with selection.accelerator_paths():
-                return selection.ranked_keys(rows)
+                return top_k.ranked_keys(rows)
         return run
 
     add, widen = interleaved_medians([keys(True), keys(False)], repeats,
@@ -96,7 +96,7 @@ def print_keys(rows: List[Dict[str, float]], repeats: int) -> None:
 
 
 def print_paths(rows: List[Dict[str, float]], repeats: int) -> None:
-    print(f"CPU ms of one top-k, medians of {repeats}; DEVICE_TOP_K_BELOW = {selection.DEVICE_TOP_K_BELOW:,}")
+    print(f"CPU ms of one top-k, medians of {repeats}; DEVICE_TOP_K_BELOW = {top_k.DEVICE_TOP_K_BELOW:,}")
     print(f"{'elements':>10} {'density':>8} {'k':>7} {'host ms':>9} {'device ms':>10} {'device/host':>12}")
     for r in rows:
         print(f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f} {r['device_ms']:>10.3f} "

@@ -6,7 +6,7 @@ The counterpart of :mod:`horovod_sparse.torch_core.selection`, with the same res
 (the last block partial), :func:`pick` exactly ``{i in [start, end) : |x[i]| >= threshold}`` in
 ascending order (int64). Here :func:`pick` compares the slice directly: the PyTorch side's
 block-skipping is a CPU memory-traffic optimisation that does not change the result.
-:func:`top_k` finds the same set as :func:`horovod_sparse.torch_core.selection.top_k`, under the same
+:func:`top_k` finds the same set as :func:`horovod_sparse.torch_core.top_k.top_k`, under the same
 tie rule and by the same method (block maxima, a candidate level, the top-k of the blocks that
 reach it), at a few read passes of the buffer instead of ``tf.math.top_k``'s dozens.
 """
@@ -85,7 +85,7 @@ def top_k(x: tf.Tensor, k: Union[int, tf.Tensor], ascending: bool = True) -> tf.
     """Indices (int64, ascending) of the ``k`` largest ``|x|`` of ``tf.reshape(x, [-1])``
     (``ascending`` is the PyTorch side's: here they are ascending either way).
 
-    Tie rule, as :func:`horovod_sparse.torch_core.selection.top_k`: among equal magnitudes the lower
+    Tie rule, as :func:`horovod_sparse.torch_core.top_k.top_k`: among equal magnitudes the lower
     index wins, so the result is the first ``k`` indices in the order of ``(-|x[i]|, i)``.
     ``k <= 0`` gives nothing, ``k >= numel`` every index; ``x`` must hold no NaN. Traceable
     (``tf.cond``, no Python branch on values), with ``k`` a Python int or a scalar tensor.
@@ -195,7 +195,7 @@ def _kth_largest(values: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
 
 def _candidate_level(maxima: tf.Tensor, k: tf.Tensor) -> tf.Tensor:
     """A value that at least ``k`` of the block ``maxima`` reach and at most ``2k`` exceed
-    (``k <= size``), as :func:`horovod_sparse.torch_core.selection.candidate_level`: the estimate
+    (``k <= size``), as :func:`horovod_sparse.torch_core.top_k.candidate_level`: the estimate
     from every ``max(1, k // LEVEL_SAMPLE)``-th maximum, aiming :data:`LEVEL_MARGIN` above
     ``k``, when ``k`` to ``2k`` maxima reach it; the ``k``-th largest maximum otherwise (of
     those that reach the estimate when more than ``2k`` do, of all when fewer than ``k``)."""

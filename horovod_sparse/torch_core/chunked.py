@@ -22,7 +22,7 @@ from typing import Tuple
 import torch
 
 from horovod_sparse.torch_core.constants import constant, steps
-from horovod_sparse.torch_core.selection import device_top_k, ranked_keys
+from horovod_sparse.torch_core.top_k import device_top_k, ranked_keys
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
            "top_k_chunks", "unpack_codes", "unpack_offsets"]
@@ -44,7 +44,7 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
 def _top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
     """The flat indices of each row's ``k`` largest ``rows`` (magnitudes; ``k > 0``; every index
     when ``k`` reaches a row's length), ties to the lower index, ascending: one ``torch.topk`` of
-    :func:`~horovod_sparse.torch_core.selection.ranked_keys` along the rows where there are keys;
+    :func:`~horovod_sparse.torch_core.top_k.ranked_keys` along the rows where there are keys;
     else each row's k-th largest magnitude, all above it and the first of those equal to it.
     Exactly ``k`` a row either way, so a fixed-size result."""
     full, chunk = rows.shape

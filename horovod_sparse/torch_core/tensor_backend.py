@@ -26,7 +26,8 @@ from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, l
                                                pack_codes, pack_offsets, top_k_chunks, unpack_codes,
                                                unpack_offsets)  # (backend API)
 from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, on_accelerator, pick, pick_capped,
-                                                 pick_with_magnitudes, scan, select, top_k)
+                                                 pick_with_magnitudes, scan, select)
+from horovod_sparse.torch_core.top_k import top_k
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "bin_means", "both",
            "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_reaching", "count_true",

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from horovod_sparse.methods.gtopk.butterfly import largest_power_of_two, round_count
-from horovod_sparse.torch_core.selection import top_k
+from horovod_sparse.torch_core.top_k import top_k
 from horovod_sparse.methods.gtopk.butterfly import SparseSet
 from horovod_sparse.methods.gtopk.exchange import merge
 from horovod_sparse.torch import backend

@@ -1,4 +1,4 @@
-"""The exact top-k primitive of both frameworks (``horovod_sparse.torch_core.selection.top_k`` and
+"""The exact top-k primitive of both frameworks (``horovod_sparse.torch_core.top_k.top_k`` and
 ``horovod_sparse.tensorflow.selection.top_k``) against a slow independent reference, a stable
 NumPy argsort of ``-|x|`` (ties to the lower index), on adversarial inputs: ties, all-equal,
 zeros, k at or above the number of non-zeros, heavy tails, infinities, every float dtype, tiny
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from horovod_sparse.common.thresholds import SCAN_CHUNK
-from horovod_sparse.torch_core.selection import DEVICE_TOP_K_BELOW, device_top_k, scanned_top_k, top_k
+from horovod_sparse.torch_core.top_k import DEVICE_TOP_K_BELOW, device_top_k, scanned_top_k, top_k
 from tests.support.host_reads import HostReads
 from tests.support.reference import topk_indices
 
