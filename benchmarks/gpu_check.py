@@ -26,7 +26,8 @@ code and the DDP hook run on the device as in a job. Its parts, each printed and
 * ``steps``: real models (``--model``: ResNet-50 at batch 64 and a GPT-2-small-sized transformer
   at batch 8 of 1,024 tokens by default; ResNet-20 with ``--quick``), each trained
   through DDP on the device, dense (DDP's own allreduce), with what users would pick instead
-  (PyTorch's ``bf16_compress_hook``, on CUDA; PowerSGD at rank 4) and with every method's hook, bf16
+  (PyTorch's ``bf16_compress_hook``, on CUDA; PowerSGD at rank 4, on the CPU one bucket after
+  another: :mod:`benchmarks.shared.ddp_baselines`) and with every method's hook, bf16
   autocast on CUDA: the median step time of ``--train-steps`` steps (device synchronised) and
   its ratio to dense (and dense and Top-k with DDP's ``gradient_as_bucket_view=True``). One
   rank, so the exchange itself is trivial: the figures are what each method adds to a step
@@ -421,7 +422,7 @@ def training(device: str, model: str, batch_size: int, method: str, bucket_view:
                                                     gradient_as_bucket_view=bucket_view)
     state = None
     if method in BASELINE_HOOKS:
-        net.register_comm_hook(*BASELINE_HOOKS[method]())
+        net.register_comm_hook(*BASELINE_HOOKS[method](device))
     elif method != "dense":
         state = hsd.State(compression=hsd.Compression.create(method, density=0.001))
         net.register_comm_hook(state, hsd.hook)

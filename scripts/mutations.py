@@ -1364,6 +1364,12 @@ MUTATIONS: List[Mutation] = [
       '            found += [ddp_row(model, exchange, args) for exchange in ["dense", *methods]]',
       ["tests/benchmarks/test_clis.py", "-k", "exchange_cost"],
       "issue 57's exchange cost leaves out what users would pick instead (PowerSGD, the bf16 hook)"),
+    M("bench-powersgd-stock-on-gloo", "benchmarks/shared/ddp_baselines.py",
+      '    if device.startswith("cuda"):\n        return (powerSGD_hook.PowerSGDState(',
+      '    if True:\n        return (powerSGD_hook.PowerSGDState(',
+      ["tests/benchmarks/test_ddp.py", "-k", "powersgd_baseline"],
+      "the benchmarks' PowerSGD on Gloo is PyTorch's hook as it comes (its callbacks can take every Gloo "
+      "thread: backward() hangs)"),
     M("bench-exchange-cost-whole-step-uncounted", "benchmarks/costs/exchange_cost.py",
       "    return measured(step, ops, args)\n",
       "    return measured(step, DispatchedOps(), args)\n",

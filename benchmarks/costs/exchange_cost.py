@@ -127,7 +127,7 @@ def ddp_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, An
     if exchange == "dense":
         hook_state, hook = None, default_hooks.allreduce_hook
     elif exchange in BASELINE_HOOKS:
-        hook_state, hook = BASELINE_HOOKS[exchange]() if cuda else _serial_powersgd()
+        hook_state, hook = BASELINE_HOOKS[exchange](args.device)
     else:
         hook_state, hook = hsd.State(compression=hsd.Compression.create(exchange, density=0.001)), hsd.hook
     ops, calls = DispatchedOps(), []
@@ -152,18 +152,6 @@ def ddp_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, An
         figures["ops"] = None
     return {"model": model, "front_end": "ddp", "exchange": exchange, "parameters": sum(p.numel() for p in parameters),
             "tensors": len(parameters), **figures, "buckets": len(calls)}
-
-
-def _serial_powersgd() -> Tuple[Any, Callable[..., Any]]:
-    """PowerSGD as the CPU rows run it (:func:`benchmarks.emulated.synthetic_ddp.serial_powersgd_hook`:
-    the stock hook waits for its second and third allreduce inside callbacks on Gloo's threads,
-    which buckets ready at once exhaust), at the rank and from the step of
-    :data:`~benchmarks.shared.ddp_baselines.BASELINE_HOOKS`' PowerSGD."""
-    from benchmarks.emulated.synthetic_ddp import SerialPowerSGDState, serial_powersgd_hook
-    from benchmarks.shared.ddp_baselines import POWERSGD_RANK, POWERSGD_START_ITER
-
-    return SerialPowerSGDState(process_group=None, matrix_approximation_rank=POWERSGD_RANK,
-                               start_powerSGD_iter=POWERSGD_START_ITER), serial_powersgd_hook
 
 
 def fsdp_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str, Any]:

@@ -12,7 +12,8 @@ then the sparsification figures) and writes result rows of the same shape with `
 
 ``--compressor``: ``none`` is DDP's own bucket allreduce (no comm hook); ``powersgd`` is
 PyTorch's ``powerSGD_hook`` (``powersgd:rank=R``, matrix approximation rank R, 4 by default, with
-error feedback and warm start; its first :data:`POWERSGD_START_ITER` steps are dense
+error feedback and warm start, one bucket after another as on Gloo
+(:func:`benchmarks.shared.ddp_baselines.serial_powersgd_hook`); its first :data:`POWERSGD_START_ITER` steps are dense
 allreduces, so they must fall in ``--num-warmup-batches``); any other name of
 ``horovod_sparse.ddp.Compression.names()`` (``fp16`` and every method, options as in
 :mod:`benchmarks.emulated.synthetic`) runs through ``horovod_sparse.ddp.hook``, whose first step is dense
@@ -28,60 +29,18 @@ from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 
 import horovod_sparse.ddp as hsd
 from benchmarks.emulated.synthetic_harness import benchmark_parser, compressor_options, measure, run_all, spec_label
-from benchmarks.shared.ddp_baselines import POWERSGD_RANK, POWERSGD_START_ITER  # noqa: F401  (cluster's too)
+from benchmarks.shared.ddp_baselines import (POWERSGD_RANK, POWERSGD_START_ITER,  # noqa: F401  (cluster's too)
+                                             SerialPowerSGDState, powersgd_baseline)
 from benchmarks.shared.models import count_parameters, model_spec
 from benchmarks.shared.results import command_line
 from horovod_sparse.common.registry import parse_spec
 
 #: ``--compressor`` name of PyTorch's PowerSGD hook.
 POWERSGD = "powersgd"
-
-
-class SerialPowerSGDState(powerSGD_hook.PowerSGDState):
-    """``PowerSGDState`` plus the future of the bucket :func:`serial_powersgd_hook` started last."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.previous: Optional[torch.futures.Future] = None
-
-
-def serial_powersgd_hook(state: SerialPowerSGDState, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """PyTorch's ``powerSGD_hook``, one bucket after another: a bucket's exchange starts once the
-    previous bucket's has finished (the backward pass goes on meanwhile). Gloo needs every rank
-    to call its collectives in the same order; ``powerSGD_hook`` calls a bucket's second and
-    third allreduce from callbacks on Gloo's threads, which race the next bucket's first one
-    differently on each rank (a collective mismatch with two buckets or more). The compression
-    is PyTorch's, unchanged."""
-    result: torch.futures.Future[torch.Tensor] = torch.futures.Future()
-
-    def finish(future: torch.futures.Future[torch.Tensor]) -> None:
-        try:
-            result.set_result(future.value())
-        except Exception as error:  # handed to DDP, which raises it from backward()
-            result.set_exception(error)
-
-    def start(_: Any) -> None:
-        try:
-            powerSGD_hook.powerSGD_hook(state, bucket).add_done_callback(finish)
-        except Exception as error:
-            result.set_exception(error)
-
-    previous, state.previous = state.previous, result
-    if previous is None:
-        start(None)
-    else:
-        previous.add_done_callback(start)
-    return result
-
-
-# DDP compares the hook's annotations with the objects themselves, not with their names.
-serial_powersgd_hook.__annotations__ = {"state": SerialPowerSGDState, "bucket": dist.GradBucket,
-                                        "return": torch.futures.Future[torch.Tensor]}
 
 
 Hook = Union[None, SerialPowerSGDState, hsd.State]
@@ -116,9 +75,8 @@ def register_hook(ddp: DistributedDataParallel, name: str, options: Dict[str, An
         if warmup_batches < POWERSGD_START_ITER:
             raise ValueError(f"powersgd allreduces its first {POWERSGD_START_ITER} steps densely: "
                              f"--num-warmup-batches must be at least {POWERSGD_START_ITER}")
-        state = SerialPowerSGDState(process_group=None, matrix_approximation_rank=options["rank"],
-                                    start_powerSGD_iter=POWERSGD_START_ITER)
-        ddp.register_comm_hook(state, serial_powersgd_hook)
+        state, hook = powersgd_baseline("cpu", rank=options["rank"])  # Gloo: one bucket after another
+        ddp.register_comm_hook(state, hook)
         return state
     state = hsd.State(compression=hsd.Compression.create(name, **options))
     ddp.register_comm_hook(state, hsd.hook)

@@ -259,10 +259,10 @@ class DdpExchange:
     """
 
     def __init__(self, spec: str, model: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
         from torch.nn.parallel import DistributedDataParallel
 
         import horovod_sparse.ddp as hsd
+        from benchmarks.shared.ddp_baselines import SerialPowerSGDState, powersgd_baseline
         from horovod_sparse.common.registry import parse_spec
 
         self.module = DistributedDataParallel(model)
@@ -271,13 +271,13 @@ class DdpExchange:
         #: horovod_sparse's hook state (a method spec), else None.
         self.state: Optional[hsd.State] = None
         #: PowerSGD's hook state (:data:`POWERSGD`), else None.
-        self.powersgd: Optional[powerSGD_hook.PowerSGDState] = None
-        self._powersgd_bytes = 0
+        self.powersgd: Optional[SerialPowerSGDState] = None
+        #: PowerSGD's count of what it allreduced when this step's first bucket started.
+        self._powersgd_start = 0
+        self._element_size = next(p for p in model.parameters() if p.requires_grad).element_size()
         name, options = parse_spec(spec)
         if name == POWERSGD:
-            self.powersgd = powerSGD_hook.PowerSGDState(process_group=None,
-                                                        matrix_approximation_rank=options["rank"],
-                                                        start_powerSGD_iter=options["start"])
+            self.powersgd, _ = powersgd_baseline("cpu", rank=options["rank"], start=options["start"])
             self.module.register_comm_hook(self, _counted_powersgd)
         elif name != "none":
             self.state = hsd.State(compression=hsd.Compression.create(name, **options))
@@ -294,7 +294,8 @@ class DdpExchange:
             assert self.state.last_stats is not None
             return self.state.last_stats.bytes_sent(), self.state.last_stats.union_density
         if self.powersgd is not None:
-            return self._powersgd_bytes, None
+            compressed = self.powersgd.total_numel_after_compression - self._powersgd_start
+            return (compressed * self._element_size if compressed else self.dense_bytes), None
         return self.dense_bytes, 1.0
 
 
@@ -302,20 +303,17 @@ class DdpExchange:
 # annotations are strings): they are left out here.
 def _counted_powersgd(exchange: DdpExchange, bucket):
     """PyTorch's ``powerSGD_hook`` on ``exchange.powersgd`` for ``bucket`` (a ``dist.GradBucket``;
-    returns its future), counting the bytes it allreduces: in a compressed step the elements it
-    adds to ``total_numel_after_compression`` (P, Q and the uncompressed tensors), before its start
-    iteration the whole bucket. DDP calls hooks in bucket order, so bucket 0 starts a step's count."""
-    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import powerSGD_hook
+    returns its future), one bucket after another as on Gloo
+    (:func:`benchmarks.shared.ddp_baselines.serial_powersgd_hook`), marking where a step's count of
+    what it allreduced starts: DDP calls hooks in bucket order, and a step's buckets have finished
+    before the next step's first one starts."""
+    from benchmarks.shared.ddp_baselines import serial_powersgd_hook
 
     state = exchange.powersgd
     assert state is not None
     if bucket.index() == 0:
-        exchange._powersgd_bytes = 0
-    before = state.total_numel_after_compression
-    future = powerSGD_hook(state, bucket)
-    sent = state.total_numel_after_compression - before or bucket.buffer().numel()
-    exchange._powersgd_bytes += sent * bucket.buffer().element_size()
-    return future
+        exchange._powersgd_start = state.total_numel_after_compression
+    return serial_powersgd_hook(state, bucket)
 
 
 class Configuration(NamedTuple):

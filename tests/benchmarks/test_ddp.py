@@ -1,10 +1,13 @@
 """The DDP side of the throughput benchmarks: :mod:`benchmarks.emulated.synthetic_ddp` smoke-run under
 ``torchrun`` on 2 local processes (dense DDP, PyTorch's PowerSGD, a horovod_sparse method), and
 ``benchmarks.emulated.cluster --ddp`` on a real emulated cluster (root). Only the printed format, the JSON
-rows and their plumbing are checked, never a measured time."""
+rows and their plumbing are checked, never a measured time; and the PowerSGD baseline every
+benchmark runs on Gloo (``benchmarks.shared.ddp_baselines``) against PyTorch's own hook."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from typing import Any, Dict, List, Tuple
 
 import pytest
@@ -13,6 +16,7 @@ from benchmarks.emulated import synthetic_ddp
 from benchmarks.emulated.cluster import add_ratios, ddp_sweep
 from benchmarks.shared import models
 from tests.benchmarks.test_clis import cluster_rows, needs_root, run_torch_synthetic
+from tests.support.launch import WORKERS, worker_env
 
 SWEEP = [{"compressor": "none"}, {"compressor": "powersgd"}, {"compressor": "micro", "density": 0.01}]
 LABELS = ["ddp none", "ddp powersgd(rank=4)", "ddp micro(density=0.01)"]
@@ -106,3 +110,12 @@ def test_cluster_benchmark_runs_the_ddp_sweep_on_the_same_cluster(tmp_path):
     assert rows["ddp topk(density=0.01)"]["efficiency"] == pytest.approx(
         rows["ddp topk(density=0.01)"]["total_img_sec"] / rows["local (no exchange)"]["total_img_sec"])
     assert rows["ddp topk(density=0.01)"]["stats"]["bytes_sent"] < rows["none"]["stats"]["bytes_sent"] / 10
+
+
+def test_powersgd_baseline_on_gloo_finishes_with_pytorchs_gradients():
+    """The benchmarks' PowerSGD on the CPU (tests/workers/powersgd_baseline.py): several buckets,
+    30 steps on one Gloo rank, bitwise PyTorch's hook waited for bucket by bucket. PyTorch's hook
+    called as it comes hangs there (its callbacks wait on every Gloo thread): a timeout."""
+    result = subprocess.run([sys.executable, str(WORKERS / "powersgd_baseline.py")], env=worker_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.split() == ["same"], result.stdout + result.stderr[-3000:]
