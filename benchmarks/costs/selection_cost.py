@@ -2,8 +2,12 @@
 
     python -m benchmarks.costs.selection_cost --numel 25600000 --workers 2 4 --density 0.001 --repeats 15
 
-One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--numel`` elements
-(the size of ResNet-50 by default), ``k = density * numel``. First, over the whole buffer, side by
+One process, one core (``torch.set_num_threads(1)``), a float32 gradient of ``--numel`` normal
+elements (the size of ResNet-50 by default), or with ``--gradient MODEL`` the flat gradient of a
+model of :mod:`benchmarks.shared.models` (seeded, at its default size, one batch of
+``--batch-size``; ``--numel`` ignored): a real gradient is heavy-tailed, so Gaussian-k's first
+threshold selects too many and its corrections run, where on normal elements it settles at once;
+``k = density * numel``. First, over the whole buffer, side by
 side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 
 * ``sum``: ``x.sum()``, a read-only pass over the buffer;
@@ -53,6 +57,7 @@ from typing import Callable, Dict, List, Tuple
 import numpy as np
 import torch
 
+from benchmarks.shared.models import model_spec
 from horovod_sparse.common.thresholds import as_float32, scan_block_size
 from horovod_sparse.methods.micro.controllers import HistogramController, ThresholdState, candidate_budget, reaches_bar
 from horovod_sparse.common.capacity import CappedOptions, capacity_count
@@ -111,6 +116,18 @@ def partition_candidates(x: torch.Tensor, end: int, k: int, workers: int,
         "paper": lambda: pick(scan(x, 0, end, block), threshold),
         "naive": lambda: torch.where(x[:end].abs() >= threshold),
     }
+
+
+def model_gradient(name: str, batch_size: int, seed: int) -> torch.Tensor:
+    """The flat float32 gradient of :func:`benchmarks.shared.models.model_spec` ``name`` (built
+    with ``seed``, at its default size) on one batch of ``batch_size`` of its synthetic inputs."""
+    spec = model_spec(name)
+    torch.manual_seed(seed)
+    model = spec.build(spec.default_size)
+    inputs, targets = spec.batch(batch_size, spec.default_size, torch.Generator().manual_seed(seed))
+    output = model(inputs)
+    torch.nn.functional.cross_entropy(output.reshape(-1, output.shape[-1]), targets.reshape(-1)).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
 
 
 def time_side_by_side(candidates: Dict[str, Callable[[], object]], repeats: int) -> Dict[str, float]:
@@ -190,14 +207,21 @@ def main() -> None:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gradient", metavar="MODEL", help="a model's gradient instead of normal elements")
+    parser.add_argument("--batch-size", type=int, default=16, help="the batch of --gradient's model")
     parser.add_argument("--results", type=Path, help="write the figures as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(1)
     tf = single_threaded_tensorflow()
-    x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
+    if args.gradient is None:
+        x = torch.randn(args.numel, generator=torch.Generator().manual_seed(args.seed))
+        source = "normal elements"
+    else:
+        x = model_gradient(args.gradient, args.batch_size, args.seed)
+        args.numel, source = x.numel(), f"{args.gradient}'s gradient at batch {args.batch_size}"
     k = max(1, int(args.density * args.numel))
-    print(f"selection over a float32 gradient of {args.numel} elements, density {args.density} (k = {k}), "
-          f"1 thread, medians of {args.repeats} (CPU time)")
+    print(f"selection over a float32 gradient of {args.numel} elements ({source}), density {args.density} "
+          f"(k = {k}), 1 thread, medians of {args.repeats} (CPU time)")
     whole = whole_buffer(x, k, args.density, args.repeats)
     methods = ("torch.topk", "top_k", "threshold", "gaussiank")
     print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
@@ -230,7 +254,8 @@ def main() -> None:
               + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_ms"].items()))
     if args.results:
         args.results.parent.mkdir(parents=True, exist_ok=True)
-        args.results.write_text(json.dumps({"whole_buffer": {"numel": args.numel, "density": args.density, **whole},
+        args.results.write_text(json.dumps({"whole_buffer": {"numel": args.numel, "gradient": args.gradient,
+                                                             "density": args.density, **whole},
                                             "partitions": rows}, indent=2))
 
 

@@ -422,9 +422,11 @@ def test_controllers_tables_and_json(tmp_path):
 
 
 def test_selection_cost_prints_ratios(tmp_path):
-    result = run([sys.executable, "-m", "benchmarks", "selection_cost", "--numel", "200000", "--workers", "2",
-                  "--repeats", "3", "--results", str(tmp_path / "selection.json")])
+    result = run([sys.executable, "-m", "benchmarks", "selection_cost", "--gradient", "resnet20", "--batch-size", "2",
+                  "--workers", "2", "--repeats", "3", "--results", str(tmp_path / "selection.json")])
     figures = json.loads((tmp_path / "selection.json").read_text())
+    assert "elements (resnet20's gradient at batch 2)" in result.stdout
+    assert figures["whole_buffer"]["numel"] == models.count_parameters(models.model_spec("resnet20").build(32))
     (row,) = figures["partitions"]
     assert row["workers"] == 2 and row["histogram_over_topk"] == pytest.approx(row["histogram_ms"] / row["topk_ms"])
     assert f"{row['histogram_over_topk']:.4f}" in result.stdout
