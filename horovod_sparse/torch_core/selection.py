@@ -205,8 +205,15 @@ class HostPass:
 
     def count(self) -> int:
         """How many magnitudes reach: one host read."""
-        found = self.reached.sum()
-        return int(found if self.tail_reached is None else found + self.tail_reached.sum())
+        found = host_count(self.reached)
+        return found if self.tail_reached is None else found + host_count(self.tail_reached)
+
+
+def host_count(mask: torch.Tensor) -> int:
+    """How many of the bool ``mask`` hold, read on the host. ``torch.count_nonzero``: a CPU's
+    ``.sum()`` of a bool tensor widens every element to int64 as it adds, many times slower
+    over a large mask (the accelerators' paths keep ``.sum()``, whose count stays there)."""
+    return int(torch.count_nonzero(mask))
 
 
 def host_pass(scanned: BlockScan, threshold: float,

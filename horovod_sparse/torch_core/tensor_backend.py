@@ -25,8 +25,8 @@ from horovod_sparse.torch_core.constants import constant
 from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, level_codes, moments,  # noqa: F401
                                                pack_codes, pack_offsets, top_k_chunks, unpack_codes,
                                                unpack_offsets)  # (backend API)
-from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, on_accelerator, pick, pick_capped,
-                                                 pick_with_magnitudes, scan, select)
+from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, host_count, on_accelerator, pick,
+                                                 pick_capped, pick_with_magnitudes, scan, select)
 from horovod_sparse.torch_core.top_k import top_k
 
 __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "bin_means", "both",
@@ -168,8 +168,8 @@ def distinct(indices: torch.Tensor, numel: int, padded: bool = False) -> Union[i
     # takes int64 only: a cast), and not marks[indices] = True, which copies True from the host.
     # A PAD (-1) marks marks[-1], the place past the buffer, as an index does in Python.
     marks.index_put_((indices,), constant(True, torch.bool, indices.device))
-    count = (marks[:numel] if padded else marks).sum()
-    return count if on_accelerator(indices) else int(count)
+    marked = marks[:numel] if padded else marks
+    return marked.sum() if on_accelerator(indices) else host_count(marked)
 
 
 def coalesce(idx: torch.Tensor, values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -211,8 +211,7 @@ def kept(values: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
 def count_true(keep: Optional[torch.Tensor], total: int) -> Union[int, torch.Tensor]:
     if keep is None:
         return total
-    count = keep.sum()
-    return count if on_accelerator(keep) else int(count)
+    return keep.sum() if on_accelerator(keep) else host_count(keep)
 
 
 def to_wire_mask(keep: Optional[torch.Tensor], like: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from horovod_sparse.common.thresholds import LEVEL_MARGIN, LEVEL_SAMPLE, SCAN_CHUNK, scan_block_size
 from horovod_sparse.torch_core.constants import steps
-from horovod_sparse.torch_core.selection import on_accelerator, pick_with_magnitudes, scan
+from horovod_sparse.torch_core.selection import host_count, on_accelerator, pick_with_magnitudes, scan
 
 
 #: Below this many elements a CPU buffer's :func:`top_k` takes :func:`device_top_k` too: its
@@ -146,7 +146,7 @@ def candidate_level(maxima: torch.Tensor, k: int) -> float:
     stride = max(1, k // LEVEL_SAMPLE)
     sample = maxima[::stride]
     level = kth_largest(sample, min(sample.numel(), math.ceil(LEVEL_MARGIN * k / stride)))
-    if int((maxima >= level).sum()) >= k and int((maxima > level).sum()) <= 2 * k:
+    if host_count(maxima >= level) >= k and host_count(maxima > level) <= 2 * k:
         return level
     return kth_largest(maxima, k)
 
@@ -165,7 +165,7 @@ def top_k_positions(magnitudes: torch.Tensor, k: int) -> torch.Tensor:
     kth = kth_largest(magnitudes, k)
     keep = magnitudes > kth
     tied = torch.nonzero(magnitudes == kth).squeeze(1)
-    keep[tied[:k - int(keep.sum())]] = True
+    keep[tied[:k - host_count(keep)]] = True
     return torch.nonzero(keep).squeeze(1)
 
 
