@@ -204,7 +204,7 @@ class HostPass:
     tail_reached: Optional[torch.Tensor]
 
     def count(self) -> int:
-        """How many magnitudes reach: one host read."""
+        """How many magnitudes reach, read on the host."""
         found = host_count(self.reached)
         return found if self.tail_reached is None else found + host_count(self.tail_reached)
 
