@@ -17,7 +17,10 @@ side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
 * ``threshold``: the hard-threshold method's selection (block scan and pick at its fixed
   ``1 / (2 sqrt(k))``), on the gradient scaled so that this threshold selects ``k``;
 * ``gaussiank``: Gaussian-k's selection, statistics and corrections included
-  (:func:`horovod_sparse.methods.gaussiank.gaussiank_select`).
+  (:func:`horovod_sparse.methods.gaussiank.gaussiank_select`);
+* ``sparseloco``: SparseLoCo's selection, each chunk of 4,096 elements its own top
+  ``max(1, int(density * 4096))`` (:func:`horovod_sparse.torch_core.chunked.top_k_chunks`; the
+  quantizer left out).
 
 Then the same over the whole buffer in TensorFlow (one intra-op and one inter-op thread), side by
 side and interleaved, each as a ratio to TensorFlow's own read pass:
@@ -66,10 +69,14 @@ from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch_core.selection import pick, pick_capped, scan
 from horovod_sparse.torch_core.top_k import top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
+from horovod_sparse.methods.sparseloco import SparseLoCoOptions, chunk_counts
+from horovod_sparse.torch_core.chunked import top_k_chunks
 from horovod_sparse.torch import backend
 
 
 PHASES = ("scan", "candidates", "histogram", "threshold", "filter")
+#: SparseLoCo's default chunk length.
+SPARSELOCO_CHUNK: int = SparseLoCoOptions.chunk_size
 
 
 def histogram_selection(x: torch.Tensor, end: int, k: int, workers: int, state: ThresholdState
@@ -153,12 +160,14 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
     scaled = x * (threshold / float(x[exact].abs().min()))  # the fixed threshold selects about k
     block = scan_block_size(density)
     capacity = capacity_count(CappedOptions(density=density), k, x.numel())
+    chunk_sizes = chunk_counts(density, x.numel(), SPARSELOCO_CHUNK)[1::2]  # (k a chunk, k of the last)
     seconds = time_side_by_side({
         "sum": lambda: x.sum(),
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
         "top_k": lambda: top_k(x, k),
         "threshold": lambda: pick_capped(scan(scaled, 0, x.numel(), block), threshold, x.numel()),  # uncapped
         "gaussiank": lambda: gaussiank_select(backend, x, k, density, capacity),
+        "sparseloco": lambda: top_k_chunks(x, SPARSELOCO_CHUNK, *chunk_sizes),
     }, repeats)
     row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
     row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
@@ -223,7 +232,7 @@ def main() -> None:
     print(f"selection over a float32 gradient of {args.numel} elements ({source}), density {args.density} "
           f"(k = {k}), 1 thread, medians of {args.repeats} (CPU time)")
     whole = whole_buffer(x, k, args.density, args.repeats)
-    methods = ("torch.topk", "top_k", "threshold", "gaussiank")
+    methods = ("torch.topk", "top_k", "threshold", "gaussiank", "sparseloco")
     print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
     print("".join(f"{name:>22s}" for name in methods))
     print("".join(f"{whole[name + '_ms']:13.1f} {whole[name + '_over_sum']:8.2f}" for name in methods))
