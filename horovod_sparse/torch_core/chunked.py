@@ -17,12 +17,14 @@ values drifts by percents.
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 
+from horovod_sparse.common.thresholds import SCAN_CHUNK
 from horovod_sparse.torch_core.constants import constant, steps
-from horovod_sparse.torch_core.top_k import device_top_k, ranked_keys
+from horovod_sparse.torch_core.selection import on_accelerator
+from horovod_sparse.torch_core.top_k import device_top_k, ranked_keys, ranked_keys_into
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
            "top_k_chunks", "unpack_codes", "unpack_offsets"]
@@ -33,7 +35,7 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
     full = flat.numel() // chunk
     parts = []
     if full and k:
-        parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk).abs(), k))
+        parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk), k))
     tail = flat[full * chunk:]
     if k_last:  # the last, shorter chunk: one topk of its keys as well, on any device
         chosen = torch.arange(tail.numel(), device=x.device) if k_last >= tail.numel() else device_top_k(tail, k_last)
@@ -41,23 +43,51 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64, device=x.device)
 
 
-def _top_k_rows(rows: torch.Tensor, k: int) -> torch.Tensor:
-    """The flat indices of each row's ``k`` largest ``rows`` (magnitudes; ``k > 0``; every index
-    when ``k`` reaches a row's length), ties to the lower index, ascending: one ``torch.topk`` of
-    :func:`~horovod_sparse.torch_core.top_k.ranked_keys` along the rows where there are keys;
-    else each row's k-th largest magnitude, all above it and the first of those equal to it.
-    Exactly ``k`` a row either way, so a fixed-size result."""
-    full, chunk = rows.shape
+def _top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
+    """The flat indices of each row's ``k`` largest ``|values|`` (``k > 0``; every index when
+    ``k`` reaches a row's length), ties to the lower index, ascending: one ``torch.topk`` of
+    :func:`~horovod_sparse.torch_core.top_k.ranked_keys` along the rows where there are keys (on
+    the host :func:`_host_top_k_rows`); else each row's k-th largest magnitude, all above it and
+    the first of those equal to it. Exactly ``k`` a row either way, so a fixed-size result."""
+    full, chunk = values.shape
     if k >= chunk:
-        return torch.arange(full * chunk, device=rows.device)
-    keys = ranked_keys(rows)
-    if keys is not None:
-        chosen = torch.topk(keys, k, dim=1, sorted=False).indices.sort(dim=1).values
-        return chosen.add_(steps(0, full * chunk, chunk, torch.int64, rows.device).unsqueeze(1)).reshape(-1)
+        return torch.arange(full * chunk, device=values.device)
+    if on_accelerator(values) or (chosen := _host_top_k_rows(values, k)) is None:
+        rows = values.abs()
+        keys = ranked_keys(rows)
+        if keys is None:
+            return _top_k_rows_by_level(rows, k)
+        chosen = torch.topk(keys, k, dim=1, sorted=False).indices
+    return chosen.sort(dim=1).values.add_(steps(0, full * chunk, chunk, torch.int64,
+                                                values.device).unsqueeze(1)).reshape(-1)
+
+
+def _top_k_rows_by_level(rows: torch.Tensor, k: int) -> torch.Tensor:
+    """:func:`_top_k_rows` of the magnitudes ``rows`` without keys (float64): each row's k-th
+    largest, all above it and the first of those equal to it."""
+    full, _ = rows.shape
     kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
     above, tied = rows > kth, rows == kth
     keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))
     return torch.nonzero_static(keep.reshape(-1), size=full * k).reshape(-1)
+
+
+def _host_top_k_rows(values: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+    """Each row's ``k`` largest keys' positions (unordered) on the host, :data:`SCAN_CHUNK`
+    elements of rows at a time: their keys (:func:`~horovod_sparse.torch_core.top_k.ranked_keys_into`)
+    go into one small int64 buffer reused for every slab, where keys of the whole buffer would be
+    a fresh allocation of twice its size at each call (on a CPU, the page faults of a large fresh
+    buffer cost several passes over it). None where there are no keys."""
+    full, chunk = values.shape
+    per = max(1, SCAN_CHUNK // chunk)
+    buffer = torch.empty(min(per, full), chunk, dtype=torch.int64, device=values.device)
+    found = []
+    for first in range(0, full, per):
+        keys = ranked_keys_into(values[first:first + per], buffer[:min(per, full - first)])
+        if keys is None:
+            return None
+        found.append(torch.topk(keys, k, dim=1, sorted=False).indices)
+    return torch.cat(found)
 
 
 def _sum(values: torch.Tensor) -> torch.Tensor:

@@ -109,6 +109,20 @@ def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
     return magnitudes.view(bits).long().bitwise_left_shift_(_INDEX_BITS).bitwise_or_(positions)
 
 
+def ranked_keys_into(values: torch.Tensor, out: torch.Tensor) -> Optional[torch.Tensor]:
+    """:func:`ranked_keys` of ``values.abs()`` on the host, written into ``out`` (int64, of
+    ``values``' shape) and formed from the signed ``values`` themselves: a magnitude's bits are the
+    value's with the sign bit cleared, so no ``|x|`` is made. None where :func:`ranked_keys` gives
+    none."""
+    bits = _MAGNITUDE_BITS.get(values.dtype)
+    width = values.shape[-1]
+    if bits is None or width > _INDEX_SPAN:
+        return None
+    positions = steps(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, torch.int64, values.device)
+    sign_clear = torch.iinfo(bits).max
+    return out.copy_(values.view(bits)).bitwise_and_(sign_clear).bitwise_left_shift_(_INDEX_BITS).bitwise_or_(positions)
+
+
 def device_top_k(flat: torch.Tensor, k: int, ascending: bool = True) -> torch.Tensor:
     """:func:`top_k` of the flat ``flat`` (``0 < k < numel``) in whole-buffer passes that read
     nothing on the host, for accelerators (on a GPU each host read stalls the queue; passes over

@@ -161,6 +161,19 @@ def test_chunk_selection_of_other_dtypes_is_the_reference_set(dtype, numel, chun
     assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_selection_across_the_hosts_slabs_is_the_reference_set(dtype):
+    """The host keys its rows a slab of ``SCAN_CHUNK`` elements at a time (64 rows of 4096): 67
+    rows span two slabs (64 and 3), then a shorter chunk; negative values keep their magnitude's
+    key (the sign bit cleared)."""
+    numel, chunk, density = 4096 * 67 + 5, 4096, 1 / 64
+    values = torch.from_numpy(buffer(numel, 67)).to(dtype)
+    values[4096 * 64 - 3:4096 * 64 + 3] = -9.0  # ties across the slabs' boundary, of the largest magnitude
+    _, k, _, k_last = chunk_counts(density, numel, chunk)
+    expected = R.chunk_select(values.double().numpy(), density, chunk)
+    assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
+
+
 @pytest.mark.parametrize("framework", list(BACKENDS))
 @pytest.mark.parametrize("bits", [1, 2, 4, 8])
 @pytest.mark.parametrize("count", [1, 3, 8, 13])
