@@ -76,8 +76,8 @@ def _host_top_k_rows(values: torch.Tensor, k: int) -> Optional[torch.Tensor]:
     """Each row's ``k`` largest keys' positions (unordered) on the host, :data:`SCAN_CHUNK`
     elements of rows at a time: their keys (:func:`~horovod_sparse.torch_core.top_k.ranked_keys_into`)
     go into one small int64 buffer reused for every slab, where keys of the whole buffer would be
-    a fresh allocation of twice its size at each call (on a CPU, the page faults of a large fresh
-    buffer cost several passes over it). None where there are no keys."""
+    a fresh allocation of twice its size at each call (on a CPU, a large fresh buffer costs the
+    page faults of its memory first). None where there are no keys."""
     full, chunk = values.shape
     per = max(1, SCAN_CHUNK // chunk)
     buffer = torch.empty(min(per, full), chunk, dtype=torch.int64, device=values.device)
