@@ -262,7 +262,7 @@ class DdpExchange:
         from torch.nn.parallel import DistributedDataParallel
 
         import horovod_sparse.ddp as hsd
-        from benchmarks.shared.ddp_baselines import SerialPowerSGDState, powersgd_baseline
+        from benchmarks.shared.ddp_baselines import SerialPowerSGDState
         from horovod_sparse.common.registry import parse_spec
 
         self.module = DistributedDataParallel(model)
@@ -277,7 +277,8 @@ class DdpExchange:
         self._element_size = next(p for p in model.parameters() if p.requires_grad).element_size()
         name, options = parse_spec(spec)
         if name == POWERSGD:
-            self.powersgd, _ = powersgd_baseline("cpu", rank=options["rank"], start=options["start"])
+            self.powersgd = SerialPowerSGDState(process_group=None, matrix_approximation_rank=options["rank"],
+                                                start_powerSGD_iter=options["start"])
             self.module.register_comm_hook(self, _counted_powersgd)
         elif name != "none":
             self.state = hsd.State(compression=hsd.Compression.create(name, **options))
