@@ -11,7 +11,7 @@ optimizer. Dense groups take Horovod's own allreduce (:mod:`horovod_sparse.torch
 from __future__ import annotations
 
 import functools
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Sequence
 
 import horovod.torch as hvd
 import torch
@@ -190,7 +190,7 @@ class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optim
         """Start ``group``'s exchange (dense while MergeComp records the gradients' order)."""
         self.timeline.group_ready(group.name)
         self._sparse_rows.prepare(group)
-        self._engine.start(group, lambda: group.load_gradients(lambda staged: self._finite(group, staged),
+        self._engine.start(group, lambda: group.load_gradients(lambda tensors: self._finite(group, tensors),
                                                                self._step_scale().inverse),
                            functools.partial(self._dense_flight, group),
                            dense_step=self.mergecomp is not None and self.mergecomp.recording)
@@ -273,15 +273,16 @@ class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optim
         self._scale = None
         self._sparse_rows.hand_back(abandoned=abandoned)
 
-    def _finite(self, group: FlatGroup, staged: Optional[torch.Tensor] = None) -> Finite:
+    def _finite(self, group: FlatGroup, tensors: Optional[Sequence[torch.Tensor]] = None) -> Finite:
         """Whether ``group``'s gradients on this rank are all finite (True without a
-        ``nonfinite`` policy), read from ``staged`` (the group's gradients staged in one flat
-        buffer: one check, not one per parameter) or else from the ``.grad`` tensors, noted
-        for :meth:`synchronize`: a host bool, or on an accelerator a 0-dim bool tensor that
-        nothing reads until the step ends. A non-finite gradient contributes nothing this step
-        and never reaches the residual (it stays in ``.grad`` until :meth:`synchronize`, which
-        tells every rank and applies the policy)."""
-        tensors = [p.grad for p in group.params if p.grad is not None] if staged is None else [staged]
+        ``nonfinite`` policy), read from ``tensors`` (what holds them: the group's flat staging
+        buffer, one check and not one per parameter, or on the host the gradients themselves)
+        or else from the ``.grad`` tensors, noted for :meth:`synchronize`: a host bool, or on an
+        accelerator a 0-dim bool tensor that nothing reads until the step ends. A non-finite
+        gradient contributes nothing this step and never reaches the residual (it stays in
+        ``.grad`` until :meth:`synchronize`, which tells every rank and applies the policy)."""
+        if tensors is None:
+            tensors = [p.grad for p in group.params if p.grad is not None]
         return self._finiteness.check([group.name], *tensors)
 
     def _end_step(self, timeline: Any) -> None:

@@ -451,6 +451,19 @@ def test_top_k_paths_times_both_paths_on_each_size(tmp_path):
         assert f"{r['numel']:>10,} {r['density']:>8} {r['k']:>7,} {r['host_ms']:>9.3f}" in result.stdout
 
 
+def test_gradient_loading_times_both_ways_and_says_which_the_group_picks(tmp_path):
+    """Both ways of loading a group's gradients are timed after checking they leave the same
+    residual (it fails otherwise); ``picks`` is the group's own choice."""
+    result = run([sys.executable, "-m", "benchmarks", "gradient_loading", "--models", "digits", "resnet20",
+                  "--repeats", "1", "--results", str(tmp_path / "loading.json")])
+    rows = json.loads((tmp_path / "loading.json").read_text())["rows"]
+    assert [(r["model"], r["tensors"], r["numel"], r["picks"]) for r in rows] == [
+        ("digits", 6, 85_002, "staged"), ("resnet20", 65, 272_474, "staged")]
+    for r in rows:
+        assert r["in_place_over_staged"] == pytest.approx(r["in_place_ms"] / r["staged_ms"])
+        assert f"{r['staged_ms']:>10.3f} {r['in_place_ms']:>12.3f}" in result.stdout
+
+
 def test_top_k_paths_keys_forms_the_same_keys_both_ways(tmp_path):
     """``--keys`` times the accelerators' add and the host's widening of the keys, after checking
     they are the same keys (it fails otherwise)."""
