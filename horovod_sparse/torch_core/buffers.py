@@ -117,10 +117,10 @@ class FlatGroup:
         ``e`` when the gradients are not finite).
 
         On the host, when every parameter has a gradient and the group :attr:`adds_in_place`, each
-        is added into its slice of the residual where it lies: nothing is staged (a copy and a
-        read of the group fewer), and ``check(gradients)`` says whether they are finite (a host
-        bool) before anything is added.
-        Elsewhere the gradients are first staged in :attr:`output` (which the exchange zeroes
+        is added into its slice of the residual where it lies: nothing is staged (no copy: five
+        passes over the group's memory with the exchange's zeroing where staging takes seven),
+        and ``check(gradients)`` says whether they are finite (a host bool) before anything is
+        added. Elsewhere the gradients are first staged in :attr:`output` (which the exchange zeroes
         next: no allocation), one copy per parameter into its layout view, none at all when the
         ``.grad`` tensors still are the views the last step published (a ``zero_grad`` that
         zeroes rather than drops them: backward wrote into the buffer itself), zeros for
