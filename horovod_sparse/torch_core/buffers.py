@@ -109,7 +109,7 @@ class FlatGroup:
         self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
         self._output_views = self.views(self.output)
-        self._residual_views = self.views(self.residual)
+        self._residual_views = []  # made by the first load that adds in place (DDP's buckets never do)
 
     def load_gradients(self, check: Callable[[Sequence[torch.Tensor]], Finite] = lambda tensors: True,
                        inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -138,6 +138,8 @@ class FlatGroup:
         gradients = [p.grad for p in self.params]
         if self.adds_in_place and not on_accelerator(self.residual) and all(g is not None for g in gradients):
             if check(gradients):
+                if not self._residual_views:
+                    self._residual_views = self.views(self.residual)
                 for view, gradient in zip(self._residual_views, gradients):
                     _add_into(view, gradient, inv_scale)
             return self.residual
