@@ -77,7 +77,8 @@ class DeviceRounds(Protocol):
         parts, as ``DeviceReading``s left on the device."""
 
     def choose(self, flag: Tensor, a: Any, b: Any) -> Any:
-        """The ``DeviceReading`` ``a`` where the 0-dim ``flag`` holds, else ``b``."""
+        """``a`` where the 0-dim ``flag`` holds, else ``b``: two tensors, or two ``DeviceReading``
+        field by field."""
 
 
 class ChunkedValues(Protocol):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Tuple
 
+import numpy as np
 import torch
 
 #: The longest ``arange`` kept (elements): shorter ones are a few per group and small (bit
@@ -33,4 +34,14 @@ def steps(start: int, end: int, step: int, dtype: torch.dtype, device: torch.dev
     key = ("steps", start, end, step, dtype, device)
     if key not in _MADE:
         _MADE[key] = torch.arange(start, end, step, dtype=dtype, device=device)
+    return _MADE[key]
+
+
+def held(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A module's NumPy constant ``array`` (never changed, never freed: it is known by its
+    ``id``) in ``dtype`` on ``device``, copied there once: a table of a few hundred values,
+    which :func:`constant` would key by its ``repr`` at every call."""
+    key = ("array", id(array), dtype, device)
+    if key not in _MADE:
+        _MADE[key] = torch.as_tensor(array, dtype=dtype).to(device)
     return _MADE[key]

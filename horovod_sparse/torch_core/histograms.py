@@ -14,6 +14,7 @@ from horovod_sparse.methods.micro.controllers import (FINE_CENTRES, FINE_WINDOW_
                                                       HistogramWindow)
 from horovod_sparse.methods.micro.device_rounds import DeviceReading
 from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD
+from horovod_sparse.torch_core.constants import constant, held, steps
 from horovod_sparse.torch_core.selection import BlockScan
 from horovod_sparse.torch_core.tensor_backend import to_device
 
@@ -27,9 +28,9 @@ def window_edges(window: HistogramWindow, scanned: BlockScan) -> torch.Tensor:
 
 def fine_edges(threshold: torch.Tensor) -> torch.Tensor:
     """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim float32 threshold left on
-    a device, computed there from its bit pattern."""
+    a device, computed there from its bit pattern (the window's offsets copied there once)."""
     centre = threshold.reshape(1).to(torch.float32).view(torch.int32).long().clamp(*FINE_CENTRES)
-    offsets = to_device(torch.from_numpy(FINE_WINDOW_OFFSETS), threshold.device)
+    offsets = held(FINE_WINDOW_OFFSETS, torch.int64, threshold.device)
     return (centre + offsets).to(torch.int32).view(torch.float32)
 
 
@@ -37,21 +38,26 @@ def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Sequence[Uni
                      rank: int, parts: int) -> torch.Tensor:
     """For each of ``bars``, :func:`~horovod_sparse.methods.micro.controllers.local_histogram`
     of the scanned slice's coordinates at or above it (the host's candidates at that bar), in
-    the window of float32 ``edges``; one after the other, int32, on the device: one pass bins
-    the slice, one per bar counts it."""
+    the window of float32 ``edges``; one after the other, int32, on the device. Every bar at
+    once, in a constant number of operations: one pass bins the slice, one compares it with
+    every bar, one ``index_add_`` counts every bar's histogram into one buffer (a coordinate
+    below a bar into a spare place past the end), one ``index_copy_`` writes every bar's mark."""
     magnitudes = scanned.magnitudes
-    size = edges.numel()
-    slots = torch.searchsorted(edges, magnitudes.float(), right=True)
-    ones = torch.ones_like(slots, dtype=torch.int32)
-    parts_of: list = []
-    for bar in bars:
-        level = bar.reshape(1).float() if isinstance(bar, torch.Tensor) else torch.full((1,), bar, device=edges.device)
-        counted = torch.where(magnitudes >= bar, slots, size + 1)  # below the bar: a bin dropped below
-        counts = torch.zeros(size + 2, dtype=torch.int32, device=edges.device).index_add_(0, counted, ones)
-        marks = torch.zeros(parts, dtype=torch.int32, device=edges.device)
-        marks[rank:rank + 1] = torch.searchsorted(edges, level, right=False).to(torch.int32)
-        parts_of += [counts[:size + 1], marks]
-    return torch.cat(parts_of)
+    size, count, device = edges.numel(), len(bars), edges.device
+    width = size + 1 + parts  # a histogram of size + 1 bins, then its marks
+    levels = torch.stack([bar if isinstance(bar, torch.Tensor) else constant(bar, torch.float32, device)
+                          for bar in bars])
+    slots = torch.searchsorted(edges, magnitudes.float(), right=True, out_int32=True)
+    # A bar compared in the magnitudes' dtype, as a 0-dim bar is (rounded to bfloat16 for bfloat16).
+    reaching = magnitudes >= levels.to(magnitudes.dtype).unsqueeze(1)
+    starts = steps(0, count * width, width, torch.int32, device).unsqueeze(1)
+    spare = constant(count * width, torch.int32, device)
+    placed = torch.where(reaching, slots + starts, spare).view(-1)
+    counts = torch.zeros(count * width + 1, dtype=torch.int32, device=device)
+    counts.index_add_(0, placed, constant(1, torch.int32, device).expand(placed.numel()))
+    marks = steps(size + 1 + rank, count * width, width, torch.int64, device)
+    counts.index_copy_(0, marks, torch.searchsorted(edges, levels, right=False, out_int32=True))
+    return counts[:-1]
 
 
 def read_histograms(edges: torch.Tensor, summed: torch.Tensor, target: int, count: int) -> Tuple[DeviceReading, ...]:
@@ -80,7 +86,10 @@ def read_histograms(edges: torch.Tensor, summed: torch.Tensor, target: int, coun
     return tuple(DeviceReading(*fields) for fields in zip(threshold, outside, short, coarse))
 
 
-def choose(flag: torch.Tensor, a: DeviceReading, b: DeviceReading) -> DeviceReading:
-    """``a`` where the bool 0-dim ``flag`` holds, else ``b``, field by field, on the device."""
+def choose(flag: torch.Tensor, a: Union[torch.Tensor, DeviceReading], b: Union[torch.Tensor, DeviceReading]
+           ) -> Union[torch.Tensor, DeviceReading]:
+    """``a`` where the bool 0-dim ``flag`` holds, else ``b``, on the device: two tensors, or two
+    :class:`DeviceReading` field by field (a ``where`` each)."""
+    if isinstance(a, torch.Tensor):
+        return torch.where(flag, a, b)
     return DeviceReading(*(torch.where(flag, x, y) for x, y in zip(a, b)))
-

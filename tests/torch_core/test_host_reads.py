@@ -64,8 +64,12 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: Then Top-k's, LAGS's, gTop-k's and DGC's by 1-2 a group and SparseLoCo's by 8 (topk 89, lags 89,
 #: gtopk 188, dgc 235, sparseloco 402 before) when the short ``arange`` of the tie rule's positions,
 #: the chunks' starts and the packed bits' shifts were made once (``torch_core/constants.py``).
-OPS_PER_STEP = {"topk": 86, "lags": 86, "threshold": 107, "dgc": 232, "gaussiank": 256, "gtopk": 182, "micro": 823,
-                "exdyna": 823, "sparseloco": 357}
+#: MiCRO's and ExDyna's then fell by 30 a group (823 before) when each histogram round counted
+#: both bars' histograms at once (a comparison with both, one ``index_add_``, one ``index_copy_`` of
+#: the marks: 13 operations where each bar took 11) and the fine window took the one threshold it
+#: needs (a ``where``, not one per field of a reading).
+OPS_PER_STEP = {"topk": 86, "lags": 86, "threshold": 107, "dgc": 232, "gaussiank": 256, "gtopk": 182, "micro": 733,
+                "exdyna": 733, "sparseloco": 357}
 
 
 def budget(method: str) -> int:

@@ -74,7 +74,7 @@ def device_histogram_threshold(B: Backend, controller: HistogramController, stat
     edges = B.window_edges(window, scanned)
     summed = yield HistogramRound(B.histograms_above(edges, scanned, bars, rank, parts), "histogram")
     first, wide = B.read_histograms(edges, summed, k, len(bars))
-    fine = B.fine_edges(B.choose(first.short, wide, first).threshold)
+    fine = B.fine_edges(B.choose(first.short, wide.threshold, first.threshold))
     summed = yield HistogramRound(B.histograms_above(fine, scanned, bars, rank, parts), "histogram.fine")
     fine_first, fine_wide = B.read_histograms(fine, summed, k, len(bars))
     after_wide = B.choose(wide.coarse, fine_wide, wide)
