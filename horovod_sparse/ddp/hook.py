@@ -8,7 +8,9 @@ rank; the hook adds the bucket to its error-feedback residual (``x = g + e``), s
 method's exchange (its first collectives overlap the rest of the backward pass) and returns a
 future. The last bucket's call finishes every exchange in bucket order (as the Horovod front
 end's ``synchronize()`` does), agrees on non-finite gradients, closes the step and completes the
-futures; DDP then writes the aggregated buckets into ``.grad``.
+futures with the aggregated buckets, written over the buckets' own buffers as DDP's allreduce
+writes its average (the hook keeps one buffer of the model's size, the residuals); DDP then
+writes them into ``.grad``.
 
 DDP rebuilds its buckets after the first synchronised backward pass (in torch 2.x its first
 iteration puts every parameter in one bucket), so the first step of every :class:`State` is a
@@ -176,10 +178,13 @@ class State(EngineSteps):
                 self._model.use_tiers(self.tiers)
 
     def _start(self, group: FlatGroup, gradient: torch.Tensor, finite: Finite) -> Flight:
-        """Launch ``group``'s exchange of its flat ``gradient`` (a slice of its bucket)."""
+        """Launch ``group``'s exchange of its flat ``gradient`` (the bucket's buffer, or the
+        group's parameters copied out of it): the update is written over it, as DDP's own
+        allreduce writes the average into the bucket, so a group keeps its residual and no
+        update buffer of its own."""
         engine = self._engine
         engine.timeline.group_ready(group.name)
-        return engine.start(group, lambda: group.load_flat(gradient, self._scale.inverse, finite),
+        return engine.start(group, lambda: group.load_flat(gradient, self._scale.inverse, finite, hand_over=True),
                             dense_average(engine, group, gradient, self.compression, finite))
 
     def _finish_step(self) -> None:

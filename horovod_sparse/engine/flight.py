@@ -35,7 +35,8 @@ class ExchangeGroup(Protocol):
     shapes: Any
 
     def zeroed_output(self) -> Any:
-        """The zeroed buffer its update is written into (reused step after step)."""
+        """The zeroed buffer its update is written into: its own, reused step after step, or the
+        gradient's memory the front end handed over (DDP's bucket, FSDP2's shard)."""
 
     def take_result(self, update: Any, residual: Any) -> None:
         """Keep a sparse exchange's ``update`` as :attr:`output` and ``residual`` as its residual."""

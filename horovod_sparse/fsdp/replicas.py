@@ -123,7 +123,7 @@ class State(EngineSteps):
                                                     self._saved, self._model)
         engine.timeline.group_ready(name)
         finite = self._finiteness.check([name], shard)
-        flight = engine.start(group, lambda: group.load_flat(shard, self._scale.inverse, finite),
+        flight = engine.start(group, lambda: group.load_flat(shard, self._scale.inverse, finite, hand_over=True),
                               dense_average(engine, group, shard, self.compression, finite))
         update = engine.finish_one(flight, self._scale.scale)
         if update is not shard:

@@ -15,8 +15,9 @@ from horovod_sparse.torch_core.buffers import FlatGroup
 
 
 class ShardGroup(FlatGroup):
-    """One FSDP unit's gradient shard on this rank as a flat group: its residual and output
-    buffers, of the shard's size, dtype and device (the unit's parameters are FSDP's)."""
+    """One FSDP unit's gradient shard on this rank as a flat group: its residual, of the shard's
+    size, dtype and device (the unit's parameters are FSDP's; the update is written over the
+    shard itself)."""
 
     def __init__(self, index: int, name: str, like: torch.Tensor, kept_dense: bool = False) -> None:
         super().__init__(index, [name], [], name=name, kept_dense=kept_dense)
@@ -36,11 +37,6 @@ class ShardGroup(FlatGroup):
     def shapes(self) -> None:  # type: ignore[override]
         """None: a shard is a slice of the unit's parameters, not whole ones."""
         return None
-
-    def _allocate(self) -> None:
-        dtype, device = self._like
-        self.residual = torch.zeros(self.numel, dtype=dtype, device=device)
-        self.output = torch.zeros(self.numel, dtype=dtype, device=device)
 
 
 def fsdp_units(model: torch.nn.Module) -> List[Tuple[str, Any]]:

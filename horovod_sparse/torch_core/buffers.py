@@ -1,7 +1,10 @@
 """Flat buffers of a parameter group: the error-feedback residual and the aggregated update.
 
 Both buffers are allocated once, on the group's first sparse step, and reused every step: no
-full-size allocation happens per step (allocating 25.6M zeros costs ~45 ms on a CPU core).
+full-size allocation happens per step (allocating 25.6M zeros costs ~45 ms on a CPU core). A
+front end that hands over its flat gradient's memory (DDP's bucket, which its own allreduce
+overwrites with the average; FSDP2's reduce-scattered shard) has the update written there
+instead: the group then allocates no update buffer at all (:meth:`FlatGroup.load_flat`).
 
 Each parameter's slice of a buffer is laid out as the parameter is in memory (PyTorch's gradient
 layout contract, which autograd and DDP keep): a ``channels_last`` or transposed parameter gets
@@ -62,9 +65,9 @@ class FlatGroup:
         params: the parameters, same order; one dtype and device.
         name: the group's name (default: the parameter's name, or ``group<index>.<first name>``).
 
-    After a sparse step every parameter's ``.grad`` is a view into :attr:`output` (no copy); the
-    views are made once, with the buffers, so that a step dispatches nothing per parameter for
-    them.
+    After a sparse step of :meth:`load_gradients` every parameter's ``.grad`` is a view into
+    :attr:`output` (no copy); the views are made once, with the buffer, so that a step dispatches
+    nothing per parameter for them.
     """
 
     def __init__(self, index: int, names: List[str], params: List[torch.Tensor], name: Optional[str] = None,
@@ -80,7 +83,9 @@ class FlatGroup:
         #: Whether the host adds the gradients in place (:data:`ADD_IN_PLACE_FROM`; a benchmark may set it).
         self.adds_in_place = bool(params) and self.numel >= ADD_IN_PLACE_FROM * len(params)
         self.residual: Optional[torch.Tensor] = None
+        #: Where this step's update is written: the group's own buffer, or a handed-over gradient.
         self.output: Optional[torch.Tensor] = None
+        self._own_output: Optional[torch.Tensor] = None
         self._output_views: List[torch.Tensor] = []
         self._residual_views: List[torch.Tensor] = []
         self._negative_zero: Optional[torch.Tensor] = None
@@ -105,11 +110,17 @@ class FlatGroup:
         return self.name
 
     def _allocate(self) -> None:
-        first = self.params[0]
-        self.residual = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
-        self.output = torch.zeros(self.numel, dtype=first.dtype, device=first.device)
-        self._output_views = self.views(self.output)
+        self.residual = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
         self._residual_views = []  # made by the first load that adds in place (DDP's buckets never do)
+
+    def _owned_output(self) -> torch.Tensor:
+        """The group's own update buffer (allocated, with its parameters' views, at the first
+        call), made :attr:`output`."""
+        if self._own_output is None:
+            self._own_output = torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+            self._output_views = self.views(self._own_output)
+        self.output = self._own_output
+        return self._own_output
 
     def load_gradients(self, check: Callable[[Sequence[torch.Tensor]], Finite] = lambda tensors: True,
                        inv_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -134,7 +145,8 @@ class FlatGroup:
         """
         if self.residual is None:
             self._allocate()
-        assert self.residual is not None and self.output is not None
+        assert self.residual is not None
+        staged = self._owned_output()
         gradients = [p.grad for p in self.params]
         if self.adds_in_place and not on_accelerator(self.residual) and all(g is not None for g in gradients):
             if check(gradients):
@@ -143,7 +155,6 @@ class FlatGroup:
                 for view, gradient in zip(self._residual_views, gradients):
                     _add_into(view, gradient, inv_scale)
             return self.residual
-        staged = self.output
         for gradient, view in zip(gradients, self._output_views):
             if gradient is None:
                 view.zero_()
@@ -157,12 +168,19 @@ class FlatGroup:
         return _add_into(self.residual, staged, inv_scale)
 
     def load_flat(self, gradient: torch.Tensor, inv_scale: Optional[torch.Tensor] = None,
-                  finite: Union[bool, torch.Tensor] = True) -> torch.Tensor:
-        """Add the group's flat ``gradient`` (a DDP bucket) into the residual and return it:
-        ``x = g + e`` (``finite`` and ``inv_scale`` as in :meth:`load_gradients`)."""
+                  finite: Union[bool, torch.Tensor] = True, hand_over: bool = False) -> torch.Tensor:
+        """Add the group's flat ``gradient`` into the residual and return it: ``x = g + e``
+        (``finite`` and ``inv_scale`` as in :meth:`load_gradients`). With ``hand_over`` the
+        gradient's memory becomes this step's :attr:`output`: the exchange zeroes it once the
+        gradient is added and writes the update there (DDP's bucket, as DDP's own allreduce
+        does), and the group keeps no update buffer of its own; else its own buffer is."""
         if self.residual is None:
             self._allocate()
-        assert self.residual is not None and self.output is not None
+        assert self.residual is not None
+        if hand_over:
+            self.output = gradient
+        else:
+            self._owned_output()
         if finite is False:
             return self.residual
         if finite is not True:
@@ -172,8 +190,8 @@ class FlatGroup:
     def _nonfinite_fill(self) -> torch.Tensor:
         """What a non-finite step stages: ``-0.0`` on the group's device and dtype, made once."""
         if self._negative_zero is None:
-            assert self.output is not None
-            self._negative_zero = self.output.new_full((), -0.0)
+            assert self.residual is not None
+            self._negative_zero = self.residual.new_full((), -0.0)
         return self._negative_zero
 
     def load_residual(self, residual: torch.Tensor) -> None:

@@ -41,6 +41,7 @@ def _group(seed: int, in_place: bool = True) -> FlatGroup:
     group = FlatGroup(0, [f"p{i}" for i in range(len(params))], params)
     group.adds_in_place = in_place
     group.load_residual(torch.randn(group.numel, generator=generator))
+    group.load_gradients(lambda tensors: False)  # makes the output buffer, adds nothing
     assert group.output is not None
     group.output.fill_(SENTINEL)
     for p in params:

@@ -72,21 +72,24 @@ def build(config, params, rank, stats_log=None):
                       hierarchical=config.get("hierarchical"), node_size=config.get("node_size"))
     ddp = torch.nn.parallel.DistributedDataParallel(GivenGradients(params, config.get("forward_order")),
                                                     bucket_cap_mb=config.get("bucket_cap_mb", 25))
-    ddp.register_comm_hook(state, counting(hsd.hook, config["reads"], config.setdefault("ops", []))
+    ddp.register_comm_hook(state, counting(hsd.hook, config["reads"], config.setdefault("ops", []),
+                                           config.setdefault("results", []))
                            if "reads" in config else hsd.hook)
     return ddp, state, torch.optim.SGD(params, lr=0.01, momentum=0.9)
 
 
-def counting(hook, reads, ops):
+def counting(hook, reads, ops, results):
     """``hook`` run on the accelerators' paths with its host reads counted
     (:func:`tests.support.host_reads.reads_on_accelerator_paths`) into ``reads``: the exchange, and the
-    end of the step in the last bucket's hook; and the operations it dispatched
-    (:class:`tests.support.host_reads.DispatchedOps`) appended to ``ops``, one count per bucket."""
+    end of the step in the last bucket's hook; the operations it dispatched
+    (:class:`tests.support.host_reads.DispatchedOps`) appended to ``ops``, one count per bucket; and
+    each bucket's buffer with the future returned, appended to ``results``."""
     @functools.wraps(hook)
     def counted(state, bucket):
         with reads_on_accelerator_paths(reads), DispatchedOps() as dispatched:
             result = hook(state, bucket)
         ops.append(dispatched.count)
+        results.append((bucket.buffer(), result))
         return result
 
     return counted
@@ -116,11 +119,12 @@ def run(config, out: Path):
     params = make_params(config["shapes"], seed, dtype)
     log = (out / f"{config['name']}.rank{rank}.jsonl").open("w")
     ddp, state, opt = build(config, params, rank, log)
-    aggregated, stats, errors, reads, ops = [], [], [], [], []
+    aggregated, stats, errors, reads, ops, over = [], [], [], [], [], []
     for step in range(config["steps"]):
         if "reads" in config:
             config["reads"].clear()
             config["ops"].clear()
+            config["results"].clear()
         if step == config.get("resume_at"):
             params, ddp, state, opt = resumed(config, params, state, opt, rank)
         opt.zero_grad()
@@ -142,6 +146,8 @@ def run(config, out: Path):
         aggregated.append([p.grad.detach().double().numpy().copy() for p in params])
         reads.append(list(config.get("reads", [])))
         ops.append(list(config.get("ops", [])))
+        # Whether each bucket's aggregate was written over the bucket's own buffer.
+        over.append([future.value().data_ptr() == buffer.data_ptr() for buffer, future in config.get("results", [])])
         stats.append(state.last_stats.as_dict())
         if not state.last_stats.abandoned:
             opt.step()
@@ -155,7 +161,7 @@ def run(config, out: Path):
     np.savez(out / f"{config['name']}.rank{rank}.npz", **arrays)
     (out / f"{config['name']}.rank{rank}.json").write_text(json.dumps(
         {"groups": [[index[id(p)] for p in g.params] for g in groups], "stats": stats, "errors": errors,
-         "reads": reads, "ops": ops, "horovod_imported": "horovod" in sys.modules}))
+         "reads": reads, "ops": ops, "written_over_buckets": over, "horovod_imported": "horovod" in sys.modules}))
 
 
 if __name__ == "__main__":
