@@ -327,9 +327,10 @@ def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
          above: float) -> Union[float, torch.Tensor]:
     if not isinstance(count, torch.Tensor):
         return band_factor(count, low, high, below, above)
-    count = count.double()  # compared exactly, whatever the count; the factors in double precision too
+    # A count (a whole number) is below ``low`` exactly when it is below ceil(low), above ``high``
+    # when above floor(high): compared with those integers, exactly whatever its size, no cast.
     factor = [constant(f, torch.float64, count.device) for f in (below, above, 1.0)]
-    return torch.where(count < low, factor[0], torch.where(count > high, factor[1], factor[2]))
+    return torch.where(count < math.ceil(low), factor[0], torch.where(count > math.floor(high), factor[1], factor[2]))
 
 
 def lowered_thresholds(threshold: Union[float, torch.Tensor], factor: float,

@@ -72,6 +72,18 @@ def test_gaussiank_selects_as_its_definition_on_both_backends(framework, acceler
     assert float(threshold) == pytest.approx(expected_threshold, rel=1e-5)
 
 
+@pytest.mark.parametrize("low,high", [(2 * 500 / 3, 4 * 500 / 3), (2.0, 4.0), (2 ** 53 / 3, 2 ** 54 / 3)])
+def test_gaussiank_band_on_the_device_is_the_hosts_at_its_bounds(low, high):
+    """The factor of a correction decided on the device (an int64 count left there) is the
+    host's for every count around both bounds: fractional bounds, whole ones (a count equal to a
+    bound is in the band), and bounds beyond float32's and float64's integers."""
+    for bound in (low, high):
+        for count in range(int(bound) - 2, int(bound) + 3):
+            expected = torch_backend.band(count, low, high, 0.5, 1.5)
+            on_device = torch_backend.band(torch.tensor(count), low, high, 0.5, 1.5)
+            assert on_device.dtype == torch.float64 and float(on_device) == expected, (low, high, count)
+
+
 @pytest.mark.parametrize("framework", BACKENDS)
 @pytest.mark.parametrize("threshold", [0.25, 0.5, 0.75, 1.0])
 def test_the_hard_threshold_scan_selects_every_coordinate_at_or_above_it(framework, threshold):
