@@ -376,9 +376,12 @@ def first_settled(thresholds: Union[Sequence[float], torch.Tensor], counts: Unio
         return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
     # Every threshold was counted (:func:`counts_at`): the first settled one is chosen on the
     # device, the count of unsettled ones ahead of it (``checks`` when none settles: the last).
-    first = ((counts[:checks] >= low).cumsum(0) == 0).sum()
+    # The counts (whole numbers, float32 below 2**24) are compared with ceil(low) and floor(high):
+    # a fractional bound rounded to float32 could land on a count (from 2**23 on) and decide it
+    # otherwise than the host.
+    first = ((counts[:checks] >= math.ceil(low)).cumsum(0) == 0).sum()
     # Taken, not indexed: a 0-dim index is read on the host.
-    return thresholds.take(first), (first < checks).logical_and_(counts.take(first) > high)
+    return thresholds.take(first), (first < checks).logical_and_(counts.take(first) > math.floor(high))
 
 
 def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:

@@ -256,6 +256,23 @@ def test_dgc_one_pass_counts_are_a_pass_per_threshold_and_the_hosts(dtype):
         assert counts.tolist() == [B.count_reaching(scanned, t) for t in thresholds.tolist()], first
 
 
+@pytest.mark.parametrize("k", [400, 10_485_764, 10_485_766])
+def test_dgc_first_settled_on_the_device_is_the_hosts_at_its_bounds(k):
+    """DGC's choice among its counted thresholds on the device (float32 counts, as ``counts_at``
+    makes them below 2**24 magnitudes) is the host's for counts around both bounds, ``0.8 k`` and
+    ``1.3 k``: also where a fractional bound lies within half a unit of a count past 2**23, so
+    that float32 would round it onto the count (k = 10,485,764: 0.8 k = 8,388,611.2)."""
+    low, high = 0.8 * k, 1.3 * k
+    thresholds = [1.0, 0.8, 0.64]
+    for bound in (low, high):
+        for count in range(int(bound) - 2, int(bound) + 3):
+            for counts in ([count, count + 3, count + 6], [count - 6, count, count + 6]):
+                expected = torch_backend.first_settled(thresholds, counts, low, high, 2)
+                on_device = torch.tensor(counts, dtype=torch.float32)
+                chosen, cut = torch_backend.first_settled(torch.tensor(thresholds), on_device, low, high, 2)
+                assert (float(chosen), bool(cut)) == (pytest.approx(expected[0]), expected[1]), (k, counts)
+
+
 def test_dgc_one_pass_counts_stay_exact_beyond_the_integers_of_float32():
     """Above 2**24 magnitudes at one threshold the counts are still exact (float64 counting)."""
     ones = torch.ones(2 ** 24 + 3)
