@@ -421,7 +421,10 @@ def finite_flag(*tensors: torch.Tensor) -> torch.Tensor:
     which overflows nowhere) is below +inf exactly when every element is finite: one reduction per
     tensor, reading it once and writing nothing of its size, and a comparison; ``t.mul(0).sum()``
     took three operations and a temporary of the tensor's size, ``isfinite(t).all()`` five. An
-    empty tensor (which has no largest magnitude) is finite."""
+    empty tensor (which has no largest magnitude) is finite. On CUDA the order-inf norm is the
+    reduction kernel of ``sum`` and ``amax`` (``gpu_reduce_kernel``, NaN propagating); a CPU runs it
+    as a scalar loop, many times slower than ``amax``, which only the accelerators' paths forced on CPU
+    tensors (:func:`~horovod_sparse.torch_core.selection.accelerator_paths`) pay."""
     largest = [torch.linalg.vector_norm(t, math.inf) for t in tensors if t.numel()]
     if not largest:
         return constant(True, torch.bool, tensors[0].device)
