@@ -25,15 +25,16 @@ def gaussiank_select(B: Backend, x: Tensor, k: int, density: float, capacity: in
     finishes that count's pass."""
     scanned = B.scan(x, 0, B.numel(x), scan_block_size(density), moments=True)
     threshold = gaussian_threshold(*scanned.mean_std(), density)
-    found = B.count_reaching(scanned, B.as_threshold(threshold))
+    bar = B.as_threshold(threshold)  # what is counted and picked: the threshold as float32
+    found = B.count_reaching(scanned, bar)
     for _ in range(GAUSSIANK_CORRECTIONS):
         factor = B.band(found, GAUSSIANK_LOW * k, GAUSSIANK_HIGH * k, GAUSSIANK_LOWER, GAUSSIANK_RAISE)
         if isinstance(factor, float) and factor == 1.0:  # settled, on the host
             break
         threshold = threshold * factor
-        found = B.count_reaching(scanned, B.as_threshold(threshold))
-    threshold = B.as_threshold(threshold)
-    return B.pick_capped(scanned, threshold, capacity), threshold
+        bar = B.as_threshold(threshold)
+        found = B.count_reaching(scanned, bar)
+    return B.pick_capped(scanned, bar, capacity), bar
 
 
 @implements("gaussiank", CappedOptions,

@@ -50,6 +50,8 @@ class BlockScan:
             float64), as 0-dim float64 tensors left there.
         last_pass: the host's last :class:`HostPass` of the slice, under its threshold and
             comparison (:func:`host_pass`; at most one entry).
+        last_reached: the accelerators' last ``(threshold, mask of |x| >= threshold, its
+            count)`` (:func:`device_reached`; at most one entry).
     """
 
     x: torch.Tensor
@@ -60,6 +62,8 @@ class BlockScan:
     moments: Optional[Tuple[Moment, Moment]] = None
     last_pass: Dict[Tuple[float, Callable[..., torch.Tensor]], "HostPass"] = field(
         default_factory=dict, compare=False, repr=False)
+    last_reached: List[Tuple[Threshold, torch.Tensor, torch.Tensor]] = field(
+        default_factory=list, compare=False, repr=False)
 
     @functools.cached_property
     def maxima(self) -> torch.Tensor:
@@ -257,8 +261,7 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     if not on_accelerator(scanned.x):
         idx = pick(scanned, threshold)
         return cut(idx, idx.numel(), capacity)
-    reaches = scanned.magnitudes >= threshold
-    found = reaches.sum()
+    reaches, found = device_reached(scanned, threshold)
     idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)
     if scanned.start:
         idx = torch.where(idx == PAD, idx, idx + scanned.start)
@@ -271,8 +274,23 @@ def count_reaching(scanned: BlockScan, threshold: Threshold) -> Union[int, torch
     tensor left there (one pass), else an int from the :func:`host_pass` that a :func:`pick` at
     the same threshold then finishes."""
     if on_accelerator(scanned.x):
-        return (scanned.magnitudes >= threshold).sum()
+        return device_reached(scanned, threshold)[1]
     return host_pass(scanned, threshold).count()
+
+
+def device_reached(scanned: BlockScan, threshold: Threshold) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(|x| >= threshold, its count)`` over the accelerators' scanned slice, the count a 0-dim
+    int64 tensor left there. The last threshold's are kept with the scan, so a pick at the
+    threshold just counted (Gaussian-k's final one) neither compares nor counts again; the
+    threshold is recognised by identity (the same object), not by value (a 0-dim tensor's ``==``
+    would be read on the host)."""
+    kept = scanned.last_reached
+    if kept and kept[0][0] is threshold:
+        return kept[0][1], kept[0][2]
+    reached = scanned.magnitudes >= threshold
+    found = reached.sum()
+    kept[:] = [(threshold, reached, found)]
+    return reached, found
 
 
 def select(x: torch.Tensor, threshold: float, block: int) -> torch.Tensor:

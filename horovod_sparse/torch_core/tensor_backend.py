@@ -328,9 +328,14 @@ def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
     if not isinstance(count, torch.Tensor):
         return band_factor(count, low, high, below, above)
     # A count (a whole number) is below ``low`` exactly when it is below ceil(low), above ``high``
-    # when above floor(high): compared with those integers, exactly whatever its size, no cast.
-    factor = [constant(f, torch.float64, count.device) for f in (below, above, 1.0)]
-    return torch.where(count < math.ceil(low), factor[0], torch.where(count > math.floor(high), factor[1], factor[2]))
+    # when at or above floor(high) + 1: its place among those two integers (``bucketize``, exact
+    # whatever its size, no cast; they are in order for ``low <= high``) picks the factor, two
+    # operations where two comparisons and two ``where`` took four.
+    if low > high:
+        raise ValueError(f"band: low ({low}) must not exceed high ({high})")
+    bounds = constant((math.ceil(low), math.floor(high) + 1), count.dtype, count.device)
+    factors = constant((below, 1.0, above), torch.float64, count.device)
+    return factors.take(torch.bucketize(count, bounds, right=True))
 
 
 def lowered_thresholds(threshold: Union[float, torch.Tensor], factor: float,
@@ -397,7 +402,7 @@ def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch
     # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude),
     # padded again, taken where ``cut`` says so: no host read.
     chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], constant(0.0, x.dtype, x.device)), k)]
-    chosen = torch.cat([chosen, chosen.new_full((capacity - k,), PAD)])
+    chosen = torch.nn.functional.pad(chosen, (0, capacity - k), value=PAD)  # one operation, not a fill and a cat
     return Capped(torch.where(cut, chosen, idx), torch.where(cut, capped.sent.clamp(max=k), capped.sent),
                   capped.overflow, padded=True)
 

@@ -61,8 +61,10 @@ FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussian
 #: every method's by 3, a copy per unit (topk 90, lags 90, threshold 111, dgc 236, gaussiank 260, gtopk 180,
 #: micro 742, exdyna 746, sparseloco 375 before), when the update was written over the shard itself;
 #: gaussiank 257 before its band's bounds were compared as integers (the same note); every method's
-#: by 3, one a unit, with the finiteness flag of two operations (the same note).
-FSDP_OPS_PER_STEP = {"topk": 84, "lags": 84, "threshold": 105, "dgc": 230, "gaussiank": 245, "gtopk": 174,
+#: by 3, one a unit, with the finiteness flag of two operations (the same note); dgc 230 and gaussiank
+#: 245 before DGC's padding and Gaussian-k's final pick took one operation and four fewer a unit;
+#: gaussiank 233 before its corrections' factors took two operations each, not four (the same note).
+FSDP_OPS_PER_STEP = {"topk": 84, "lags": 84, "threshold": 105, "dgc": 227, "gaussiank": 215, "gtopk": 174,
                      "micro": 736, "exdyna": 740, "sparseloco": 369}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).

@@ -86,6 +86,13 @@ def test_gaussiank_band_on_the_device_is_the_hosts_at_its_bounds(low, high):
             assert on_device.dtype == torch.float64 and float(on_device) == expected, (low, high, count)
 
 
+def test_a_band_whose_bounds_are_out_of_order_is_refused():
+    """On the device the count's place among the band's bounds picks the factor: bounds out of
+    order would place it nowhere meaningful, so they are refused by name."""
+    with pytest.raises(ValueError, match="low .* must not exceed high"):
+        torch_backend.band(torch.tensor(5), 10.0, 2.0, 0.5, 1.5)
+
+
 @pytest.mark.parametrize("framework", BACKENDS)
 @pytest.mark.parametrize("threshold", [0.25, 0.5, 0.75, 1.0])
 def test_the_hard_threshold_scan_selects_every_coordinate_at_or_above_it(framework, threshold):

@@ -71,8 +71,12 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: corrections compared the count with the band's bounds as integers (no cast of the count each).
 #: Every method's by 1 a group (topk 86, lags 86, threshold 107, dgc 232, gaussiank 247, gtopk 182,
 #: micro/exdyna 733, sparseloco 357 before) when the accelerators' finiteness flag became the largest
-#: magnitude compared with +inf (``finite_flag``: two operations, not three).
-OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 104, "dgc": 229, "gaussiank": 244, "gtopk": 179, "micro": 730,
+#: magnitude compared with +inf (``finite_flag``: two operations, not three). DGC's by 1 a group (229
+#: before) when its cut to the top-k padded its payload in one operation; Gaussian-k's by 4 (244 before)
+#: when its final pick took the mask and count of the last correction's count at the same threshold,
+#: then by 6 (232 before) when a correction's factor came from the count's place among the band's
+#: bounds (``bucketize`` and ``take``: two operations, not four).
+OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 104, "dgc": 226, "gaussiank": 214, "gtopk": 179, "micro": 730,
                 "exdyna": 730, "sparseloco": 354}
 
 

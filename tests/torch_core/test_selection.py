@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch import backend
-from horovod_sparse.torch_core.selection import pick_with_magnitudes, scan, select
+from horovod_sparse.torch_core.selection import (accelerator_paths, count_reaching, pick_capped, pick_with_magnitudes,
+                                                 scan, select)
 
 
 def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:
@@ -62,3 +63,24 @@ def test_scan_moments_give_the_mean_and_deviation(numel, block, shift, dtype, se
     tolerance = 1e-12 if dtype == torch.float64 else 1e-4  # single-precision chunk sums, |mean| <= 3 std
     assert mean == pytest.approx(exact.mean(), rel=tolerance, abs=tolerance)
     assert std == pytest.approx(exact.std(ddof=1) if exact.size > 1 else 0.0, rel=tolerance, abs=tolerance)
+
+
+def test_the_accelerators_pick_after_a_count_is_at_its_own_threshold():
+    """On the accelerators' paths a pick at the threshold just counted takes that count's mask
+    and count (the same objects, no second pass: Gaussian-k's final pick), and a pick at another
+    threshold, even one of equal value, compares the slice again: each pick is the threshold set
+    of its own threshold, cut to the capacity and counted, whatever was counted before."""
+    x = torch.randn(4000, generator=torch.Generator().manual_seed(3))
+    capacity = 500
+    with accelerator_paths():
+        scanned = scan(x, 1000, 4000, 64)
+        low, high = torch.tensor(0.5), torch.tensor(1.5)
+        for counted, picked in ((low, low), (low, high), (high, low), (high, torch.tensor(1.5))):
+            found = count_reaching(scanned, counted)
+            capped = pick_capped(scanned, picked, capacity)
+            expected = naive(x, 1000, 4000, float(picked))
+            assert int(found) == naive(x, 1000, 4000, float(counted)).numel()
+            sent = min(capacity, expected.numel())
+            assert torch.equal(capped.idx[:sent], expected[:sent]) and bool((capped.idx[sent:] == -1).all())
+            assert (int(capped.sent), int(capped.overflow)) == (sent, expected.numel() - sent)
+            assert (scanned.last_reached[0][2] is found) == (picked is counted)  # kept, or replaced
