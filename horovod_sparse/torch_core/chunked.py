@@ -131,11 +131,12 @@ def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    # The uint8 codes padded with zero codes in one operation; shifted by the int32 shifts they
+    # widen to int32 (a code shifted stays below 256), and a byte's codes sum to its value.
     per = 8 // bits
     nbytes = -(-codes.numel() // per)
-    padded = torch.zeros(nbytes * per, dtype=torch.int32, device=codes.device)
-    padded[:codes.numel()] = codes
-    return (padded.reshape(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
+    padded = torch.nn.functional.pad(codes, (0, nbytes * per - codes.numel()))
+    return (padded.view(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
