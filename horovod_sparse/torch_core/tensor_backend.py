@@ -325,14 +325,14 @@ def local_histogram(window: controllers.HistogramWindow, magnitudes: torch.Tenso
 
 def band(count: Union[int, torch.Tensor], low: float, high: float, below: float,
          above: float) -> Union[float, torch.Tensor]:
+    if low > high:
+        raise ValueError(f"band: low ({low}) must not exceed high ({high})")
     if not isinstance(count, torch.Tensor):
         return band_factor(count, low, high, below, above)
     # A count (a whole number) is below ``low`` exactly when it is below ceil(low), above ``high``
     # when at or above floor(high) + 1: its place among those two integers (``bucketize``, exact
-    # whatever its size, no cast; they are in order for ``low <= high``) picks the factor, two
-    # operations where two comparisons and two ``where`` took four.
-    if low > high:
-        raise ValueError(f"band: low ({low}) must not exceed high ({high})")
+    # whatever its size, no cast; in order, as ``low <= high``) picks the factor, two operations
+    # where two comparisons and two ``where`` took four.
     bounds = constant((math.ceil(low), math.floor(high) + 1), count.dtype, count.device)
     factors = constant((below, 1.0, above), torch.float64, count.device)
     return factors.take(torch.bucketize(count, bounds, right=True))

@@ -86,11 +86,12 @@ def test_gaussiank_band_on_the_device_is_the_hosts_at_its_bounds(low, high):
             assert on_device.dtype == torch.float64 and float(on_device) == expected, (low, high, count)
 
 
-def test_a_band_whose_bounds_are_out_of_order_is_refused():
+@pytest.mark.parametrize("count", [5, torch.tensor(5)])
+def test_a_band_whose_bounds_are_out_of_order_is_refused(count):
     """On the device the count's place among the band's bounds picks the factor: bounds out of
-    order would place it nowhere meaningful, so they are refused by name."""
+    order would place it nowhere meaningful, so they are refused by name, on the host too."""
     with pytest.raises(ValueError, match="low .* must not exceed high"):
-        torch_backend.band(torch.tensor(5), 10.0, 2.0, 0.5, 1.5)
+        torch_backend.band(count, 10.0, 2.0, 0.5, 1.5)
 
 
 @pytest.mark.parametrize("framework", BACKENDS)
