@@ -132,10 +132,11 @@ class FlatGroup:
         passes over the group's memory with the exchange's zeroing where staging takes seven),
         and ``check(gradients)`` says whether they are finite (a host bool) before anything is
         added. Elsewhere the gradients are first staged in :attr:`output` (which the exchange zeroes
-        next: no allocation), one copy per parameter into its layout view, none at all when the
-        ``.grad`` tensors still are the views the last step published (a ``zero_grad`` that
-        zeroes rather than drops them: backward wrote into the buffer itself), zeros for
-        parameters without a gradient; ``check([staged])`` then says whether they are finite: a
+        next: no allocation), copied into the parameters' layout views by one ``_foreach_copy_``
+        for the group (nothing dispatched per parameter), none at all where the ``.grad`` tensors
+        still are the views the last step published (a ``zero_grad`` that zeroes rather than drops
+        them: backward wrote into the buffer itself), zeros for parameters without a gradient (one
+        ``_foreach_zero_``); ``check([staged])`` then says whether they are finite: a
         bool, or a 0-dim bool tensor on the gradients' device (decided there, not read on the
         host), where False stages ``-0.0``, which leaves every element of ``e`` as it is, and
         one flat addition follows. Both give the same residual bitwise (the same addition per
@@ -155,11 +156,14 @@ class FlatGroup:
                 for view, gradient in zip(self._residual_views, gradients):
                     _add_into(view, gradient, inv_scale)
             return self.residual
-        for gradient, view in zip(gradients, self._output_views):
-            if gradient is None:
-                view.zero_()
-            elif gradient is not view:
-                view.copy_(gradient)
+        views = self._output_views
+        copied = [(view, gradient) for view, gradient in zip(views, gradients)
+                  if gradient is not None and gradient is not view]
+        if copied:  # one operation for the group (a multi-tensor kernel on a GPU), not one per parameter
+            torch._foreach_copy_([view for view, _ in copied], [gradient for _, gradient in copied])
+        missing = [view for view, gradient in zip(views, gradients) if gradient is None]
+        if missing:
+            torch._foreach_zero_(missing)
         finite = check([staged])
         if finite is False:
             return self.residual

@@ -98,10 +98,12 @@ CAPPED_CONFIGS = [{**c, "name": f"{c['method']}_capped", "options": {**c["option
                                                                       "capacity_floor": 1}}
                   for c in CONFIGS if c["method"] in CAPPED]
 
-#: Top-k with the gradients written into the ``.grad`` tensors the last step published.
-IN_PLACE = {**CONFIGS[method_names().index("topk")], "name": "topk_in_place", "grads": "in place"}
+#: Top-k on one group of every parameter (Horovod's ``groups=1``), with fresh ``.grad`` tensors and
+#: with the gradients written into the ``.grad`` tensors the last step published.
+ONE_GROUP = {**CONFIGS[method_names().index("topk")], "name": "topk_one_group", "groups": 1}
+IN_PLACE = {**ONE_GROUP, "name": "topk_in_place", "grads": "in place"}
 
-job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [IN_PLACE])
+job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [ONE_GROUP, IN_PLACE])
 
 
 @pytest.mark.parametrize("method", method_names())
@@ -154,13 +156,14 @@ def test_a_payload_that_overflows_its_capacity_reads_nothing_more(job, method):
         assert len(record["reads"]) <= budget(method), (rank, len(record["reads"]), record["reads"])
 
 
-def test_gradients_left_in_the_published_views_are_not_copied_again(job):
-    """After ``zero_grad(set_to_none=False)`` the ``.grad`` tensors are still the views of the
-    groups' buffers the last step published, so backward's gradients are staged already: the
-    step copies none of them (one operation fewer per parameter) and delivers the same
-    aggregates, bitwise."""
-    fresh, kept = Observed(job, "topk", 2), Observed(job, "topk_in_place", 2)
+def test_a_groups_gradients_are_staged_in_one_operation_or_none(job):
+    """One group of the three parameters: fresh ``.grad`` tensors are copied into the group's
+    buffer by one operation whatever the number of parameters (a multi-tensor copy, nothing per
+    parameter); after ``zero_grad(set_to_none=False)`` the ``.grad`` tensors are still the views of
+    the buffer the last step published, so backward's gradients are staged already and the step
+    copies none of them. Both deliver the same aggregates, bitwise."""
+    fresh, kept = Observed(job, "topk_one_group", 2), Observed(job, "topk_in_place", 2)
     for rank, (a, b) in enumerate(zip(fresh.meta, kept.meta)):
-        assert b["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
-        assert b["ops"] == a["ops"] - len(SHAPES), (rank, a["ops"], b["ops"])
+        assert a["groups"] == b["groups"] == 1 and a["same_as_host_paths"] and b["same_as_host_paths"], rank
+        assert b["ops"] == a["ops"] - 1, (rank, a["ops"], b["ops"])
         assert b["last_aggregates"] == a["last_aggregates"], rank

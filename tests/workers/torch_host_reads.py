@@ -41,7 +41,7 @@ def run(config: Dict[str, Any], forced: bool) -> Dict[str, Any]:
     opt = hs.DistributedOptimizer(torch.optim.SGD(params, lr=0.01),
                                   named_parameters=[(f"p{i}", p) for i, p in enumerate(params)],
                                   compression=hs.Compression.create(config["method"], **config["options"]),
-                                  groups="tensor", nonfinite=config.get("nonfinite", "raise"))
+                                  groups=config.get("groups", "tensor"), nonfinite=config.get("nonfinite", "raise"))
     aggregates = []
     in_place = config.get("grads") == "in place"
     with warnings.catch_warnings(record=True) as caught:
