@@ -23,12 +23,12 @@ _ALL_GATHER_SINGLE = getattr(dist, "all_gather_single", None) or dist.all_gather
 
 
 def gather_ints(value: int, process_group: ProcessGroup) -> List[int]:
-    """Every rank's ``value``, in rank order (one blocking allgather of one int64 each, read on
-    the host at once)."""
+    """Every rank's ``value``, in rank order (one blocking allgather of one int64 each into one
+    tensor, read on the host at once: three operations whatever the number of ranks)."""
     mine = torch.tensor([value], dtype=torch.int64, device=process_group.device)
-    lengths = [torch.empty_like(mine) for _ in range(process_group.size())]
-    dist.all_gather(lengths, mine, group=process_group.group)
-    return torch.cat(lengths).tolist()
+    every = mine.new_empty(process_group.size())
+    _ALL_GATHER_SINGLE(every, mine, group=process_group.group)
+    return every.tolist()
 
 
 def ranks_reporting(count: int, process_group: ProcessGroup) -> List[int]:

@@ -64,9 +64,12 @@ FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussian
 #: by 3, one a unit, with the finiteness flag of two operations (the same note); dgc 230 and gaussiank
 #: 245 before DGC's padding and Gaussian-k's final pick took one operation and four fewer a unit;
 #: gaussiank 233 before its corrections' factors took two operations each, not four (the same note);
-#: sparseloco 369 before its codes were padded in one operation (the same note).
-FSDP_OPS_PER_STEP = {"topk": 84, "lags": 84, "threshold": 105, "dgc": 227, "gaussiank": 215, "gtopk": 174,
-                     "micro": 736, "exdyna": 740, "sparseloco": 363}
+#: sparseloco 369 before its codes were padded in one operation (the same note); every method's by 4
+#: (topk/lags 84, threshold 105, dgc 227, gaussiank 215, gtopk 174, micro 736, exdyna 740, sparseloco
+#: 363 before) when the step's small agreements gathered every rank's int into one tensor, not a list
+#: of one tensor a rank joined by a ``cat``.
+FSDP_OPS_PER_STEP = {"topk": 80, "lags": 80, "threshold": 101, "dgc": 223, "gaussiank": 211, "gtopk": 170,
+                     "micro": 732, "exdyna": 736, "sparseloco": 359}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
