@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import IO, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -30,7 +30,8 @@ class GroupStats:
         selected: coordinates this rank selected and sent (beyond a capacity: ``extra["overflow"]``).
         union: distinct coordinates that reached the model (the aggregated update's support).
             Both may be 0-dim tensors left on a device until the step's figures are read
-            (:func:`read_figures`).
+            (:func:`read_figures`); ``union`` may also be :class:`Deferred`, worked out only
+            when the step's statistics are read (:func:`read_deferred`).
         dense: True when the group went through a dense allreduce (warm-up, small group,
             dense compressor, kept dense).
         kept_dense: True when the group holds parameters the front end's ``dense=`` keeps
@@ -196,13 +197,43 @@ def read_each(scalars: List[Any]) -> List[Any]:
 COUNTS = ("selected", "union")
 
 
+class Deferred(NamedTuple):
+    """A count worked out only when the step's statistics are read (:func:`read_deferred`):
+    ``compute()`` gives a Python int or a 0-dim tensor. The union of the gathered indices is one:
+    marking and counting them costs operations over the whole buffer (three dispatched a group
+    on an accelerator, a sort of the indices on a CPU) that a step whose statistics nobody reads
+    need not pay. ``compute`` must only read tensors nothing changes afterwards (a collective's
+    fresh output)."""
+
+    compute: Callable[[], Any]
+
+
+def work_out_deferred(stats: StepStats) -> bool:
+    """Replace every :class:`Deferred` count of ``stats`` by what it computes (a Python int, or a
+    0-dim tensor that :func:`read_figures` reads); whether there was one."""
+    deferred = [(g, name) for g in stats.groups for name in COUNTS if isinstance(getattr(g, name), Deferred)]
+    for group, name in deferred:
+        setattr(group, name, getattr(group, name).compute())
+    return bool(deferred)
+
+
+def read_deferred(stats: StepStats, read_scalars: ReadScalars = read_each) -> StepStats:
+    """Work out every :class:`Deferred` count of ``stats`` and read, in one call of
+    ``read_scalars``, those left on a device; returns ``stats``, whose counts are then all Python
+    ints. Nothing is computed or read when no count is deferred (a second call is free)."""
+    if work_out_deferred(stats):
+        read_figures(stats, read_scalars)
+    return stats
+
+
 def read_figures(stats: StepStats, read_scalars: ReadScalars, scalars: Sequence[Any] = ()) -> List[Any]:
     """Read ``scalars`` (what the front end must learn now: its finiteness flags) and every
     figure of ``stats`` not read yet (unions and ``extra`` figures left on a device) in one call
     of ``read_scalars``, so that a step reads its device once however many groups and figures it
     has; the figures go into their groups, ``scalars``' values are returned, in order. Figures a
     group notes later are read by a later call (:func:`finish_step`)."""
-    unread = [(g, field) for g in stats.groups for field in COUNTS if not isinstance(getattr(g, field), int)]
+    unread = [(g, field) for g in stats.groups for field in COUNTS
+              if not isinstance(getattr(g, field), (int, Deferred))]
     unread += [(g, name) for g in stats.groups for name in g.unread]
     if not unread and not scalars:
         return []
@@ -221,12 +252,14 @@ def finish_step(stats: StepStats, log: Optional[StatsLog], read_scalars: ReadSca
     """A finished step's statistics as a front end publishes them (its ``last_stats``): every
     group's ``union`` and ``extra`` figures Python numbers (those that are not yet are read by
     ``read_scalars``, :func:`read_figures`: a front end whose figures stay on an accelerator
-    passes one that reads them all in one go, not one host read per group), groups settled
-    (:meth:`GroupStats.settle`), sorted by name, and written to ``log`` when there is one."""
+    passes one that reads them all in one go, not one host read per group) but the
+    :class:`Deferred` counts, groups settled (:meth:`GroupStats.settle`), sorted by name, and
+    written to ``log`` when there is one (the deferred counts worked out first,
+    :func:`read_deferred`)."""
     read_figures(stats, read_scalars)
     for group in stats.groups:
         group.settle()
     stats.groups.sort(key=lambda g: g.name)
     if log is not None:
-        log.write(stats)
+        log.write(read_deferred(stats, read_scalars))
     return stats

@@ -34,7 +34,8 @@ from typing import IO, Any, Callable, List, NamedTuple, Optional, Protocol, Tupl
 
 from horovod_sparse.common.grouping import ReadyTimeline
 from horovod_sparse.common.nonfinite import apply_nonfinite_policy
-from horovod_sparse.common.stats import GroupStats, StatsLog, StepStats, finish_step, read_each, read_figures
+from horovod_sparse.common.stats import (GroupStats, StatsLog, StepStats, finish_step, read_deferred, read_each,
+                                         read_figures, work_out_deferred)
 from horovod_sparse.common.tiers import Tiers, exchanged_numel
 from horovod_sparse.engine.flight import ExchangeFlight, ExchangeGroup, Flight
 from horovod_sparse.engine.model_state import ModelState
@@ -55,7 +56,8 @@ class EngineSteps:
 
     @property
     def last_stats(self) -> Optional[StepStats]:
-        """The last closed step's statistics (``abandoned`` after a non-finite gradient)."""
+        """The last closed step's statistics (``abandoned`` after a non-finite gradient; its
+        deferred counts worked out when first read, :attr:`StepEngine.last_stats`)."""
         return self._engine.last_stats
 
 
@@ -111,7 +113,6 @@ class StepEngine:
 
     Attributes:
         steps: the steps closed so far (the ``step`` the methods see).
-        last_stats: the statistics of the last closed step.
         tiers: the two-tier exchange's sets (None: flat; set by the front end).
         timeline: when the groups became ready, step after step (LAGS and MergeComp read it).
         dense_steps: the steps exchanged dense from the first (:attr:`warming_up`).
@@ -132,7 +133,7 @@ class StepEngine:
         self.timeline = ReadyTimeline()
         self._timeline_placed = False
         self.steps = 0
-        self.last_stats: Optional[StepStats] = None
+        self._closed: Optional[StepStats] = None
         self.stats = StepStats(step=0)
         self.flights: List[Flight] = []
 
@@ -253,7 +254,10 @@ class StepEngine:
         """The values of ``scalars`` (the front end's finiteness flags left on a device), read
         in one go with the step's statistics figures still on a device (the groups finished by
         now), so that the end of a step reads a device once
-        (:func:`~horovod_sparse.common.stats.read_figures`)."""
+        (:func:`~horovod_sparse.common.stats.read_figures`); with a statistics log, which writes
+        every figure, the deferred counts are worked out first and read with them."""
+        if self._stats_log is not None:
+            work_out_deferred(self.stats)
         return read_figures(self.stats, self.read_scalars or read_each, scalars)
 
     def end(self, finiteness: Finiteness, agree: Callable[[List[str]], List[int]],
@@ -296,13 +300,23 @@ class StepEngine:
     def close(self, end_step: Callable[[Any], None]) -> StepStats:
         """Close the step on every rank, outside the backward hooks: ``end_step(timeline)`` (the
         model's end of step: the method's measurements, MergeComp), the statistics settled and
-        logged, the counter advanced. Returns the step's statistics (``last_stats``)."""
+        logged, the counter advanced. Returns the step's statistics, their
+        :class:`~horovod_sparse.common.stats.Deferred` counts not worked out yet
+        (:attr:`last_stats` does that)."""
         end_step(self.timeline.end_step())
-        self.last_stats = finish_step(self.stats, self._stats_log, self.read_scalars)
+        self._closed = finish_step(self.stats, self._stats_log, self.read_scalars)
         self.steps += 1
         self.stats = StepStats(step=self.steps)
         self.flights = []
-        return self.last_stats
+        return self._closed
+
+    @property
+    def last_stats(self) -> Optional[StepStats]:
+        """The statistics of the last closed step, every count a Python int: the
+        :class:`~horovod_sparse.common.stats.Deferred` ones (the union of gathered indices) are
+        worked out and read, in one go, when this is first read after the step, so that a loop
+        that never reads them never pays for them."""
+        return None if self._closed is None else read_deferred(self._closed, self.read_scalars or read_each)
 
     def restart_at(self, steps: int) -> None:
         """Continue counting from ``steps`` (a loaded checkpoint's)."""

@@ -151,6 +151,10 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
     name: str
     #: The message a sparsifier raises inside the framework's stock Horovod wrapper.
     STOCK_REFUSAL: str
+    #: Whether a statistic may be left to be worked out when the statistics are read
+    #: (:class:`~horovod_sparse.common.stats.Deferred`): not where a step may be traced
+    #: (TensorFlow), whose figures are computed in the step.
+    DEFERS_STATISTICS: bool
 
     # -- sizes and host values ---------------------------------------------------------------
     def numel(self, x: Tensor) -> int:

@@ -15,12 +15,14 @@ they can only allreduce one dense tensor per gradient and would silently lose wh
 from __future__ import annotations
 
 import copy
+from functools import partial
 from typing import Any, Callable, ClassVar, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 from horovod_sparse.common.capacity import capacity_count
 from horovod_sparse.common.thresholds import scan_block_size
 from horovod_sparse.common.options import SparsifierOptions
 from horovod_sparse.common.schedule import ConstantDensity
+from horovod_sparse.common.stats import Deferred
 from horovod_sparse.methods.backend import Backend, Capped, Tensor
 from horovod_sparse.methods.comm import Comm
 
@@ -31,6 +33,14 @@ Result = Tuple[Tensor, Tensor]
 Exchange = Generator[Sequence[Any], List[Any], Result]
 #: The step counter an exchange receives: an int, or an int64 scalar in a traced TensorFlow step.
 Step = Union[int, Tensor]
+
+
+#: The union of a step's gathered indices is deferred (:meth:`Sparsifier.note_union`) while they are
+#: at most this share's reciprocal of the group's elements: the indices a deferral keeps alive until
+#: the next step closes stay a few percent of the group's memory (at most 1/16 of its elements,
+#: 6.25% of a float32 buffer's bytes for int32 indices). Top-k at density 0.001 qualifies up to 62
+#: ranks.
+DEFERRED_UNION_SHARE = 16
 
 
 class Sparsifier:
@@ -173,6 +183,17 @@ class Sparsifier:
         rank, on ``like``'s device: a row count every rank knows)."""
         return comm.allgather(self.B.reshape_one(selected, like), "counts", "meta", rows=[1] * comm.size)
 
+    def note_union(self, comm: Comm, indices: Tensor, numel: int, padded: bool = False) -> None:
+        """Set ``comm.stats.union``: the distinct gathered ``indices`` into a buffer of ``numel``
+        elements (``padded``: :data:`~horovod_sparse.methods.backend.PAD` rows not counted). Where
+        the backend defers statistics and they are at most ``1 / DEFERRED_UNION_SHARE`` of the
+        buffer's elements, a :class:`~horovod_sparse.common.stats.Deferred` count, worked out only
+        when the statistics are read (keeping the indices until the next step closes); else
+        counted now."""
+        count = partial(self.B.distinct, indices, numel, padded=padded)
+        deferred = self.B.DEFERS_STATISTICS and self.B.numel(indices) * DEFERRED_UNION_SHARE <= numel
+        comm.stats.union = Deferred(count) if deferred else count()
+
     def capacity(self, numel: int, step: Step) -> Any:
         """The payload's capacity of a group of ``numel`` elements at ``step``
         (:func:`~horovod_sparse.common.capacity.capacity_count` of the options; see
@@ -214,7 +235,7 @@ class Sparsifier:
             chunk_counts = B.chunk_counts(counts[0] if counts else fixed_count, comm.size, fixed=not counts)
             update = B.scatter_chunks(comm.output(x), B.unpadded(indices) if capped.padded else indices, values,
                                       chunk_counts, comm.scale)
-            comm.stats.union = B.distinct(indices, numel, padded=capped.padded)
+            self.note_union(comm, indices, numel, padded=capped.padded)
         return update, residual
 
 

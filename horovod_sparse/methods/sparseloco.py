@@ -207,7 +207,7 @@ class SparseLoCo(Sparsifier):
             if options.blocks:
                 indices = B.gather(order, indices + starts)
             update = B.scatter_chunks(comm.output(x), indices, values, B.chunk_counts(m, n, fixed=True), comm.scale)
-            comm.stats.union = B.distinct(indices, numel)
+            self.note_union(comm, indices, numel)
         return update, residual
 
     def _layout(self, shapes: Optional[Sequence[Sequence[int]]], x: Tensor, n: int

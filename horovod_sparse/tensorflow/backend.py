@@ -22,6 +22,7 @@ from horovod_sparse.tensorflow import selection
 from horovod_sparse.tensorflow.selection import pick, pick_with_magnitudes, scan, top_k  # noqa: F401 (backend API)
 
 name = "tensorflow"
+DEFERS_STATISTICS = False
 
 STOCK_REFUSAL = (
     "{cls} is a horovod_sparse sparsifier: it sends (values, indices) payloads and keeps an "

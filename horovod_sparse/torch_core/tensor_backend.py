@@ -29,7 +29,8 @@ from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, host
                                                  pick_capped, pick_with_magnitudes, scan, select)
 from horovod_sparse.torch_core.top_k import top_k
 
-__all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band", "bin_means", "both",
+__all__ = ["DEFERS_STATISTICS", "UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band",
+           "bin_means", "both",
            "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_reaching", "count_true",
            "counts_at", "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
            "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept",
@@ -38,6 +39,9 @@ __all__ = ["UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least
            "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to",
            "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
            "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
+
+#: Statistics may be worked out when read (``Backend.DEFERS_STATISTICS``): a PyTorch step is not traced.
+DEFERS_STATISTICS = True
 
 #: :func:`distinct` counts by sorting while the indices are fewer than ``1 / UNION_BY_MARKS`` of
 #: the buffer (sorting ``n k`` indices costs about as much as marking and counting ``16 n k``

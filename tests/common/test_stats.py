@@ -1,11 +1,13 @@
 """Step statistics and ready times: device phases settle when the step is finished, host phases
-at once; a device clock's stamps become seconds when the step ends."""
+at once; deferred counts are worked out when the statistics are read; a device clock's stamps
+become seconds when the step ends."""
+import io
 import json
 
 import torch
 
 from horovod_sparse.common.grouping import ReadyTimeline
-from horovod_sparse.common.stats import GroupStats, StepStats, finish_step
+from horovod_sparse.common.stats import Deferred, GroupStats, StatsLog, StepStats, finish_step, read_deferred
 from horovod_sparse.torch_core.communicator import TorchCommunicator
 
 
@@ -29,6 +31,41 @@ def test_pending_device_time_is_added_once_when_the_step_is_finished():
     finish_step(stats, None)  # settling again adds nothing
     assert group.seconds == {"select": 0.75, "apply": 0.125}
     json.dumps(stats.as_dict())  # the pending list is no part of the record
+
+
+def _deferred_step(computed):
+    """A step of three groups whose unions are deferred (two left on a device as 0-dim tensors,
+    one a Python int), each noting in ``computed`` when it is worked out."""
+    groups = [GroupStats("a", 10, 2), GroupStats("b", 10, 2), GroupStats("c", 10, 2)]
+    groups[0].union = Deferred(lambda: computed.append("a") or torch.tensor(3))
+    groups[1].union = Deferred(lambda: computed.append("b") or 4)
+    groups[2].union = Deferred(lambda: computed.append("c") or torch.tensor(5))
+    return StepStats(step=0, groups=groups)
+
+
+def test_a_deferred_union_is_worked_out_when_the_statistics_are_read_in_one_read():
+    """Closing the step computes nothing; reading works every deferred count out once and reads
+    those left on a device in one call; a second reading computes and reads nothing."""
+    computed, calls = [], []
+
+    def read_scalars(scalars):
+        calls.append(len(scalars))
+        return [int(s) for s in scalars]
+
+    stats = finish_step(_deferred_step(computed), None, read_scalars)
+    assert computed == [] and calls == []
+    assert read_deferred(stats, read_scalars) is stats
+    assert computed == ["a", "b", "c"] and calls == [2]
+    assert [g.union for g in stats.groups] == [3, 4, 5] and stats.union_density == 12 / 30
+    read_deferred(stats, read_scalars)
+    assert computed == ["a", "b", "c"] and calls == [2]
+
+
+def test_a_statistics_log_writes_the_deferred_unions():
+    computed, stream = [], io.StringIO()
+    finish_step(_deferred_step(computed), StatsLog(stream, per_group=True))
+    record = json.loads(stream.getvalue())
+    assert [g["union"] for g in record["groups"]] == [3, 4, 5] and record["union_density"] == 12 / 30
 
 
 def test_host_tensors_are_timed_on_the_host_at_once():

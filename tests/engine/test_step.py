@@ -2,6 +2,8 @@
 a loopback communicator (each rank's allgather completes once both ranks launched it), with real
 groups and the real Top-k, and every event a step causes is recorded in the order it happens.
 What the front ends add (buckets, shards, hooks) is tested in their multi-process jobs."""
+import io
+import json
 import warnings
 from typing import Any, Dict, List
 
@@ -10,12 +12,14 @@ import pytest
 import torch
 
 from horovod_sparse.common import registry
+from horovod_sparse.common.stats import read_each
 from horovod_sparse.distributed import backend
 from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.engine.topology import Transport
 from horovod_sparse.torch_core.buffers import FlatGroup
 from horovod_sparse.torch_core.communicator import TorchCommunicator, nbytes
+from horovod_sparse.torch_core.selection import accelerator_paths
 
 RANKS, NUMEL, DENSITY = 2, 40, 0.1
 
@@ -69,13 +73,13 @@ class Finiteness:
 class Rank:
     """One rank: its engine over the loopback, its two groups and its event log."""
 
-    def __init__(self, rank: int, first_dense_steps: int = 0, **options: Any) -> None:
+    def __init__(self, rank: int, first_dense_steps: int = 0, stats_log: Any = None, **options: Any) -> None:
         self.rank = rank
         self.log = Loopback.events[rank] = []
-        method = registry.create("ddp", "topk", density=DENSITY, min_numel=0, **options)
+        method = registry.create("ddp", "topk", **{"density": DENSITY, "min_numel": 0, **options})
         transport = Transport(Loopback, Ranks(rank))
         self.engine = StepEngine(method, ModelState(method, backend, Ranks(rank), None), transport,
-                                 first_dense_steps=first_dense_steps)
+                                 stats_log=stats_log, first_dense_steps=first_dense_steps)
         self.params = [torch.zeros(NUMEL), torch.zeros(NUMEL // 2)]
         self.groups = [FlatGroup(i, [f"p{i}"], [p]) for i, p in enumerate(self.params)]
         self.finished: List[Any] = []
@@ -131,12 +135,17 @@ def run_step(ranks: List[Rank], grads, nonfinite=None, bad_ranks=(), **kwargs):
     return outcomes
 
 
+def top_k_indices(x: np.ndarray, k: int) -> List[int]:
+    """The reference selection: the k largest |x|, ties to the lower index."""
+    return sorted(range(x.size), key=lambda i: (-abs(float(x[i])), i))[:k]
+
+
 def top_k_average(xs: List[np.ndarray], k: int) -> np.ndarray:
     """The reference: each rank's k largest |x| (ties to the lower index) averaged, written
     out with numpy."""
     total = np.zeros_like(xs[0])
     for x in xs:
-        keep = sorted(range(x.size), key=lambda i: (-abs(float(x[i])), i))[:k]
+        keep = top_k_indices(x, k)
         total[keep] += x[keep]
     return total / len(xs)
 
@@ -203,3 +212,28 @@ def test_a_front_end_reason_or_a_group_kept_dense_makes_a_dense_group():
     ranks[0].log.clear()
     run_step(ranks, gradients(5), dense_step=True)
     assert [e for e in ranks[0].log if e.split()[0] in ("load", "dense")] == ["dense p0", "dense p1"]
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_deferred_union_is_read_with_a_logged_steps_figures_or_when_last_stats_is_read(logged):
+    """Top-k at k = 1: the two gathered indices are at most 1/16 of group p0's 40 elements (not of
+    p1's 20), so p0's union is deferred. On the accelerators' paths (a union is a device count):
+    with a statistics log it is worked out in the step and read in the step's one read, with p1's,
+    and the log has it; without one the step's read has p1's only, and reading ``last_stats``
+    works p0's out in one more read (once). Either way both are the reference unions."""
+    streams = [io.StringIO() if logged else None for _ in range(RANKS)]
+    ranks = [Rank(r, stats_log=streams[r], density=0.02) for r in range(RANKS)]
+    reads: Dict[int, List[int]] = {r: [] for r in range(RANKS)}
+    for rank in ranks:
+        rank.engine.read_scalars = lambda scalars, r=rank.rank: reads[r].append(len(scalars)) or read_each(scalars)
+    grads = gradients(4)
+    expected = [len({i for g in grads for i in top_k_indices(g[j].numpy(), 1)}) for j in range(2)]
+    with accelerator_paths():
+        run_step(ranks, grads)
+        for rank in ranks:
+            assert reads[rank.rank] == ([2] if logged else [1])
+            for _ in range(2):
+                assert [g.union for g in rank.engine.last_stats.groups] == expected
+            assert reads[rank.rank] == ([2] if logged else [1, 1])
+            if logged:
+                assert json.loads(streams[rank.rank].getvalue())["union_density"] == sum(expected) / (NUMEL * 1.5)

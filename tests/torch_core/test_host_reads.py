@@ -76,7 +76,9 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: when its final pick took the mask and count of the last correction's count at the same threshold,
 #: then by 6 (232 before) when a correction's factor came from the count's place among the band's
 #: bounds (``bucketize`` and ``take``: two operations, not four). SparseLoCo's by 4 (354 before) when its
-#: codes were padded for packing in one operation (no zeroed buffer and copy).
+#: codes were padded for packing in one operation (no zeroed buffer and copy). At density 0.05 on two
+#: ranks every group gathers more than 1/16 of its elements, so its union is counted in the step
+#: (:func:`test_a_union_of_few_gathered_indices_is_worked_out_only_when_read` has fewer).
 OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 104, "dgc": 226, "gaussiank": 214, "gtopk": 179, "micro": 730,
                 "exdyna": 730, "sparseloco": 350}
 
@@ -103,7 +105,14 @@ CAPPED_CONFIGS = [{**c, "name": f"{c['method']}_capped", "options": {**c["option
 ONE_GROUP = {**CONFIGS[method_names().index("topk")], "name": "topk_one_group", "groups": 1}
 IN_PLACE = {**ONE_GROUP, "name": "topk_in_place", "grads": "in place"}
 
-job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [ONE_GROUP, IN_PLACE])
+#: Top-k at density 0.01: the groups of 1,200 and 1,440 elements gather 2 x 12 and 2 x 14 indices, at
+#: most 1/16 of their elements, so their unions are deferred; the group of 30 gathers 2 x 1, more.
+FEW = {**CONFIGS[method_names().index("topk")], "name": "topk_few", "options": {**OPTIONS, "density": 0.01}}
+#: What a union counted in the step dispatches on the accelerators' paths: a ``zeros`` of the group's
+#: size, an ``index_put_`` of the gathered indices, a ``sum``.
+UNION_OPS = 3
+
+job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [ONE_GROUP, IN_PLACE, FEW])
 
 
 @pytest.mark.parametrize("method", method_names())
@@ -167,3 +176,14 @@ def test_a_groups_gradients_are_staged_in_one_operation_or_none(job):
         assert a["groups"] == b["groups"] == 1 and a["same_as_host_paths"] and b["same_as_host_paths"], rank
         assert b["ops"] == a["ops"] - 1, (rank, a["ops"], b["ops"])
         assert b["last_aggregates"] == a["last_aggregates"], rank
+
+
+def test_a_union_of_few_gathered_indices_is_worked_out_only_when_read(job):
+    """A group whose gathered indices are at most 1/16 of its elements leaves its union statistic
+    to be worked out when the statistics are read (after the step: the worker reads them then),
+    so its step dispatches the union's operations for the group of 30 only; the unions read are
+    the host paths' (``same_as_host_paths``), and so are the aggregates, bitwise."""
+    many, few = Observed(job, "topk", 2), Observed(job, "topk_few", 2)
+    for rank, (a, b) in enumerate(zip(many.meta, few.meta)):
+        assert b["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert b["ops"] == a["ops"] - 2 * UNION_OPS, (rank, a["ops"], b["ops"])
