@@ -30,15 +30,14 @@ from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, host
 from horovod_sparse.torch_core.top_k import top_k
 
 __all__ = ["DEFERS_STATISTICS", "UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band",
-           "bin_means", "both",
-           "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at", "count_reaching", "count_true",
-           "counts_at", "decides_on_device", "delivered", "dequantize", "distinct", "embed", "first_settled", "float32",
-           "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept",
-           "kth_magnitude", "level_codes", "local_histogram", "lowered_thresholds", "mask", "moments", "momentum_step",
-           "numel", "outside_trace", "pack_codes", "pack_offsets", "pick", "pick_capped", "pick_with_magnitudes",
-           "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to",
-           "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped", "top_k_chunks",
-           "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
+           "bin_means", "both", "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at",
+           "count_reaching", "count_true", "counts_at", "decides_on_device", "delivered", "dequantize", "distinct",
+           "embed", "first_settled", "float32", "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call",
+           "index_dtype", "isin", "kept", "kth_magnitude", "level_codes", "local_histogram", "lowered_thresholds",
+           "mask", "moments", "momentum_step", "numel", "outside_trace", "pack_codes", "pack_offsets", "pick",
+           "pick_capped", "pick_with_magnitudes", "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set",
+           "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k",
+           "top_k_capped", "top_k_chunks", "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
 
 #: Statistics may be worked out when read (``Backend.DEFERS_STATISTICS``): a PyTorch step is not traced.
 DEFERS_STATISTICS = True
