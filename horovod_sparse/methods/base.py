@@ -35,11 +35,10 @@ Exchange = Generator[Sequence[Any], List[Any], Result]
 Step = Union[int, Tensor]
 
 
-#: The union of a step's gathered indices is deferred (:meth:`Sparsifier.note_union`) while they are
-#: at most this share's reciprocal of the group's elements: the indices a deferral keeps alive until
-#: the next step closes stay a few percent of the group's memory (at most 1/16 of its elements,
-#: 6.25% of a float32 buffer's bytes for int32 indices). Top-k at density 0.001 qualifies up to 62
-#: ranks.
+#: The union of a step's gathered indices is deferred (:meth:`Sparsifier.note_union`) while they
+#: number at most ``1 / DEFERRED_UNION_SHARE`` of the group's elements: the indices a deferral keeps
+#: alive until the next step closes stay a few percent of the group's memory (6.25% of a float32
+#: buffer's bytes for int32 indices). Top-k at density 0.001 qualifies up to 62 ranks.
 DEFERRED_UNION_SHARE = 16
 
 
