@@ -65,20 +65,27 @@ class DeviceRounds(Protocol):
     def window_edges(self, window: Any, scanned: Any) -> Tensor:
         """A ``HistogramWindow``'s float32 edges on the scanned buffer's device."""
 
-    def fine_edges(self, threshold: Tensor) -> Tensor:
-        """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim threshold on a device."""
+    def fine_edges(self, reading: Tensor) -> Tensor:
+        """The edges of ``HistogramWindow.around(threshold)`` for the threshold of a packed
+        reading on a device (:meth:`settle`'s)."""
 
     def histograms_above(self, edges: Tensor, scanned: Any, bars: Sequence[Any], rank: int, parts: int) -> Tensor:
         """For each bar, ``local_histogram`` of the scanned slice's coordinates at or above it,
         in the window of ``edges``, one after the other."""
 
-    def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tuple[Any, ...]:
+    def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tensor:
         """``threshold_from_histogram`` of each of ``count`` summed :meth:`histograms_above`
-        parts, as ``DeviceReading``s left on the device."""
+        parts, packed a row each on the device (``device_rounds.READING_FIELDS``: the threshold's
+        float32 bit pattern, then the flags)."""
 
-    def choose(self, flag: Tensor, a: Any, b: Any) -> Any:
-        """``a`` where the 0-dim ``flag`` holds, else ``b``: two tensors, or two ``DeviceReading``
-        field by field."""
+    def settle(self, readings: Tensor, places: Sequence[Tuple[int, int]], rows: Sequence[int]
+               ) -> Tuple[Tensor, Tensor]:
+        """The packed reading (1-D) at row ``rows[f]`` of ``readings``, ``f`` the flags at
+        ``places`` ((row, column) pairs) read as a binary number, the first the highest bit; and
+        those flags (1-D), on the device."""
+
+    def unpack_reading(self, reading: Tensor) -> Any:
+        """A packed reading (:meth:`settle`'s) as a ``DeviceReading`` of 0-dim tensors."""
 
 
 class ChunkedValues(Protocol):

@@ -13,12 +13,11 @@ import torch
 from horovod_sparse.methods.micro.controllers import (FINE_CENTRES, FINE_WINDOW_OFFSETS, REFINE_FRACTION,
                                                       HistogramWindow)
 from horovod_sparse.methods.micro.device_rounds import DeviceReading
-from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD
 from horovod_sparse.torch_core.constants import constant, held, steps
 from horovod_sparse.torch_core.selection import BlockScan
 from horovod_sparse.torch_core.tensor_backend import to_device
 
-__all__ = ["choose", "fine_edges", "histograms_above", "read_histograms", "window_edges"]
+__all__ = ["fine_edges", "histograms_above", "read_histograms", "settle", "unpack_reading", "window_edges"]
 
 
 def window_edges(window: HistogramWindow, scanned: BlockScan) -> torch.Tensor:
@@ -26,12 +25,12 @@ def window_edges(window: HistogramWindow, scanned: BlockScan) -> torch.Tensor:
     return to_device(torch.from_numpy(window.edges32()), scanned.x.device)
 
 
-def fine_edges(threshold: torch.Tensor) -> torch.Tensor:
-    """The edges of ``HistogramWindow.around(threshold)`` for a 0-dim float32 threshold left on
-    a device, computed there from its bit pattern (the window's offsets copied there once)."""
-    centre = threshold.reshape(1).to(torch.float32).view(torch.int32).long().clamp(*FINE_CENTRES)
-    offsets = held(FINE_WINDOW_OFFSETS, torch.int64, threshold.device)
-    return (centre + offsets).to(torch.int32).view(torch.float32)
+def fine_edges(reading: torch.Tensor) -> torch.Tensor:
+    """The edges of ``HistogramWindow.around(threshold)`` for the threshold of a packed reading
+    left on a device (:func:`settle`'s), computed there from its bit pattern (the window's offsets
+    copied there once)."""
+    centre = reading[:1].clamp(*FINE_CENTRES)
+    return (centre + held(FINE_WINDOW_OFFSETS, torch.int32, reading.device)).view(torch.float32)
 
 
 def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Sequence[Union[float, torch.Tensor]],
@@ -50,7 +49,7 @@ def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Sequence[Uni
     slots = torch.searchsorted(edges, magnitudes.float(), right=True, out_int32=True)
     # A bar compared in the magnitudes' dtype, as a 0-dim bar is (rounded to bfloat16 for bfloat16).
     reaching = magnitudes >= levels.to(magnitudes.dtype).unsqueeze(1)
-    starts = steps(0, count * width, width, torch.int32, device).unsqueeze(1)
+    starts = constant(tuple((row * width,) for row in range(count)), torch.int32, device)  # a column
     spare = constant(count * width, torch.int32, device)
     placed = torch.where(reaching, slots + starts, spare).view(-1)
     counts = torch.zeros(count * width + 1, dtype=torch.int32, device=device)
@@ -60,36 +59,58 @@ def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Sequence[Uni
     return counts[:-1]
 
 
-def read_histograms(edges: torch.Tensor, summed: torch.Tensor, target: int, count: int) -> Tuple[DeviceReading, ...]:
+def read_histograms(edges: torch.Tensor, summed: torch.Tensor, target: int, count: int) -> torch.Tensor:
     """:func:`~horovod_sparse.methods.micro.controllers.threshold_from_histogram` of each of the
     ``count`` local histograms :func:`histograms_above` put one after the other (summed over
-    ranks), in the window of float32 ``edges``, all at once on the device."""
+    ranks), in the window of float32 ``edges``, all at once on the device: an int32 row each, the
+    fields of :data:`~horovod_sparse.methods.micro.device_rounds.READING_FIELDS` (the threshold as
+    its float32 bit pattern, the flags 0 or 1).
+
+    With ``reached`` the edges ``T`` reaches the target at (``T`` non-increasing) and ``lowest``
+    the highest rank's bar, the reading's bin is ``[edge max(reached - 1, lowest), edge
+    max(reached, lowest)]``, clamped into the window: the interpolation's bin when ``reached >
+    lowest`` (and short of the window's end), else one edge, both ends the same (the window's
+    last when the answer lies above it, the bar's when it stops short there), so that one clamp
+    of the interpolated value gives the threshold of every case. The answer is outside the window
+    when that bin's upper end is the window's first edge or past its last; short when it stopped
+    at a bar (``reached <= lowest``) inside the window; coarse when interpolated (neither) in a bin
+    holding more than :data:`~horovod_sparse.methods.micro.controllers.REFINE_FRACTION` of the
+    target."""
     size = edges.numel()
     histograms = summed.view(count, -1)
-    lowest = histograms[:, size + 1:].amax(1).long()
-    tails = histograms[:, :size + 1].long().flip(1).cumsum(1).flip(1)[:, 1:]  # tails[:, j] = T(edge j)
-    top = (tails[:, -1] >= target).logical_or_(lowest >= size)
-    low = lowest.clamp(max=size - 1).unsqueeze(1)
-    short_here = tails.gather(1, low).squeeze(1) < target
-    j = ((tails >= target).sum(1, keepdim=True) - 1).clamp_(0, max(0, size - 2))
-    rows = torch.cat([j, (j + 1).clamp_(max=size - 1)], 1)  # the bin [edge j, edge j + 1)
-    above, beyond = tails.gather(1, rows).double().unbind(1)
+    lowest = histograms[:, size + 1:].amax(1, keepdim=True)
+    tails = histograms[:, :size + 1].flip(1).cumsum(1, dtype=torch.int64).flip(1)[:, 1:]  # tails[:, j] = T(edge j)
+    reached = (tails >= target).sum(1, keepdim=True)
+    ends = torch.maximum(torch.cat([reached - 1, reached], 1), lowest)
+    rows = ends.clamp_max(size - 1)
+    counts = tails.gather(1, rows).double()
+    above, beyond = counts[:, :1], counts[:, 1:]
     fraction = torch.where(beyond > 0, torch.log(above / target) / torch.log(above / beyond), (above - target) / above)
-    lo, hi = edges.take(rows).unbind(1)
-    value = lo.double() * (hi.double() / lo.double()) ** fraction
-    inside = torch.minimum(torch.maximum(value.float().clamp_min_(SMALLEST_THRESHOLD), lo), hi)
-    threshold = torch.where(top, edges[-1], torch.where(short_here, edges.take(low.squeeze(1)), inside))
-    bounded = top.logical_not().logical_and_(short_here)
-    coarse = top.logical_or(short_here).logical_not_().logical_and_(above - beyond > REFINE_FRACTION * target)
-    outside = top.logical_or(bounded.logical_and(lowest == 0))
-    short = bounded.logical_and(lowest > 0)
-    return tuple(DeviceReading(*fields) for fields in zip(threshold, outside, short, coarse))
+    bounds = edges.double().take(rows)
+    lo, hi = bounds[:, :1], bounds[:, 1:]
+    # At one edge (lo == hi) the interpolation is lo * 1 ** fraction: lo, whatever the fraction there.
+    threshold = torch.clamp(lo * (hi / lo) ** fraction, lo, hi).float().view(torch.int32)
+    bounded = reached <= lowest  # below, ``a > b`` of two flags: a and not b
+    outside = ends[:, 1:].remainder(size) == 0
+    coarse = (above - beyond > REFINE_FRACTION * target) > bounded.logical_or(outside)
+    return torch.cat([threshold, outside, bounded > outside, coarse], 1)
 
 
-def choose(flag: torch.Tensor, a: Union[torch.Tensor, DeviceReading], b: Union[torch.Tensor, DeviceReading]
-           ) -> Union[torch.Tensor, DeviceReading]:
-    """``a`` where the bool 0-dim ``flag`` holds, else ``b``, on the device: two tensors, or two
-    :class:`DeviceReading` field by field (a ``where`` each)."""
-    if isinstance(a, torch.Tensor):
-        return torch.where(flag, a, b)
-    return DeviceReading(*(torch.where(flag, x, y) for x, y in zip(a, b)))
+def settle(readings: torch.Tensor, places: Sequence[Tuple[int, int]], rows: Sequence[int]
+           ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The packed reading (1-D) at row ``rows[f]`` of ``readings`` (:func:`read_histograms`'
+    rows), ``f`` the flags at ``places`` (row, column) read as a binary number, the first the
+    highest bit; and those flags (1-D). On the device, in a constant number of operations."""
+    device = readings.device
+    flags = readings.take(constant(tuple(row * readings.shape[1] + column for row, column in places),
+                                   torch.int64, device))
+    number = (flags * constant(tuple(1 << bit for bit in reversed(range(len(places)))), torch.int32,
+                               device)).sum(0, keepdim=True)
+    row = constant(tuple(rows), torch.int64, device).take(number)
+    return readings.index_select(0, row).view(-1), flags
+
+
+def unpack_reading(reading: torch.Tensor) -> DeviceReading:
+    """A packed reading (:func:`settle`'s) as a :class:`DeviceReading` of 0-dim tensors."""
+    bits, outside, short, coarse = reading.unbind()
+    return DeviceReading(bits.view(torch.float32), outside, short, coarse)

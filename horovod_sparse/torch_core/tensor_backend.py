@@ -147,6 +147,8 @@ def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
     rank, on CPU and on GPU (where one ``index_add_`` with repeated indices adds in a
     non-deterministic order)."""
     values = values.to(out.dtype)
+    if len(counts) == 1:
+        return out.index_add_(0, indices, values, alpha=scale)
     for index_chunk, value_chunk in zip(indices.split(list(counts)), values.split(list(counts))):
         out.index_add_(0, index_chunk, value_chunk, alpha=scale)
     return out
@@ -154,7 +156,7 @@ def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
 
 def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     values = values.to(out.dtype)
-    return out.index_copy_(0, idx, values * scale if scale != 1 else values)
+    return out.index_copy_(0, idx.long(), values * scale if scale != 1 else values)
 
 
 def distinct(indices: torch.Tensor, numel: int, padded: bool = False) -> Union[int, torch.Tensor]:

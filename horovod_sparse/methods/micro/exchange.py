@@ -100,8 +100,7 @@ class Micro(Sparsifier):
         padded = {"rows": [B.numel(capped.idx)] * comm.size} if capped.padded else {}
         gathered, counts = yield [comm.allgather(B.wire_index(capped.idx, numel), "indices", "indices", **padded),
                                   self.allgather_count(capped.sent, x, comm)]
-        union = B.as_index(gathered)
-        update, residual = comm.output(x), x
+        union, update, residual = gathered, comm.output(x), x
         if not capped.padded:
             counts = [int(c) for c in B.to_numpy(counts)]
         if capped.padded or sum(counts):
