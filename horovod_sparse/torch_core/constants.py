@@ -5,7 +5,8 @@ length (one more operation each). The tensors returned are shared: never change 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+import functools
+from typing import Any, Callable, Dict, Tuple
 
 import numpy as np
 import torch
@@ -17,31 +18,32 @@ KEPT_RANGE = 2 ** 16
 _MADE: Dict[Tuple[Any, ...], torch.Tensor] = {}
 
 
+def made_once(key: Tuple[Any, ...], make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()``, made at the first call with ``key`` (hashable: what decides the values, dtype
+    and device) and returned again at every later one."""
+    if key not in _MADE:
+        _MADE[key] = make()
+    return _MADE[key]
+
+
 def constant(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.tensor(value)`` in ``dtype`` on ``device``, made once: 0-dim for a number, 1-D
     for a tuple of them."""
-    key = ("value", repr(value), dtype, device)  # not the value: -0.0 == 0.0
-    if key not in _MADE:
-        _MADE[key] = torch.tensor(value, dtype=dtype, device=device)
-    return _MADE[key]
+    return made_once(("value", repr(value), dtype, device),  # not the value: -0.0 == 0.0
+                     lambda: torch.tensor(value, dtype=dtype, device=device))
 
 
 def steps(start: int, end: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``torch.arange(start, end, step)`` in ``dtype`` on ``device``, made once when it holds at
     most :data:`KEPT_RANGE` elements (else made at each call)."""
+    make = functools.partial(torch.arange, start, end, step, dtype=dtype, device=device)
     if len(range(start, end, step)) > KEPT_RANGE:
-        return torch.arange(start, end, step, dtype=dtype, device=device)
-    key = ("steps", start, end, step, dtype, device)
-    if key not in _MADE:
-        _MADE[key] = torch.arange(start, end, step, dtype=dtype, device=device)
-    return _MADE[key]
+        return make()
+    return made_once(("steps", start, end, step, dtype, device), make)
 
 
 def held(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A module's NumPy constant ``array`` (never changed, never freed: it is known by its
     ``id``) in ``dtype`` on ``device``, copied there once: a table of a few hundred values,
     which :func:`constant` would key by its ``repr`` at every call."""
-    key = ("array", id(array), dtype, device)
-    if key not in _MADE:
-        _MADE[key] = torch.as_tensor(array, dtype=dtype).to(device)
-    return _MADE[key]
+    return made_once(("array", id(array), dtype, device), lambda: torch.as_tensor(array, dtype=dtype).to(device))

@@ -6,6 +6,7 @@ against the reference, the bytes on the wire, and error feedback (nothing lost).
 the multi-process matrices run it through every front end."""
 from __future__ import annotations
 
+import contextlib
 import math
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import pytest
 import tensorflow as tf
 import torch
 
+from benchmarks.costs.exchange_cost import DispatchedOps
 from horovod_sparse.common import registry
 from horovod_sparse.common.stats import GroupStats
 from horovod_sparse.engine.step import StepEngine
@@ -22,6 +24,7 @@ from horovod_sparse.methods.sparseloco import chunk_counts, offset_width, quanti
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
 from horovod_sparse.torch_core.communicator import TorchCommunicator, nbytes
+from horovod_sparse.torch_core.selection import accelerator_paths
 from tests.support import reference_sparseloco as R
 
 BACKENDS = {"torch": (torch_backend, torch.from_numpy), "tensorflow": (tf_backend, tf.constant)}
@@ -149,16 +152,35 @@ def test_the_quantizers_sums_of_16m_values_are_exact_to_float32(framework, many_
     np.testing.assert_allclose(means, exact, rtol=1e-6, atol=0)
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("paths", ["host", "accelerators"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("numel,chunk,density", [case[:3] for case in CASES])
-def test_chunk_selection_of_other_dtypes_is_the_reference_set(dtype, numel, chunk, density):
+def test_chunk_selection_of_every_dtype_is_the_reference_set(paths, dtype, numel, chunk, density):
     """float64 rows (no ranked keys: the k-th magnitude, all above it, the first ties) and
-    float16 and bfloat16 ones (keys of 16-bit magnitudes) select the reference's set of the
-    same values, ties to the lower index."""
+    float32, float16 and bfloat16 ones (keys of their magnitudes) select the reference's set of
+    the same values, ties to the lower index; on the accelerators' paths too (run on the CPU),
+    where a buffer that ends in a shorter chunk is padded to whole ones (five of the cases: a
+    last chunk of 40, 100, 7 and 6 elements, and a buffer of one element)."""
     values = torch.from_numpy(buffer(numel, numel)).to(dtype)
     _, k, _, k_last = chunk_counts(density, numel, chunk)
     expected = R.chunk_select(values.double().numpy(), density, chunk)
-    assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
+    with accelerator_paths() if paths == "accelerators" else contextlib.nullcontext():
+        chosen = torch_backend.top_k_chunks(values, chunk, k, k_last)
+    assert chosen.tolist() == expected
+
+
+def test_the_accelerators_chunk_selection_takes_one_topk_for_the_chunks_and_the_shorter_last():
+    """On the accelerators' paths a buffer of full chunks and a shorter last one is selected in
+    14 dispatched operations once its constants are made (one ``torch.topk`` of the padded rows'
+    keys; a pass for the full chunks and one for the last took 21); its indices are the
+    reference's (above)."""
+    values = torch.from_numpy(buffer(4096 * 2 + 100, 7))
+    _, k, _, k_last = chunk_counts(1 / 64, values.numel(), 4096)
+    with accelerator_paths():
+        first = torch_backend.top_k_chunks(values, 4096, k, k_last)
+        with DispatchedOps() as ops:
+            again = torch_backend.top_k_chunks(values, 4096, k, k_last)
+    assert ops.count <= 14 and torch.equal(first, again), ops.count
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
