@@ -80,7 +80,6 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
 
     from benchmarks.shared.models import digits_mlp
-    from benchmarks.shared.results import command_line, write_results
 
     args = parser().parse_args(argv)
     rank, size, build = (ddp_copies if args.ddp else horovod_copies)(args.density)
@@ -111,8 +110,20 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
             for _ in range(args.steps):
                 copies[name]()
             measured[name].append((time.perf_counter() - start) / args.steps)
-    if rank != 0:
-        return
+    if rank == 0:
+        report(args, measured, size, argv)
+    if args.ddp:  # a DDP job over Gloo can abort in the interpreter's finalization (horovod_sparse.ddp.exit_job)
+        from horovod_sparse.ddp import exit_job
+
+        exit_job()
+
+
+def report(args: argparse.Namespace, measured: Dict[str, List[float]], size: int,
+           argv: Optional[Sequence[str]]) -> None:
+    """Print the medians of ``measured`` (seconds a step, per copy) with each policy's ratio to
+    its copy without one, and write them to ``args.results`` when given."""
+    from benchmarks.shared.results import command_line, write_results
+
     rows = [{"copy": name, "seconds": statistics.median(runs)} for name, runs in measured.items()]
     seconds = {row["copy"]: row["seconds"] for row in rows}
     print(f"{'DDP' if args.ddp else 'Horovod'}, {size} ranks, {args.rounds} rounds x {args.steps} steps per copy; "
