@@ -18,8 +18,8 @@ The backend primitives (contracts in :mod:`horovod_sparse.methods.backend`):
   ``count_reaching``, ``lowered_thresholds``, ``counts_at``, ``first_settled``, ``top_k_capped``,
   ``band``, ``as_threshold``, ``delivered``, ``unpadded``, ``copy_at``;
 * the histogram controller on an accelerator (:mod:`horovod_sparse.methods.micro.device_rounds`):
-  ``decides_on_device``, ``candidate_bar``, ``window_edges``, ``fine_edges``, ``histograms_above``,
-  ``read_histograms``, ``settle``, ``unpack_reading`` (on the host: ``local_histogram``);
+  ``decides_on_device``, ``candidate_bars``, ``window_edges``, ``fine_edges``, ``histograms_above``,
+  ``read_histograms``, ``settle``, ``unpack_reading`` (on the host: ``candidate_bar``, ``local_histogram``);
 * gathers, scatters and casts: ``clone``, ``gather``, ``to_wire``, ``wire_index``, ``as_index``,
   ``scatter_chunks``, ``scatter_set``, ``distinct``, ``coalesce``, ``isin``, ``concat``, ``mask``,
   ``splits_to``, ``momentum_step``, ``kth_magnitude``;

@@ -69,9 +69,13 @@ class DeviceRounds(Protocol):
         """The edges of ``HistogramWindow.around(threshold)`` for the threshold of a packed
         reading on a device (:meth:`settle`'s)."""
 
-    def histograms_above(self, edges: Tensor, scanned: Any, bars: Sequence[Any], rank: int, parts: int) -> Tensor:
-        """For each bar, ``local_histogram`` of the scanned slice's coordinates at or above it,
-        in the window of ``edges``, one after the other."""
+    def candidate_bars(self, scanned: Any, budgets: Tuple[int, int]) -> Any:
+        """``candidate_bar`` at each of the two ``budgets``, left on the device with what reaches
+        them (for both rounds of :meth:`histograms_above`)."""
+
+    def histograms_above(self, edges: Tensor, scanned: Any, bars: Any, rank: int, parts: int) -> Tensor:
+        """For each of :meth:`candidate_bars`' bars, ``local_histogram`` of the scanned slice's
+        coordinates at or above it, in the window of ``edges``, one after the other."""
 
     def read_histograms(self, edges: Tensor, summed: Tensor, target: int, count: int) -> Tensor:
         """``threshold_from_histogram`` of each of ``count`` summed :meth:`histograms_above`

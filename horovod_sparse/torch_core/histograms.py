@@ -6,18 +6,20 @@ the host. Each function computes bitwise what its host counterpart in
 the reading's interpolation in double precision, as the host's)."""
 from __future__ import annotations
 
-from typing import Sequence, Tuple, Union
+from typing import NamedTuple, Sequence, Tuple
 
 import torch
 
 from horovod_sparse.methods.micro.controllers import (FINE_CENTRES, FINE_WINDOW_OFFSETS, REFINE_FRACTION,
                                                       HistogramWindow)
+from horovod_sparse.common.thresholds import SMALLEST_THRESHOLD
 from horovod_sparse.methods.micro.device_rounds import DeviceReading
 from horovod_sparse.torch_core.constants import constant, held, steps
 from horovod_sparse.torch_core.selection import BlockScan
-from horovod_sparse.torch_core.tensor_backend import to_device
+from horovod_sparse.torch_core.tensor_backend import candidate_bar, to_device
 
-__all__ = ["fine_edges", "histograms_above", "read_histograms", "settle", "unpack_reading", "window_edges"]
+__all__ = ["candidate_bars", "fine_edges", "histograms_above", "read_histograms", "settle", "unpack_reading",
+           "window_edges"]
 
 
 def window_edges(window: HistogramWindow, scanned: BlockScan) -> torch.Tensor:
@@ -33,29 +35,58 @@ def fine_edges(reading: torch.Tensor) -> torch.Tensor:
     return (centre + held(FINE_WINDOW_OFFSETS, torch.int32, reading.device)).view(torch.float32)
 
 
-def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Sequence[Union[float, torch.Tensor]],
-                     rank: int, parts: int) -> torch.Tensor:
-    """For each of ``bars``, :func:`~horovod_sparse.methods.micro.controllers.local_histogram`
-    of the scanned slice's coordinates at or above it (the host's candidates at that bar), in
-    the window of float32 ``edges``; one after the other, int32, on the device. Every bar at
-    once, in a constant number of operations: one pass bins the slice, one compares it with
-    every bar, one ``index_add_`` counts every bar's histogram into one buffer (a coordinate
-    below a bar into a spare place past the end), one ``index_copy_`` writes every bar's mark."""
+class Bars(NamedTuple):
+    """A rank's candidate bars on the device (:func:`candidate_bars`) and what reaches them."""
+
+    #: The bars (float32, one per budget).
+    levels: torch.Tensor
+    #: The scanned slice's magnitudes at or above each bar, a row each (compared in the
+    #: magnitudes' dtype, as a 0-dim bar is: rounded to bfloat16 for bfloat16).
+    reaching: torch.Tensor
+
+
+def candidate_bars(scanned: BlockScan, budgets: Tuple[int, int]) -> Bars:
+    """:func:`~horovod_sparse.methods.micro.controllers.candidate_bar` at each of the two
+    ``budgets`` (the host's bars bitwise), left on the device with what reaches them, for both
+    rounds of :func:`histograms_above`. Where both budgets are below the number of blocks, one
+    sorted ``torch.topk`` of the block maxima holds both bars, viewed with a stride from the
+    first's place to the second's (the budgets change from step to step: no index tensor is made
+    for them), and one clamp: three operations where a ``kthvalue`` and a clamp a bar and their
+    ``stack`` took five; else a bar each."""
+    maxima = scanned.maxima.float()
+    if max(budgets) < maxima.numel():
+        top = torch.topk(maxima, max(budgets)).values
+        first, second = (budget - 1 for budget in budgets)
+        if first <= second:
+            both = top.as_strided((2,), (second - first,), first)
+        else:
+            both = top.as_strided((2,), (first - second,), second).flip(0)
+        levels = both.clamp_min(SMALLEST_THRESHOLD)
+    else:
+        levels = torch.stack([bar if isinstance(bar, torch.Tensor) else constant(bar, torch.float32, maxima.device)
+                              for bar in (candidate_bar(scanned, budget) for budget in budgets)])
     magnitudes = scanned.magnitudes
-    size, count, device = edges.numel(), len(bars), edges.device
+    return Bars(levels, magnitudes >= levels.to(magnitudes.dtype).unsqueeze(1))
+
+
+def histograms_above(edges: torch.Tensor, scanned: BlockScan, bars: Bars, rank: int, parts: int) -> torch.Tensor:
+    """For each of ``bars`` (:func:`candidate_bars`),
+    :func:`~horovod_sparse.methods.micro.controllers.local_histogram` of the scanned slice's
+    coordinates at or above it (the host's candidates at that bar), in the window of float32
+    ``edges``; one after the other, int32, on the device. Every bar at once, in a constant number
+    of operations: one pass bins the slice, one ``index_add_`` counts every bar's histogram into
+    one buffer (a coordinate below a bar into a spare place past the end), one ``index_copy_``
+    writes every bar's mark."""
+    size, count, device = edges.numel(), bars.levels.numel(), edges.device
     width = size + 1 + parts  # a histogram of size + 1 bins, then its marks
-    levels = torch.stack([bar if isinstance(bar, torch.Tensor) else constant(bar, torch.float32, device)
-                          for bar in bars])
-    slots = torch.searchsorted(edges, magnitudes.float(), right=True, out_int32=True)
-    # A bar compared in the magnitudes' dtype, as a 0-dim bar is (rounded to bfloat16 for bfloat16).
-    reaching = magnitudes >= levels.to(magnitudes.dtype).unsqueeze(1)
+    slots = torch.searchsorted(edges, scanned.magnitudes.float(), right=True, out_int32=True)
     starts = constant(tuple((row * width,) for row in range(count)), torch.int32, device)  # a column
     spare = constant(count * width, torch.int32, device)
-    placed = torch.where(reaching, slots + starts, spare).view(-1)
+    placed = torch.where(bars.reaching, slots + starts, spare).view(-1)
     counts = torch.zeros(count * width + 1, dtype=torch.int32, device=device)
     counts.index_add_(0, placed, constant(1, torch.int32, device).expand(placed.numel()))
     marks = steps(size + 1 + rank, count * width, width, torch.int64, device)
-    counts.index_copy_(0, marks, torch.searchsorted(edges, levels, right=False, out_int32=True))
+    counts.index_copy_(0, marks, torch.searchsorted(edges, bars.levels, right=False, out_int32=True))
     return counts[:-1]
 
 

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 import torch
 
+from benchmarks.costs.exchange_cost import DispatchedOps
 from horovod_sparse.methods.gtopk.butterfly import SparseSet
 from horovod_sparse.common.thresholds import as_float32
 from horovod_sparse.common.threshold_baselines import gaussian_threshold
@@ -164,10 +165,12 @@ def test_candidates_filter_to_exactly_the_pick_on_both_backends(framework, dtype
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("budget", [1, 40, 10_000])
+@pytest.mark.parametrize("budget", [1, 40, 150, 10_000])
 def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
-    """PyTorch's accelerator paths (a bar and histograms computed on the device, read by no one)
-    give bitwise the host's NumPy results: the candidates' bar, the local histograms of the
+    """PyTorch's accelerator paths (bars and histograms computed on the device, read by no one)
+    give bitwise the host's NumPy results: the candidates' two bars in either order (from one
+    ``topk`` of the 307 blocks' maxima when both budgets are below that, else a bar each; the
+    budget of 150 and its triple straddle it), the local histograms of the
     coordinates at or above two bars in the first step's window and in a fine one around a
     threshold, built on the device (every rank's mark), DGC's threshold and its lowered ones.
     Run on CPU tensors through ``accelerator_paths``."""
@@ -180,8 +183,10 @@ def test_the_accelerators_bar_and_histogram_equal_the_hosts(dtype, budget):
     host_bars = [B.candidate_bar(scanned, budget), B.candidate_bar(scanned, 3 * budget)]
     hosts = [Candidates.collect(B, scanned, b) for b in (budget, 3 * budget)]
     with accelerator_paths():
-        device_bars = [B.candidate_bar(scanned, b) for b in (budget, 3 * budget)]
-    assert all(isinstance(bar, float) for bar in host_bars) and [float(b) for b in device_bars] == host_bars
+        device_bars = B.candidate_bars(scanned, (budget, 3 * budget))
+        backwards = B.candidate_bars(scanned, (3 * budget, budget))
+    assert all(isinstance(bar, float) for bar in host_bars) and device_bars.levels.tolist() == host_bars
+    assert backwards.levels.tolist() == host_bars[::-1]
     fine_centre = torch.tensor([0.3], dtype=torch.float32)
     for window in (HistogramWindow.everything(), HistogramWindow.around(0.3)):
         for rank, parts in ((0, 1), (2, 4)):
@@ -246,6 +251,21 @@ def _rounds_on_both_paths(x, k, parts, state):
         assert [bool(f) for f in reading[1:]] == [settled.clamped, settled.short, settled.coarse], rank
         assert rounds_taken(RoundFlags(*(bool(f) for f in flags))) == on_host.tags == tags, rank
     return tuple(tags)
+
+
+def test_the_accelerators_two_bars_come_from_one_topk():
+    """Where both budgets are below the number of blocks, the two bars and what reaches them take
+    five dispatched operations once their constants are made (one ``topk`` of the block maxima, a
+    strided view of both places, a clamp, the comparison), six when the wide budget is the
+    smaller (a ``flip``); a ``kthvalue`` and a clamp a bar took seven. Their values: above."""
+    buffer = torch.from_numpy(np.random.default_rng(4).standard_normal(20_011).astype(np.float32))
+    with accelerator_paths():
+        scanned = torch_backend.scan(buffer, 301, 19_950, 64)  # 307 blocks
+        for budgets, most in (((40, 120), 5), ((120, 40), 6)):
+            first = torch_backend.candidate_bars(scanned, budgets)
+            with DispatchedOps() as ops:
+                again = torch_backend.candidate_bars(scanned, budgets)
+            assert ops.count <= most and torch.equal(first.levels, again.levels), (budgets, ops.count)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])

@@ -105,14 +105,14 @@ def device_histogram_threshold(B: Backend, controller: HistogramController, stat
     host's rounds settle on and the :class:`RoundFlags` naming them; ``state`` is not changed
     (the exchange updates it when the step's figures are read)."""
     window = controller.window(state)
-    bars = [B.candidate_bar(scanned, candidate_budget(k, parts, state.last_counts, partition, wide=wide))
-            for wide in (False, True)]
+    bars = B.candidate_bars(scanned, (candidate_budget(k, parts, state.last_counts, partition),
+                                      candidate_budget(k, parts, state.last_counts, partition, wide=True)))
     edges = B.window_edges(window, scanned)
     summed = yield HistogramRound(B.histograms_above(edges, scanned, bars, rank, parts), "histogram")
-    first = B.read_histograms(edges, summed, k, len(bars))
+    first = B.read_histograms(edges, summed, k, 2)
     centre, _ = B.settle(first, _places(((FIRST, "short"),)), (FIRST, WIDE))
     fine = B.fine_edges(centre)
     summed = yield HistogramRound(B.histograms_above(fine, scanned, bars, rank, parts), "histogram.fine")
-    readings = B.concat([first, B.read_histograms(fine, summed, k, len(bars))])
+    readings = B.concat([first, B.read_histograms(fine, summed, k, 2)])
     settled, flags = B.settle(readings, _places(ROUND_FLAGS), SETTLED_ROWS)
     return B.unpack_reading(settled), RoundFlags(*flags)
