@@ -56,7 +56,7 @@ def candidate_bars(scanned: BlockScan, budgets: Tuple[int, int]) -> Bars:
     maxima = scanned.maxima.float()
     if max(budgets) < maxima.numel():
         top = torch.topk(maxima, max(budgets)).values
-        first, second = (budget - 1 for budget in budgets)
+        first, second = (top.storage_offset() + budget - 1 for budget in budgets)
         if first <= second:
             both = top.as_strided((2,), (second - first,), first)
         else:
