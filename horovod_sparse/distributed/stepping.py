@@ -19,7 +19,7 @@ from horovod_sparse.engine.model_state import ModelState
 from horovod_sparse.engine.step import StepEngine
 from horovod_sparse.engine.topology import Transport
 from horovod_sparse.torch_core.finiteness import Finite
-from horovod_sparse.torch_core.tensor_backend import read_scalars
+from horovod_sparse.torch_core.device_figures import read_scalars
 
 
 def distributed_engine(compression: Any, process_group: ProcessGroup, stats_log: Optional[IO[str]],

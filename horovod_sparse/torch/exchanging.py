@@ -42,7 +42,7 @@ from horovod_sparse.torch_core.buffers import FlatGroup, carry_residuals
 from horovod_sparse.torch_core.device_timing import ready_timeline
 from horovod_sparse.torch_core.finiteness import StepFiniteness, Finite
 from horovod_sparse.torch_core.loss_scale import LossScale, StepScale, step_scale
-from horovod_sparse.torch_core.tensor_backend import read_scalars
+from horovod_sparse.torch_core.device_figures import read_scalars
 
 
 class ExchangingOptimizer(SharedState, LoopCalls, EngineSteps, torch.optim.Optimizer):

@@ -56,7 +56,7 @@ from horovod_sparse.outer.replicas import Replicas
 from horovod_sparse.torch import backend
 from horovod_sparse.torch.collectives import Communicator, agree_at_step_end, gather_places
 from horovod_sparse.torch_core.finiteness import Finite
-from horovod_sparse.torch_core.tensor_backend import read_scalars
+from horovod_sparse.torch_core.device_figures import read_scalars
 
 
 def node_process_set() -> hvd.ProcessSet:

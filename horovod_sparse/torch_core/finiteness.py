@@ -17,7 +17,8 @@ from horovod_sparse.common.stats import ReadScalars
 
 from horovod_sparse.torch_core.buffers import Finite
 from horovod_sparse.torch_core.selection import on_accelerator
-from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag, read_scalars
+from horovod_sparse.torch_core.device_figures import read_scalars
+from horovod_sparse.torch_core.tensor_backend import all_finite, finite_flag
 
 
 class StepFiniteness:

@@ -8,10 +8,9 @@ allocates nothing of a buffer's size (the front end reuses each group's residual
 """
 from __future__ import annotations
 
-import itertools
 import math
 from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, ContextManager, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -258,34 +257,6 @@ def copy_at(out: torch.Tensor, capped: Capped, source: Optional[torch.Tensor]) -
     written = (idx != PAD).logical_or_(first != PAD)
     value = torch.zeros_like(out[index]) if source is None else source[index]
     return out.index_put_((index,), torch.where(written, value, out[index]))
-
-
-def read_scalars(scalars: List[torch.Tensor]) -> List[Any]:
-    """The values of tensors left on a device (counts, flags, thresholds), in order: for a 0-dim
-    tensor an int (integer and bool tensors) or a float (floating ones, exactly: read as
-    float64), for a 1-D one a list of them; one host read per device, however many
-    (:func:`horovod_sparse.common.stats.finish_step`), gathered in a few operations per dtype
-    (a stack, a cast), not per tensor."""
-    values: List[Any] = [0] * len(scalars)
-    by_device: Dict[torch.device, Dict[torch.dtype, List[int]]] = {}
-    for i, scalar in enumerate(scalars):
-        by_device.setdefault(scalar.device, {}).setdefault(scalar.dtype, []).append(i)
-    for by_dtype in by_device.values():
-        parts = [_flat(*[scalars[i] for i in positions]).to(torch.float64) for positions in by_dtype.values()]
-        read = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()
-        start = 0
-        for i in itertools.chain(*by_dtype.values()):
-            kind = float if scalars[i].is_floating_point() else int
-            value = [kind(v) for v in read[start:start + scalars[i].numel()]]
-            values[i], start = (value if scalars[i].dim() else value[0]), start + scalars[i].numel()
-    return values
-
-
-def _flat(*tensors: torch.Tensor) -> torch.Tensor:
-    """The elements of ``tensors`` (one dtype) in one 1-D tensor: one stack when all are 0-dim."""
-    if all(t.dim() == 0 for t in tensors):
-        return torch.stack(tensors)
-    return torch.cat([t.reshape(-1) for t in tensors])
 
 
 def synchronize(like: torch.Tensor) -> None:

@@ -382,7 +382,7 @@ def test_the_figures_left_on_a_device_are_read_in_order_and_exactly():
     tensor's value in the order given, whatever the dtypes interleaved: ints for integer and
     bool tensors, floats for floating ones, exactly (float32 thresholds, float64, int64 counts
     up to 2**53), and lists for 1-D tensors; compared with each tensor's own ``tolist()``."""
-    from horovod_sparse.torch_core.tensor_backend import read_scalars
+    from horovod_sparse.torch_core.device_figures import read_scalars
 
     scalars = [torch.tensor(3), torch.tensor(True), torch.tensor(0.1, dtype=torch.float32), torch.tensor([7, 2**53]),
                torch.tensor(False), torch.tensor(1 / 3, dtype=torch.float64), torch.tensor([0.5, -1e-30]),
