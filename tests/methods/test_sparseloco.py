@@ -159,8 +159,9 @@ def test_chunk_selection_of_every_dtype_is_the_reference_set(paths, dtype, numel
     """float64 rows (no ranked keys: the k-th magnitude, all above it, the first ties) and
     float32, float16 and bfloat16 ones (keys of their magnitudes) select the reference's set of
     the same values, ties to the lower index; on the accelerators' paths too (run on the CPU),
-    where a buffer that ends in a shorter chunk is padded to whole ones (five of the cases: a
-    last chunk of 40, 100, 7 and 6 elements, and a buffer of one element)."""
+    where a buffer of full chunks that ends in a shorter one is padded to whole ones (four of the
+    cases: a last chunk of 40, 100, 7 and 6 elements; a buffer of one element keeps its chunk's
+    own pass)."""
     values = torch.from_numpy(buffer(numel, numel)).to(dtype)
     _, k, _, k_last = chunk_counts(density, numel, chunk)
     expected = R.chunk_select(values.double().numpy(), density, chunk)
