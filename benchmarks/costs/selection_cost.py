@@ -20,7 +20,10 @@ side and interleaved (medians over ``--repeats``), each as a ratio to ``sum``:
   (:func:`horovod_sparse.methods.gaussiank.gaussiank_select`);
 * ``sparseloco``: SparseLoCo's selection, each chunk of 4,096 elements its own top
   ``max(1, int(density * 4096))`` (:func:`horovod_sparse.torch_core.chunked.top_k_chunks`; the
-  quantizer left out).
+  quantizer left out): where a chunk keeps at most 8, by its blocks' maxima;
+* ``sparseloco keys``: the same selection of the full chunks (the shorter last one left out) by
+  each chunk's own keys (:func:`horovod_sparse.torch_core.chunked.top_k_rows` with
+  ``by_blocks=False``), as it was before the blocks.
 
 Then the same over the whole buffer in TensorFlow (one intra-op and one inter-op thread), side by
 side and interleaved, each as a ratio to TensorFlow's own read pass:
@@ -70,7 +73,7 @@ from horovod_sparse.torch_core.selection import pick, pick_capped, scan
 from horovod_sparse.torch_core.top_k import top_k
 from horovod_sparse.methods.gaussiank import gaussiank_select
 from horovod_sparse.methods.sparseloco import SparseLoCoOptions, chunk_counts
-from horovod_sparse.torch_core.chunked import top_k_chunks
+from horovod_sparse.torch_core.chunked import top_k_chunks, top_k_rows
 from horovod_sparse.torch import backend
 
 
@@ -161,14 +164,21 @@ def whole_buffer(x: torch.Tensor, k: int, density: float, repeats: int) -> Dict[
     block = scan_block_size(density)
     capacity = capacity_count(CappedOptions(density=density), k, x.numel())
     chunk_sizes = chunk_counts(density, x.numel(), SPARSELOCO_CHUNK)[1::2]  # (k a chunk, k of the last)
-    seconds = time_side_by_side({
+    full_chunks = x[:x.numel() - x.numel() % SPARSELOCO_CHUNK].view(-1, SPARSELOCO_CHUNK)
+    selections = {
         "sum": lambda: x.sum(),
         "torch.topk": lambda: torch.topk(x.abs(), k, sorted=False),
         "top_k": lambda: top_k(x, k),
         "threshold": lambda: pick_capped(scan(scaled, 0, x.numel(), block), threshold, x.numel()),  # uncapped
         "gaussiank": lambda: gaussiank_select(backend, x, k, density, capacity),
         "sparseloco": lambda: top_k_chunks(x, SPARSELOCO_CHUNK, *chunk_sizes),
-    }, repeats)
+    }
+    if full_chunks.numel():
+        if not torch.equal(top_k_rows(full_chunks, chunk_sizes[0]),
+                           top_k_rows(full_chunks, chunk_sizes[0], by_blocks=False)):
+            raise AssertionError("SparseLoCo's chunks by blocks and by their own keys picked different sets")
+        selections["sparseloco keys"] = lambda: top_k_rows(full_chunks, chunk_sizes[0], by_blocks=False)
+    seconds = time_side_by_side(selections, repeats)
     row = {f"{name}_ms": 1e3 * value for name, value in seconds.items()}
     row.update({f"{name}_over_sum": value / seconds["sum"] for name, value in seconds.items() if name != "sum"})
     return row
@@ -232,7 +242,8 @@ def main() -> None:
     print(f"selection over a float32 gradient of {args.numel} elements ({source}), density {args.density} "
           f"(k = {k}), 1 thread, medians of {args.repeats} (CPU time)")
     whole = whole_buffer(x, k, args.density, args.repeats)
-    methods = ("torch.topk", "top_k", "threshold", "gaussiank", "sparseloco")
+    methods = [name for name in ("torch.topk", "top_k", "threshold", "gaussiank", "sparseloco", "sparseloco keys")
+               if name + "_ms" in whole]
     print(f"\nwhole buffer: read pass (sum) {whole['sum_ms']:.2f} ms; each selection in ms and / read pass")
     print("".join(f"{name:>22s}" for name in methods))
     print("".join(f"{whole[name + '_ms']:13.1f} {whole[name + '_over_sum']:8.2f}" for name in methods))

@@ -23,8 +23,16 @@ import torch
 
 from horovod_sparse.common.thresholds import SCAN_CHUNK
 from horovod_sparse.torch_core.constants import constant, made_once, steps
-from horovod_sparse.torch_core.selection import on_accelerator
-from horovod_sparse.torch_core.top_k import device_top_k, ranked_keys, ranked_keys_into
+from horovod_sparse.torch_core.selection import on_accelerator, scan
+from horovod_sparse.torch_core.top_k import device_top_k, has_keys, ranked_keys, ranked_keys_into
+
+#: Elements of the blocks of :func:`_host_top_k_rows_by_blocks`, the host's selection of rows
+#: that keep few coordinates: a row of 4096 has 64 maxima to rank, and keeping ``k`` it keys
+#: ``64 k`` candidates (a power of two, so the blocks are the scan's).
+SUB_BLOCK = 64
+#: From this many elements of full rows on (16 rows of 4096) :func:`_host_top_k_rows_by_blocks`
+#: is taken; below, the block scan's fixed cost (a few small operations) outweighs what it saves.
+SUB_BLOCKS_FROM = 65_536
 
 __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack_codes", "pack_offsets",
            "top_k_chunks", "unpack_codes", "unpack_offsets"]
@@ -37,7 +45,7 @@ def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tens
         return chosen
     parts = []
     if full and k:
-        parts.append(_top_k_rows(flat[:full * chunk].reshape(full, chunk), k))
+        parts.append(top_k_rows(flat[:full * chunk].reshape(full, chunk), k))
     tail = flat[full * chunk:]
     if k_last:  # the last, shorter chunk: one topk of its keys as well, on any device
         chosen = torch.arange(tail.numel(), device=x.device) if k_last >= tail.numel() else device_top_k(tail, k_last)
@@ -73,15 +81,19 @@ def _top_k_padded_rows(flat: torch.Tensor, chunk: int, k: int, k_last: int) -> O
     return chosen.add_(starts).view(-1)[:(rows - 1) * k + k_last]
 
 
-def _top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
+def top_k_rows(values: torch.Tensor, k: int, by_blocks: bool = True) -> torch.Tensor:
     """The flat indices of each row's ``k`` largest ``|values|`` (``k > 0``; every index when
     ``k`` reaches a row's length), ties to the lower index, ascending: one ``torch.topk`` of
     :func:`~horovod_sparse.torch_core.top_k.ranked_keys` along the rows where there are keys (on
-    the host :func:`_host_top_k_rows`); else each row's k-th largest magnitude, all above it and
-    the first of those equal to it. Exactly ``k`` a row either way, so a fixed-size result."""
+    the host :func:`_host_top_k_rows`, or :func:`_host_top_k_rows_by_blocks` where it applies,
+    unless ``by_blocks`` is False: the benchmark's comparison); else each row's k-th largest
+    magnitude, all above it and the first of those equal to it. Exactly ``k`` a row either way,
+    so a fixed-size result."""
     full, chunk = values.shape
     if k >= chunk:
         return torch.arange(full * chunk, device=values.device)
+    if by_blocks and not on_accelerator(values) and (chosen := _host_top_k_rows_by_blocks(values, k)) is not None:
+        return chosen
     if on_accelerator(values) or (chosen := _host_top_k_rows(values, k)) is None:
         rows = values.abs()
         keys = ranked_keys(rows)
@@ -92,8 +104,33 @@ def _top_k_rows(values: torch.Tensor, k: int) -> torch.Tensor:
                                                 values.device).unsqueeze(1)).reshape(-1)
 
 
+def _host_top_k_rows_by_blocks(values: torch.Tensor, k: int) -> Optional[torch.Tensor]:
+    """:func:`top_k_rows` on the host where each row keeps few coordinates, by its blocks of
+    :data:`SUB_BLOCK`: one block scan (:func:`~horovod_sparse.torch_core.selection.scan`), each
+    row's ``k`` blocks of the largest maxima (ties to the lower block), and the top-k of those
+    ``k`` blocks' coordinates, read in the order of the row. Exact: a coordinate of a row's top-k
+    lies in one of those blocks (a block ranked above its own holds, at its maximum, a coordinate
+    that wins against it: larger, or as large and at a lower index; ``k`` such blocks would put
+    it out of the top-k). Where a row keeps at most an eighth of its blocks' count, this reads
+    the buffer once and keys ``k`` blocks a row, not the whole row (``python -m
+    benchmarks.costs.selection_cost`` times both). None elsewhere: rows not of whole blocks,
+    keeping more, fewer than :data:`SUB_BLOCKS_FROM` elements, or without keys (float64)."""
+    full, chunk = values.shape
+    blocks = chunk // SUB_BLOCK
+    if chunk % SUB_BLOCK or k * 8 > blocks or full * chunk < SUB_BLOCKS_FROM or not has_keys(values.dtype):
+        return None
+    flat = values.reshape(-1)
+    maxima = scan(flat, 0, flat.numel(), SUB_BLOCK).maxima.view(full, blocks)
+    ranked = torch.topk(ranked_keys(maxima), k, dim=1, sorted=False).indices.sort(dim=1).values
+    ranked += steps(0, full * blocks, blocks, torch.int64, values.device).unsqueeze(1)
+    candidates = flat.view(-1, SUB_BLOCK).index_select(0, ranked.view(-1)).abs_().view(full, k * SUB_BLOCK)
+    places = torch.topk(ranked_keys(candidates), k, dim=1, sorted=False).indices
+    positions = ranked.gather(1, places // SUB_BLOCK).mul_(SUB_BLOCK).add_(places % SUB_BLOCK)
+    return positions.sort(dim=1).values.view(-1)
+
+
 def _top_k_rows_by_level(rows: torch.Tensor, k: int) -> torch.Tensor:
-    """:func:`_top_k_rows` of the magnitudes ``rows`` without keys (float64): each row's k-th
+    """:func:`top_k_rows` of the magnitudes ``rows`` without keys (float64): each row's k-th
     largest, all above it and the first of those equal to it."""
     full, _ = rows.shape
     kth = torch.topk(rows, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)

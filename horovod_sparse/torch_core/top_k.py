@@ -85,6 +85,11 @@ _INDEX_BITS = 31
 _INDEX_SPAN = 2 ** _INDEX_BITS
 
 
+def has_keys(dtype: torch.dtype) -> bool:
+    """Whether :func:`ranked_keys` keys magnitudes of ``dtype`` (float32, float16, bfloat16)."""
+    return dtype in _MAGNITUDE_BITS
+
+
 def ranked_keys(magnitudes: torch.Tensor) -> Optional[torch.Tensor]:
     """int64 keys that order the coordinates of ``magnitudes``' last dimension (``|x|``, float32,
     float16 or bfloat16) as the tie rule does: a magnitude's bits times 2**31 plus

@@ -431,7 +431,7 @@ def test_selection_cost_prints_ratios(tmp_path):
     assert row["workers"] == 2 and row["histogram_over_topk"] == pytest.approx(row["histogram_ms"] / row["topk_ms"])
     assert f"{row['histogram_over_topk']:.4f}" in result.stdout
     whole = figures["whole_buffer"]
-    for name in ("torch.topk", "top_k", "threshold", "gaussiank", "sparseloco"):
+    for name in ("torch.topk", "top_k", "threshold", "gaussiank", "sparseloco", "sparseloco keys"):
         assert whole[f"{name}_over_sum"] == pytest.approx(whole[f"{name}_ms"] / whole["sum_ms"])
         assert f"{whole[name + '_over_sum']:8.2f}" in result.stdout
     tensorflow = whole["tensorflow"]  # TensorFlow's rows, against its own read pass

@@ -24,6 +24,7 @@ from horovod_sparse.methods.sparseloco import chunk_counts, offset_width, quanti
 from horovod_sparse.tensorflow import backend as tf_backend
 from horovod_sparse.torch import backend as torch_backend
 from horovod_sparse.torch_core.communicator import TorchCommunicator, nbytes
+from horovod_sparse.torch_core import chunked
 from horovod_sparse.torch_core.selection import accelerator_paths
 from tests.support import reference_sparseloco as R
 
@@ -195,6 +196,31 @@ def test_chunk_selection_across_the_hosts_slabs_is_the_reference_set(dtype):
     _, k, _, k_last = chunk_counts(density, numel, chunk)
     expected = R.chunk_select(values.double().numpy(), density, chunk)
     assert torch_backend.top_k_chunks(values, chunk, k, k_last).tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("k", [1, 4, 8])
+def test_the_hosts_rows_keeping_few_select_the_reference_set_by_blocks(dtype, k):
+    """Rows of 4096 keeping at most 8 (an eighth of their 64 blocks) are selected on the host by
+    their blocks' maxima (16 rows and a shorter chunk: the fewest elements that take that path),
+    the reference's set: the largest magnitude in three blocks of row 0 (two in block 2, one
+    each in blocks 5 and 7, of both signs: the lower blocks and indices win), a row of equal
+    magnitudes (its first ``k``), a row whose ``k`` largest share one block, and one whose block
+    of the largest ``k - 1`` holds a magnitude equal to a lower block's largest (the lower
+    wins)."""
+    chunk, rows = 4096, chunked.SUB_BLOCKS_FROM // 4096
+    values = torch.from_numpy(buffer(chunk * rows + 5, k)).to(dtype)
+    for place, value in [(7 * 64 + 1, 9.0), (5 * 64 + 60, -9.0), (2 * 64 + 10, 9.0), (2 * 64 + 3, -9.0)]:
+        values[place] = value
+    values[chunk:2 * chunk] = -1.0
+    values[2 * chunk + 640:2 * chunk + 640 + k] = torch.arange(k, dtype=torch.float32).to(dtype) + 20.0
+    values[3 * chunk + 11 * 64:3 * chunk + 11 * 64 + k - 1] = 30.0
+    values[3 * chunk + 11 * 64 + 40] = values[3 * chunk + 3 * 64 + 2] = 25.0
+    density = k / chunk
+    _, kept, _, k_last = chunk_counts(density, values.numel(), chunk)
+    expected = R.chunk_select(values.double().numpy(), density, chunk)
+    assert kept == k and chunked._host_top_k_rows_by_blocks(values[:chunk * rows].view(rows, chunk), k) is not None
+    assert torch_backend.top_k_chunks(values, chunk, kept, k_last).tolist() == expected
 
 
 @pytest.mark.parametrize("framework", list(BACKENDS))
