@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -172,20 +172,40 @@ def pick_with_magnitudes(scanned: BlockScan, threshold: Threshold,
     reaches = torch.gt if strict else torch.ge
     if on_accelerator(scanned.x):
         return device_pick(scanned, threshold, reaches)
-    hits = host_pass(scanned, threshold, reaches)
-    flat = torch.nonzero(hits.reached).squeeze(1)
+    return host_pick(scanned, host_pass(scanned, threshold, reaches))
+
+
+def host_pick(scanned: BlockScan, hits: "HostPass",
+              enough: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The indices into ``x`` (ascending) and magnitudes of what the host's pass ``hits`` of
+    ``scanned`` reaches; with ``enough``, its slabs are read only until that many are found
+    (the result then holds at least its ``enough`` lowest indices)."""
     block = scanned.block
-    if block & (block - 1) == 0:  # a power of two (always, from scan_block_size): shifts, not divisions
-        shift = block.bit_length() - 1
-        positions = (hits.rows[flat >> shift] << shift) + (flat & (block - 1))
-    else:
-        positions = hits.rows[flat // block] * block + flat % block
-    found, found_magnitudes = [positions], [hits.magnitudes.take(flat)]
-    if hits.tail is not None:
+    found, found_magnitudes = [], []
+    picked = 0
+    for rows, magnitudes, reached in hits.read():
+        flat = torch.nonzero(reached).squeeze(1)
+        if block & (block - 1) == 0:  # a power of two (always, from scan_block_size): shifts, not divisions
+            shift = block.bit_length() - 1
+            found.append((rows[flat >> shift] << shift) + (flat & (block - 1)))
+        else:
+            found.append(rows[flat // block] * block + flat % block)
+        found_magnitudes.append(magnitudes.take(flat))
+        picked += flat.numel()
+        if enough is not None and picked >= enough:
+            break
+    if hits.tail is not None and (enough is None or picked < enough):
         in_tail = torch.nonzero(hits.tail_reached).squeeze(1)
         found.append(in_tail + scanned.full_blocks * block)
         found_magnitudes.append(hits.tail[in_tail])
+    if not found:
+        return torch.empty(0, dtype=torch.int64), scanned.x.new_empty(0)
     return torch.cat(found) + scanned.start, torch.cat(found_magnitudes)
+
+
+#: A slab of a host pass: the rows (indices of full blocks) it read, ``|x|`` of their blocks
+#: (flat) and the mask of those that reach the pass's threshold.
+Slab = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -194,23 +214,25 @@ class HostPass:
     share (:func:`host_pass`).
 
     Attributes:
-        rows: the indices (int64, ascending) of the full blocks whose maximum reaches.
-        magnitudes: ``|x|`` of those blocks, flat (a copy).
-        reached: the mask of ``magnitudes`` that reach.
+        read: the :class:`Slab` of the full blocks whose maximum reaches, in ascending order of
+            their rows, at each call: a pass of one slab holds it, a larger one reads its blocks
+            again (:func:`host_slabs`).
         tail: ``|x|`` of the partial last block when its maximum reaches, else None.
         tail_reached: the mask of ``tail`` that reaches (None with ``tail``).
+        counted: the count, once taken (:meth:`count`).
     """
 
-    rows: torch.Tensor
-    magnitudes: torch.Tensor
-    reached: torch.Tensor
+    read: Callable[[], Iterable[Slab]]
     tail: Optional[torch.Tensor]
     tail_reached: Optional[torch.Tensor]
+    counted: List[int] = field(default_factory=list, compare=False)
 
     def count(self) -> int:
-        """How many magnitudes reach, read on the host."""
-        found = host_count(self.reached)
-        return found if self.tail_reached is None else found + host_count(self.tail_reached)
+        """How many magnitudes reach, read on the host (once)."""
+        if not self.counted:
+            found = sum(host_count(reached) for _, _, reached in self.read())
+            self.counted.append(found if self.tail_reached is None else found + host_count(self.tail_reached))
+        return self.counted[0]
 
 
 def host_count(mask: torch.Tensor) -> int:
@@ -223,24 +245,47 @@ def host_count(mask: torch.Tensor) -> int:
 def host_pass(scanned: BlockScan, threshold: float,
               reaches: Callable[[torch.Tensor, float], torch.Tensor] = torch.ge) -> HostPass:
     """The :class:`HostPass` of ``reaches(|x|, threshold)`` (``torch.ge`` or ``torch.gt``) in
-    the host's scanned slice: the blocks whose maximum reaches re-read, the others skipped. The
-    last pass of a scan is kept with it, so a pick at the threshold just counted (DGC's and
-    Gaussian-k's final one) does not read the blocks again."""
+    the host's scanned slice: the blocks whose maximum reaches re-read, the others skipped, at
+    most :data:`SCAN_CHUNK` elements at a time (:func:`host_slabs`). The last pass of a scan is
+    kept with it, with its count once taken: a pick at the threshold just counted (DGC's and
+    Gaussian-k's final one) knows the count, and where the pass is one slab does not read the
+    blocks again."""
     key = (threshold, reaches)
     kept = scanned.last_pass
     if key in kept:
         return kept[key]
     hit = torch.nonzero(reaches(scanned.maxima, threshold)).squeeze(1)
-    x, start, block, full = scanned.x, scanned.start, scanned.block, scanned.full_blocks
+    x, full = scanned.x, scanned.full_blocks
     has_tail = hit.numel() > 0 and int(hit[-1]) == full
     rows = hit[:-1] if has_tail else hit
-    magnitudes = x[start:start + full * block].view(full, block).index_select(0, rows).abs_().view(-1)
-    tail = x[start + full * block:scanned.end].abs() if has_tail else None
-    found = HostPass(rows, magnitudes, reaches(magnitudes, threshold), tail,
-                     None if tail is None else reaches(tail, threshold))
+    tail = x[scanned.start + full * scanned.block:scanned.end].abs() if has_tail else None
+    read: Callable[[], Iterable[Slab]] = functools.partial(host_slabs, scanned, rows, threshold, reaches)
+    if rows.numel() * scanned.block <= SCAN_CHUNK:
+        read = functools.partial(iter, list(read()))
+    found = HostPass(read, tail, None if tail is None else reaches(tail, threshold))
     kept.clear()
     kept[key] = found
     return found
+
+
+def host_slabs(scanned: BlockScan, rows: torch.Tensor, threshold: float,
+               reaches: Callable[..., torch.Tensor]) -> Iterator[Slab]:
+    """The full blocks ``rows`` of the host's scanned slice as :class:`Slab`, :data:`SCAN_CHUNK`
+    elements at a time, each slab's ``|x|`` and mask written into two buffers of a slab's size
+    that the next slab reuses (a slab's tensors are valid until the next is asked for): a
+    buffer of a large pass's size, fresh at each pass, costs the page faults of its memory
+    first, and Gaussian-k's corrections on a heavy-tailed gradient re-read a third to a half of
+    the blocks at each count (``python -m benchmarks.costs.selection_cost --gradient vgg``)."""
+    x, block, full = scanned.x, scanned.block, scanned.full_blocks
+    blocks = x[scanned.start:scanned.start + full * block].view(full, block)
+    per = max(1, SCAN_CHUNK // block)
+    size = min(per, rows.numel())
+    magnitudes = torch.empty(size, block, dtype=x.dtype)
+    reached = torch.empty(size * block, dtype=torch.bool)
+    for first in range(0, rows.numel(), per):
+        part = rows[first:first + per]
+        read = torch.index_select(blocks, 0, part, out=magnitudes[:part.numel()]).abs_().view(-1)
+        yield part, read, reaches(read, threshold, out=reached[:read.numel()])
 
 
 def device_pick(scanned: BlockScan, threshold: Threshold,
@@ -254,13 +299,16 @@ def device_pick(scanned: BlockScan, threshold: Threshold,
 
 def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capped:
     """:func:`pick` cut to its ``capacity`` lowest indices (:class:`~horovod_sparse.methods.backend.Capped`).
-    On the host the selection is cut after the fact; on an accelerator one pass over the slice
+    On the host the pass's slabs are read until ``capacity`` are found and the selection counted
+    (:meth:`HostPass.count`: once per pass, so not again after :func:`count_reaching` at the same
+    threshold); on an accelerator one pass over the slice
     writes the first ``capacity`` indices into a payload of that size (``nonzero_static``, padded
     with :data:`~horovod_sparse.methods.backend.PAD`) and counts the selection on the device:
     nothing is read on the host."""
     if not on_accelerator(scanned.x):
-        idx = pick(scanned, threshold)
-        return cut(idx, idx.numel(), capacity)
+        hits = host_pass(scanned, threshold)
+        idx = host_pick(scanned, hits, capacity)[0]
+        return cut(idx, hits.count() if idx.numel() >= capacity else idx.numel(), capacity)
     reaches, found = device_reached(scanned, threshold)
     idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)
     if scanned.start:

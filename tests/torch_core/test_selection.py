@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from horovod_sparse.methods.micro.candidates import Candidates
 from horovod_sparse.torch import backend
-from horovod_sparse.torch_core.selection import (accelerator_paths, count_reaching, pick_capped, pick_with_magnitudes,
-                                                 scan, select)
+from horovod_sparse.common.thresholds import SCAN_CHUNK
+from horovod_sparse.torch_core.selection import (accelerator_paths, count_reaching, host_pass, pick_capped,
+                                                 pick_with_magnitudes, scan, select)
 
 
 def naive(x: torch.Tensor, start: int, end: int, threshold: float, strict: bool = False) -> torch.Tensor:
@@ -38,6 +39,47 @@ def test_pick_is_exactly_the_threshold_set(numel, block, cut, quantile, seed, ti
     expected = naive(x, start, end, threshold, strict)
     assert torch.equal(indices, expected)
     assert torch.equal(magnitudes, x[expected].abs())
+
+
+@pytest.mark.parametrize("block", [64, 100])
+@pytest.mark.parametrize("strict", [False, True])
+def test_a_host_pass_of_many_slabs_counts_and_picks_the_threshold_set(block, strict):
+    """A threshold that most blocks' maxima reach is read :data:`SCAN_CHUNK` elements of blocks
+    at a time (three slabs and a partial last block here; ties included): its count and its
+    pick are the threshold set's, the pick after a count at the same threshold too (such a pass
+    is not kept), and so is a count at a lower threshold and the pick at the higher one after it."""
+    numel = 3 * SCAN_CHUNK + 77
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(block)).mul(4).round()  # few magnitudes
+    start, end = 5, numel - 3
+    scanned = scan(x, start, end, block)
+    high, low = 2.0, 1.0
+    for counted, picked in ((high, high), (low, high)):
+        expected = naive(x, start, end, counted, strict)
+        assert host_pass(scanned, counted, torch.gt if strict else torch.ge).count() == expected.numel()
+        expected = naive(x, start, end, picked, strict)
+        indices, magnitudes = pick_with_magnitudes(scanned, picked, strict)
+        assert expected.numel() > SCAN_CHUNK and torch.equal(indices, expected)
+        assert torch.equal(magnitudes, x[expected].abs())
+
+
+@pytest.mark.parametrize("counted_first", [False, True])
+def test_a_capped_host_pick_of_many_slabs_is_the_cut_threshold_set(counted_first):
+    """A capped pick on the host reads a pass's slabs only until its capacity is found: its
+    indices are the threshold set's lowest ``capacity``, and what it sends and leaves over are
+    counted over the whole set, with the threshold counted before (the count kept with the pass)
+    or not; capacities within the first slab, past it, of all but a few and past the whole set."""
+    numel = 3 * SCAN_CHUNK + 77
+    x = torch.randn(numel, generator=torch.Generator().manual_seed(11)).mul(4).round()
+    start, end, threshold = 5, numel - 3, 2.0
+    expected = naive(x, start, end, threshold)
+    for capacity in (1000, SCAN_CHUNK, expected.numel() - 5, expected.numel(), expected.numel() + 5):
+        scanned = scan(x, start, end, 64)
+        if counted_first:
+            assert count_reaching(scanned, threshold) == expected.numel()
+        capped = pick_capped(scanned, threshold, capacity)
+        sent = min(capacity, expected.numel())
+        assert torch.equal(capped.idx, expected[:capacity]) and not capped.padded
+        assert (capped.sent, capped.overflow) == (sent, expected.numel() - sent)
 
 
 @settings(max_examples=30, deadline=None)
