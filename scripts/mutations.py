@@ -548,7 +548,8 @@ MUTATIONS: List[Mutation] = [
       "a pick on the host reuses the pass of another threshold counted on the same scan"),
     M("host-pass-of-many-slabs-read-once", P + "torch_core/selection.py",
       "    read: Callable[[], Iterable[Slab]] = functools.partial(host_slabs, scanned, rows, threshold, reaches)\n",
-      "    read: Callable[[], Iterable[Slab]] = functools.partial(iter, host_slabs(scanned, rows, threshold, reaches))\n",
+      "    read: Callable[[], Iterable[Slab]] = functools.partial(iter, host_slabs(scanned, rows, threshold,"
+      " reaches))\n",
       ["tests/torch_core/test_selection.py", "-k", "many_slabs"],
       "a host pass of many slabs reads its blocks once, and the pick after its count finds nothing"),
     M("host-slabs-restart-at-the-first-rows", P + "torch_core/selection.py",
@@ -567,7 +568,8 @@ MUTATIONS: List[Mutation] = [
       ["tests/torch_core/test_selection.py", "-k", "capped_host_pick"],
       "a capped pick on the host stops after its first slab, short of its capacity"),
     M("torch-host-count-misses-the-tail", P + "torch_core/selection.py",
-      "            self.counted.append(found if self.tail_reached is None else found + host_count(self.tail_reached))\n",
+      "            self.counted.append(found if self.tail_reached is None else found"
+      " + host_count(self.tail_reached))\n",
       "            self.counted.append(found)\n",
       ["tests/methods/test_backends.py", "-k", "one_pass_counts_are"],
       "the host's count leaves out the partial last block, so DGC and Gaussian-k settle on wrong counts"),
@@ -1155,7 +1157,7 @@ MUTATIONS: List[Mutation] = [
     M("chunk-ties-of-unkeyed-rows-all-kept", P + "torch_core/chunked.py",
       "    keep = above | (tied & (tied.cumsum(dim=1) <= k - above.sum(dim=1, keepdim=True)))\n",
       "    keep = above | tied\n",
-      ["tests/methods/test_sparseloco.py", "-k", "other_dtypes"],
+      ["tests/methods/test_sparseloco.py", "-k", "chunk_selection_of_every_dtype"],
       "SparseLoCo's chunks of float64 (no ranked keys) keep every tie at the k-th magnitude, not the first"),
     M("fsdp-shard-copied-before-its-exchange", P + "fsdp/replicas.py",
       "lambda: group.load_flat(shard, self._scale.inverse, finite, hand_over=True)",
