@@ -47,7 +47,8 @@ def test_a_host_pass_of_many_slabs_counts_and_picks_the_threshold_set(block, str
     """A threshold that most blocks' maxima reach is read :data:`SCAN_CHUNK` elements of blocks
     at a time (three slabs and a partial last block here; ties included): its count and its
     pick are the threshold set's, the pick after a count at the same threshold too (such a pass
-    is not kept), and so is a count at a lower threshold and the pick at the higher one after it."""
+    keeps its count, not its slabs: the pick reads them again), and so is a count at a lower
+    threshold and the pick at the higher one after it."""
     numel = 3 * SCAN_CHUNK + 77
     x = torch.randn(numel, generator=torch.Generator().manual_seed(block)).mul(4).round()  # few magnitudes
     start, end = 5, numel - 3
