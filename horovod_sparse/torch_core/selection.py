@@ -274,8 +274,8 @@ def host_slabs(scanned: BlockScan, rows: torch.Tensor, threshold: float,
     elements at a time, each slab's ``|x|`` and mask written into two buffers of a slab's size
     that the next slab reuses (a slab's tensors are valid until the next is asked for): a
     buffer of a large pass's size, fresh at each pass, costs the page faults of its memory
-    first, and Gaussian-k's corrections on a heavy-tailed gradient re-read a third to a half of
-    the blocks at each count (the ``select`` phase of ``benchmarks.emulated.synthetic`` on VGG,
+    first, and Gaussian-k's corrections on a heavy-tailed gradient re-read a large share of the
+    blocks at each count (the ``select`` phase of ``benchmarks.emulated.synthetic`` on VGG,
     docs/benchmarks.md)."""
     x, block, full = scanned.x, scanned.block, scanned.full_blocks
     blocks = x[scanned.start:scanned.start + full * block].view(full, block)
