@@ -421,6 +421,23 @@ def test_controllers_tables_and_json(tmp_path):
     assert len(figures["drain"]) == 2
 
 
+def test_sparseloco_wire_times_each_step_of_the_payload(tmp_path):
+    """``benchmarks.costs.sparseloco_wire`` on two small buffers: a row each with SparseLoCo's
+    count of the buffer (the paper's 64 of 4,096, a last chunk's share), every step's time and its
+    ratio to the read pass, printed as written."""
+    result = run([sys.executable, "-m", "benchmarks", "sparseloco_wire", "--numel", "85002", "8192",
+                  "--repeats", "1", "--results", str(tmp_path / "wire.json")])
+    figures = json.loads((tmp_path / "wire.json").read_text())["results"]
+    assert (figures["density"], figures["workers"]) == (1 / 64, 2)
+    assert [(row["numel"], row["m"]) for row in figures["rows"]] == [(85002, 20 * 64 + 3082 // 64), (8192, 128)]
+    for row in figures["rows"]:
+        line = f"{row['numel']:10d} {row['m']:8d} {row['sum_ms']:7.2f}"
+        for name in ("quantize", "pack codes", "unpack codes", "pack offsets", "unpack offsets"):
+            assert row[name + "_over_sum"] == pytest.approx(row[name + "_ms"] / row["sum_ms"])
+            line += f"{row[name + '_ms']:11.2f} {row[name + '_over_sum']:7.2f}"
+        assert line in result.stdout, result.stdout
+
+
 def test_selection_cost_prints_ratios(tmp_path):
     result = run([sys.executable, "-m", "benchmarks", "selection_cost", "--gradient", "resnet20", "--batch-size", "2",
                   "--workers", "2", "--repeats", "3", "--results", str(tmp_path / "selection.json")])
