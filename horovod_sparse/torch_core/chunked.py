@@ -16,13 +16,16 @@ values drifts by percents.
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
+
+import numpy as np
 
 import torch
 
 from horovod_sparse.common.thresholds import SCAN_CHUNK
-from horovod_sparse.torch_core.constants import constant, made_once, steps
+from horovod_sparse.torch_core.constants import constant, held, kept, made_once, steps
 from horovod_sparse.torch_core.selection import on_accelerator, scan
 from horovod_sparse.torch_core.top_k import device_top_k, has_keys, ranked_keys, ranked_keys_into
 
@@ -217,24 +220,86 @@ def float32(t: torch.Tensor) -> torch.Tensor:
     return t.float()
 
 
-def _offset_dtype(width: int) -> torch.dtype:
-    """The narrowest integer type holding ``width``-bit offsets and their shifts."""
-    return torch.int32 if width < 32 else torch.int64
+class Pieces(NamedTuple):
+    """How each row of a period of packed offsets (:class:`OffsetWindows`) is made of pieces of
+    its sources: a row per value made, a column per piece (int64 tables). A piece is the
+    ``source``-th value (an offset of the period, or a byte), shifted ``right`` to drop its bits
+    below the piece, cut by ``mask`` (0 in an unused column) and shifted ``left`` into place. A
+    row's pieces lie in bits of their own, so they sum to its value."""
+
+    source: np.ndarray
+    right: np.ndarray
+    mask: np.ndarray
+    left: np.ndarray
+
+    def placed(self, sources: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The rows made from the int64 ``sources``, a period along the last dimension: one gather
+        of every piece, shifted and cut in place, summed in ``dtype`` (a row's value fits it)."""
+        source, right, mask, left = (held(table, torch.int64, sources.device) for table in self)
+        taken = sources[..., source]
+        return taken.bitwise_right_shift_(right).bitwise_and_(mask).bitwise_left_shift_(left).sum(-1, dtype=dtype)
+
+
+class OffsetWindows(NamedTuple):
+    """One period of a stream of packed ``width``-bit offsets: ``lcm(width, 8)`` bits, ``bytes``
+    bytes holding exactly ``offsets`` offsets, and the :class:`Pieces` that ``pack`` a period's
+    bytes from its offsets and ``unpack`` its offsets from its bytes."""
+
+    bytes: int
+    offsets: int
+    pack: Pieces
+    unpack: Pieces
+
+
+@functools.lru_cache(maxsize=None)
+def offset_windows(width: int) -> OffsetWindows:
+    """The :class:`OffsetWindows` of ``width``-bit offsets (little-endian: bit ``b`` of offset
+    ``j`` is bit ``(j * width + b) % 8`` of byte ``(j * width + b) // 8``), made once per width."""
+    period = math.lcm(width, 8)
+
+    def pieces(size: int, other: int) -> Pieces:
+        # Row i is bits [i * size, (i + 1) * size) of the period, made of the sources of ``other``
+        # bits each that overlap them, the first source (i * size) // other.
+        rows = np.arange(period // size)
+        first = rows * size // other
+        columns = int((((rows + 1) * size - 1) // other - first).max()) + 1
+        source = first[:, None] + np.arange(columns)
+        start = source * other - rows[:, None] * size  # the source's bit 0, within the row
+        used = start < size  # past the row (and so past the period's last source: 0 stands in)
+        left = np.maximum(start, 0)
+        return Pieces(np.where(used, source, 0), np.maximum(-start, 0),
+                      np.where(used, ((1 << size) - 1) >> left, 0), left)
+
+    return OffsetWindows(period // 8, period // width, pieces(8, width), pieces(width, 8))
 
 
 def pack_offsets(idx: torch.Tensor, chunk: int, width: int) -> torch.Tensor:
-    dtype = _offset_dtype(width)
-    bits = ((idx % chunk).to(dtype).unsqueeze(1) >> steps(0, width, 1, dtype, idx.device)) & 1
-    stream = torch.nn.functional.pad(bits.reshape(-1), (0, -bits.numel() % 8))
-    return (stream.reshape(-1, 8) << _shifts(1, idx)).sum(1).to(torch.uint8)
+    # A period's bytes from its offsets (:func:`offset_windows`), and back in unpack_offsets: a
+    # tensor of every offset's bits (12 elements for an offset of 12 bits) was 2 to 10 times slower
+    # from 100,000 offsets on (python -m benchmarks.costs.sparseloco_wire; docs/benchmarks.md).
+    windows = offset_windows(width)
+    count = idx.numel()
+    periods = -(-count // windows.offsets)
+    offsets = _padded(idx % chunk, periods * windows.offsets).view(periods, windows.offsets)
+    packed = windows.pack.placed(offsets, torch.uint8).view(-1)
+    nbytes = -(-count * width // 8)
+    return packed if packed.numel() == nbytes else packed[:nbytes]
 
 
 def unpack_offsets(packed: torch.Tensor, chunk: int, k: int, width: int, count: int) -> torch.Tensor:
-    dtype = _offset_dtype(width)
+    windows = offset_windows(width)
     nbytes = -(-count * width // 8)
-    bits = (packed.reshape(-1, nbytes, 1).to(torch.int32) >> _shifts(1, packed)) & 1
-    bits = bits.reshape(-1, nbytes * 8)[:, :count * width].reshape(-1, count, width).to(dtype)
-    offsets = (bits << steps(0, width, 1, dtype, packed.device)).sum(2)
+    periods = -(-count // windows.offsets)
+    rows = packed.reshape(-1, nbytes)
+    periodic = _padded(rows, periods * windows.bytes).view(rows.shape[0], periods, windows.bytes)
+    offsets = windows.unpack.placed(periodic.long(), torch.int64).view(rows.shape[0], -1)
     # Offset j lies in chunk j // k (k per full chunk, in chunk order, then the last's k_last <= k).
-    starts = steps(0, count, 1, torch.int64, packed.device).div(k, rounding_mode="floor").mul_(chunk)
-    return (offsets + starts).reshape(-1)
+    starts = kept(("chunk starts", count, k, chunk, packed.device), count,
+                  lambda: steps(0, count, 1, torch.int64, packed.device).div(k, rounding_mode="floor").mul_(chunk))
+    return ((offsets if offsets.shape[1] == count else offsets[:, :count]) + starts).view(-1)
+
+
+def _padded(t: torch.Tensor, length: int) -> torch.Tensor:
+    """``t`` padded with zeros along its last dimension to ``length`` (itself where it is that long)."""
+    extra = length - t.shape[-1]
+    return torch.nn.functional.pad(t, (0, extra)) if extra else t

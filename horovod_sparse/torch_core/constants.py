@@ -33,13 +33,16 @@ def constant(value: Any, dtype: torch.dtype, device: torch.device) -> torch.Tens
                      lambda: torch.tensor(value, dtype=dtype, device=device))
 
 
+def kept(key: Tuple[Any, ...], length: int, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """``make()`` of ``length`` elements: made once per ``key`` (:func:`made_once`) when it holds
+    at most :data:`KEPT_RANGE` of them, else made at each call."""
+    return make() if length > KEPT_RANGE else made_once(key, make)
+
+
 def steps(start: int, end: int, step: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """``torch.arange(start, end, step)`` in ``dtype`` on ``device``, made once when it holds at
-    most :data:`KEPT_RANGE` elements (else made at each call)."""
-    make = functools.partial(torch.arange, start, end, step, dtype=dtype, device=device)
-    if len(range(start, end, step)) > KEPT_RANGE:
-        return make()
-    return made_once(("steps", start, end, step, dtype, device), make)
+    """``torch.arange(start, end, step)`` in ``dtype`` on ``device`` (:func:`kept`)."""
+    return kept(("steps", start, end, step, dtype, device), len(range(start, end, step)),
+                functools.partial(torch.arange, start, end, step, dtype=dtype, device=device))
 
 
 def held(array: np.ndarray, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

@@ -273,6 +273,22 @@ def test_offsets_pack_to_the_reference_bytes_and_unpack_to_the_indices(numel, ch
         assert B.to_numpy(indices).tolist() == [i for expected in selections for i in expected]
 
 
+def test_groups_of_one_count_unpack_with_their_own_chunks():
+    """Groups of the same count and ``k`` but other chunk lengths, then another ``k``, in one
+    process, each packed to the reference's bytes and unpacked to its own indices: the chunk
+    starts kept for a group are not another group's, and making them changes no shared constant
+    (an ``arange`` of the count)."""
+    count = 12
+    for chunk, k in ((16, 4), (64, 4), (16, 6)):
+        indices = [j // k * chunk + (5 * j + 3) % chunk for j in range(count)]
+        width = offset_width(chunk)
+        for B, tensor in BACKENDS.values():
+            packed = B.pack_offsets(tensor(np.array(indices, dtype=np.int64)), chunk, width)
+            assert B.to_numpy(packed).tolist() == R.packed_offsets(indices, chunk, width)
+            unpacked = B.unpack_offsets(tensor(np.concatenate([B.to_numpy(packed)] * 2)), chunk, k, width, count)
+            assert B.to_numpy(unpacked).tolist() == indices * 2, (chunk, k)
+
+
 class Loopback(TorchCommunicator):
     """PyTorch's communicator with its allgathers done by concatenation across the ranks of one
     process (the exchanges run in lockstep: every rank launches, then every rank waits)."""
