@@ -42,13 +42,15 @@ OPTIMIZERS = ("hs", "stock", "local")
 
 
 def parse_groups(text: Optional[str]) -> Any:
-    """``--groups``: an int (Horovod's ``groups=N``), ``tensor`` or ``model``; None by default."""
-    if text is None or text in ("tensor", "model"):
+    """``--groups``: an int (Horovod's ``groups=N``), ``tensor``, ``model``, or ``buckets`` /
+    ``buckets:M`` (flat buckets of at most 25 or ``M`` MiB); None by default."""
+    if text is None or text in ("tensor", "model") or text.startswith("buckets"):
         return text
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--groups must be an int, 'tensor' or 'model', got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"--groups must be an int, 'tensor', 'model', 'buckets' or 'buckets:M', "
+                                         f"got {text!r}") from None
 
 
 def available_methods() -> List[str]:
@@ -118,7 +120,7 @@ def parser() -> argparse.ArgumentParser:
                    help="tensorflow: benchmarks.emulated.synthetic_tf, the same benchmark with "
                         "horovod_sparse.tensorflow")
     p.add_argument("--no-cuda", action="store_true", help="disable CUDA training")
-    p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor' or 'model'")
+    p.add_argument("--groups", type=parse_groups, help="grouping: an int, 'tensor', 'model', 'buckets' or 'buckets:M'")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="hs",
                    help="hs: horovod_sparse's optimizer; stock: hvd.DistributedOptimizer; local: no exchange")
     p.add_argument("--hierarchical", action="store_true",

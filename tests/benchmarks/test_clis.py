@@ -100,6 +100,7 @@ def test_compressor_options_and_sweeps():
     assert synthetic_harness.compressor_options("topk:min_numel=0", 0.01) == ("topk", {"min_numel": 0, "density": 0.01})
     assert synthetic_harness.compressor_options("none", 0.01) == ("none", {})
     assert synthetic.parse_groups("3") == 3 and synthetic.parse_groups("model") == "model"
+    assert synthetic.parse_groups("buckets:64") == "buckets:64"
     assert "topk" in synthetic.available_methods()
     configs = sweep(["topk", "dgc"], [0.001, 0.01])
     assert configs[:2] == [{"optimizer": "local"}, {"compressor": "none"}] and len(configs) == 6
