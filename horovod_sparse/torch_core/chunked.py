@@ -6,8 +6,9 @@ Nothing here reads a value on the host: on a device every shape follows from the
 and Python ints.
 
 The quantizer's sums (``moments``, ``bin_means``) are taken in float64 and rounded once to
-float32: a reduction (``torch.sum``) for the moments, an ``index_add_`` into a float64 buffer per
-level for the means. A float64 sum of ``m`` values is within about ``m * 2**-53`` (relative) of
+float32: a reduction for the moments (``torch.sum`` for the mean, a float64
+``torch.linalg.vector_norm`` for the deviation), an ``index_add_`` into a float64 buffer per level
+for the means. A float64 sum of ``m`` values is within about ``m * 2**-53`` (relative) of
 the exact one whatever the order of its additions, so the float32 result is the exact sum's
 rounding, and the same on every device and in TensorFlow, except where the float64 sum lies that
 close to a float32 rounding boundary (each rank's table still travels with its codes, so every
@@ -171,16 +172,19 @@ def moments(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     mean = (_sum(values) / m).float()
     if m <= 1:
         return mean, values.new_zeros(1)
-    centred = (values - mean).double()
-    return mean, (_sum(centred * centred).sqrt() / math.sqrt(m - 1)).float()
+    # The norm squares, sums and roots in float64 in one operation (a float32 square is exact there).
+    norm = torch.linalg.vector_norm(values - mean, dim=0, keepdim=True, dtype=torch.float64)
+    return mean, (norm / math.sqrt(m - 1)).float()
 
 
 def level_codes(centred: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
     # The scale is a positive spread times a deviation, so +0, +inf or NaN where not usable: usable
-    # exactly where 0 < scale < inf (three operations where isfinite and != 0 took six).
-    usable = (scale > 0).logical_and_(scale < math.inf)
+    # exactly where it is above 0 once +inf and NaN read as 0 (two operations where isfinite and != 0
+    # took six). ``addcdiv`` adds the quotient as it is: ``half + centred / scale`` in one operation.
+    usable = scale.nan_to_num(posinf=0.0) > 0
     scale = torch.where(usable, scale, constant(1.0, scale.dtype, scale.device))
-    return (centred / scale + levels // 2).round_().clamp_(0, levels - 1).to(torch.uint8)
+    half = constant(float(levels // 2), centred.dtype, centred.device)
+    return torch.addcdiv(half, centred, scale).round_().clamp_(0, levels - 1).to(torch.uint8)
 
 
 def bin_means(values: torch.Tensor, codes: torch.Tensor, levels: int) -> torch.Tensor:

@@ -116,6 +116,17 @@ def test_selection_and_quantizer_match_the_reference_bitwise(framework, numel, c
     assert B.to_numpy(B.dequantize(codes, table, len(expected))).tobytes() == np.array(ref_values, np.float32).tobytes()
 
 
+@pytest.mark.parametrize("framework", BACKENDS)
+@pytest.mark.parametrize("scale", [0.0, math.inf, math.nan])
+def test_a_scale_that_is_zero_or_not_finite_reads_as_one(framework, scale):
+    """A quantizer's scale of 0 (one value, or all equal), +inf (values near float32's largest)
+    or NaN codes the values as a scale of 1 does: the codes of ``round(c + levels // 2)``, clamped."""
+    B, tensor = BACKENDS[framework]
+    centred = np.float32([-2.6, -1.5, -0.5, 0.0, 0.4, 0.5, 1.5, 3.0])
+    codes = B.to_numpy(B.level_codes(tensor(centred), tensor(np.float32([scale])), 4))
+    assert codes.tolist() == [0, 0, 2, 2, 2, 2, 3, 3]
+
+
 #: A 1 B-element group's selection at the default density (1/64): 2**24 values.
 MANY = 2 ** 24
 
