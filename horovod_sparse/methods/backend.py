@@ -116,9 +116,9 @@ class ChunkedValues(Protocol):
         bitwise except there."""
 
     def level_codes(self, centred: Tensor, scale: Tensor, levels: int) -> Tensor:
-        """uint8 codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
+        """Integer codes ``clamp(round(centred / scale + levels // 2), 0, levels - 1)`` (round half to
         even) of float32 ``centred``, with the 1-element ``scale`` taken as 1 where it is 0 or not
-        finite."""
+        finite (PyTorch's int64, which index as they are; TensorFlow's uint8)."""
 
     def bin_means(self, values: Tensor, codes: Tensor, levels: int) -> Tensor:
         """For each code ``b < levels``, the mean of the float32 ``values`` whose code is ``b``: the
@@ -131,13 +131,13 @@ class ChunkedValues(Protocol):
         order of ``codes``."""
 
     def pack_codes(self, codes: Tensor, bits: int) -> Tensor:
-        """uint8 codes below ``2**bits`` (``bits`` in 1, 2, 4, 8) packed ``8 // bits`` to a byte: code
+        """Integer codes below ``2**bits`` (``bits`` in 1, 2, 4, 8) packed ``8 // bits`` to a byte: code
         ``i`` in byte ``i // (8 // bits)`` at bit ``(i % (8 // bits)) * bits``, the unused high bits
         of the last byte 0; ``ceil(m * bits / 8)`` uint8 for ``m`` codes."""
 
     def unpack_codes(self, packed: Tensor, bits: int, count: int) -> Tensor:
-        """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (uint8,
-        ``count`` per row, in row order)."""
+        """The codes of rows of :meth:`pack_codes` of ``count`` codes each, concatenated (integers of
+        :meth:`level_codes`'s type, ``count`` per row, in row order)."""
 
     def pack_offsets(self, idx: Tensor, chunk: int, width: int) -> Tensor:
         """The ``m`` int64 indices ``idx`` as offsets inside their chunks of ``chunk`` elements

@@ -184,7 +184,8 @@ def level_codes(centred: torch.Tensor, scale: torch.Tensor, levels: int) -> torc
     usable = scale.nan_to_num(posinf=0.0) > 0
     scale = torch.where(usable, scale, constant(1.0, scale.dtype, scale.device))
     half = constant(float(levels // 2), centred.dtype, centred.device)
-    return torch.addcdiv(half, centred, scale).round_().clamp_(0, levels - 1).to(torch.uint8)
+    # int64 codes: they index the tables and the levels' sums as they are (uint8 took a cast each).
+    return torch.addcdiv(half, centred, scale).round_().clamp_(0, levels - 1).long()
 
 
 def bin_means(values: torch.Tensor, codes: torch.Tensor, levels: int) -> torch.Tensor:
@@ -205,8 +206,8 @@ def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    # The uint8 codes padded with zero codes in one operation; shifted by the int32 shifts they
-    # widen to int32 (a code shifted stays below 256), and a byte's codes sum to its value.
+    # The codes padded with zero codes in one operation; shifted (a code shifted stays below 256),
+    # a byte's codes sum to its value.
     per = 8 // bits
     nbytes = -(-codes.numel() // per)
     padded = torch.nn.functional.pad(codes, (0, nbytes * per - codes.numel()))
@@ -216,8 +217,8 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     per = 8 // bits
     nbytes = -(-count // per)
-    codes = (packed.reshape(-1, nbytes, 1).to(torch.int32) >> _shifts(bits, packed)) & (2 ** bits - 1)
-    return codes.reshape(-1, nbytes * per)[:, :count].reshape(-1).to(torch.uint8)
+    codes = (packed.reshape(-1, nbytes, 1).long() >> _shifts(bits, packed)) & (2 ** bits - 1)
+    return codes.reshape(-1, nbytes * per)[:, :count].reshape(-1)
 
 
 def float32(t: torch.Tensor) -> torch.Tensor:

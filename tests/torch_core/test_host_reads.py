@@ -91,9 +91,11 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: offset's pieces, three shifts and cuts in place and a sum), not as a tensor of every offset's
 #: bits, and a group's chunk starts were made once; by 12 more (339 before) when its quantizer's
 #: deviation took one float64 norm (a cast, a product, a sum and a root before), its unusable scales
-#: were told by one ``nan_to_num`` and comparison, and its codes' quotient was added by ``addcdiv``.
+#: were told by one ``nan_to_num`` and comparison, and its codes' quotient was added by ``addcdiv``;
+#: by 12 more (327 before) when its codes were int64 (uint8 ones were cast to index the tables and
+#: the levels' sums, and unpacked ones cast back).
 OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 104, "dgc": 226, "gaussiank": 214, "gtopk": 179, "micro": 558,
-                "exdyna": 558, "sparseloco": 327}
+                "exdyna": 558, "sparseloco": 315}
 
 
 def budget(method: str) -> int:
