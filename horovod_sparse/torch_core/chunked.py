@@ -270,7 +270,7 @@ def offset_windows(width: int) -> OffsetWindows:
         columns = int((((rows + 1) * size - 1) // other - first).max()) + 1
         source = first[:, None] + np.arange(columns)
         start = source * other - rows[:, None] * size  # the source's bit 0, within the row
-        used = start < size  # past the row (and so past the period's last source: 0 stands in)
+        used = start < size  # else the column's source starts past the row (or the period: 0 stands in)
         left = np.maximum(start, 0)
         return Pieces(np.where(used, source, 0), np.maximum(-start, 0),
                       np.where(used, ((1 << size) - 1) >> left, 0), left)
@@ -280,8 +280,8 @@ def offset_windows(width: int) -> OffsetWindows:
 
 def pack_offsets(idx: torch.Tensor, chunk: int, width: int) -> torch.Tensor:
     # A period's bytes from its offsets (:func:`offset_windows`), and back in unpack_offsets: a
-    # tensor of every offset's bits (12 elements for an offset of 12 bits) was 2 to 10 times slower
-    # from 100,000 offsets on (python -m benchmarks.costs.sparseloco_wire; docs/benchmarks.md).
+    # tensor of every offset's bits (12 elements for an offset of 12 bits) took 1.3 to 9 times as
+    # long from 100,000 offsets on (python -m benchmarks.costs.sparseloco_wire; docs/benchmarks.md).
     windows = offset_windows(width)
     count = idx.numel()
     periods = -(-count // windows.offsets)
