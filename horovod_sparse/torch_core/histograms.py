@@ -109,16 +109,17 @@ def read_histograms(edges: torch.Tensor, summed: torch.Tensor, target: int, coun
     target."""
     size = edges.numel()
     histograms = summed.view(count, -1)
-    lowest = histograms[:, size + 1:].amax(1, keepdim=True)
-    tails = histograms[:, :size + 1].flip(1).cumsum(1, dtype=torch.int64).flip(1)[:, 1:]  # tails[:, j] = T(edge j)
+    # Each pair of columns taken apart by one split (a view each, one call), not two slices.
+    bins, marks = histograms.split([size + 1, histograms.shape[1] - size - 1], 1)
+    lowest = marks.amax(1, keepdim=True)
+    tails = bins.flip(1).cumsum(1, dtype=torch.int64).flip(1)[:, 1:]  # tails[:, j] = T(edge j)
     reached = (tails >= target).sum(1, keepdim=True)
-    ends = torch.maximum(torch.cat([reached - 1, reached], 1), lowest)
+    ends = torch.maximum(reached + constant(((-1, 0),), torch.int64, reached.device), lowest)
     rows = ends.clamp_max(size - 1)
     counts = tails.gather(1, rows).double()
-    above, beyond = counts[:, :1], counts[:, 1:]
+    above, beyond = counts.split(1, 1)
     fraction = torch.where(beyond > 0, torch.log(above / target) / torch.log(above / beyond), (above - target) / above)
-    bounds = edges.double().take(rows)
-    lo, hi = bounds[:, :1], bounds[:, 1:]
+    lo, hi = edges.double().take(rows).split(1, 1)
     # At one edge (lo == hi) the interpolation is lo * 1 ** fraction: lo, whatever the fraction there.
     threshold = torch.clamp(lo * (hi / lo) ** fraction, lo, hi).float().view(torch.int32)
     bounded = reached <= lowest  # below, ``a > b`` of two flags: a and not b
