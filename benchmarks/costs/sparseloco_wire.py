@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from benchmarks.costs.selection_cost import time_side_by_side
 from benchmarks.shared.results import command_line, write_results
-from horovod_sparse.methods.sparseloco import SparseLoCoOptions, chunk_counts, offset_width, quantize
+from horovod_sparse.methods.sparseloco import chunk_counts, offset_width, quantize
 from horovod_sparse.torch import backend as B
 
 #: The chunk length (SparseLoCo's default), the codes' width and the quantizer's range.
@@ -39,8 +39,9 @@ CHUNK, BITS, SPREAD = 4096, 2, 6.0
 STEPS = ("quantize", "pack codes", "unpack codes", "pack offsets", "unpack offsets")
 
 
-def payload_steps(x: torch.Tensor, density: float, workers: int) -> Dict[str, Callable[[], object]]:
-    """``sum`` and each of :data:`STEPS` on SparseLoCo's selection from ``x`` (as callables)."""
+def payload_steps(x: torch.Tensor, density: float, workers: int) -> Tuple[int, Dict[str, Callable[[], object]]]:
+    """SparseLoCo's count ``m`` of ``x`` and the callables of ``sum`` and each of :data:`STEPS`
+    on its selection from ``x``."""
     full, k, _, k_last = chunk_counts(density, x.numel(), CHUNK)
     m, width = full * k + k_last, offset_width(CHUNK)
     idx = B.top_k_chunks(x, CHUNK, k, k_last)
@@ -48,12 +49,12 @@ def payload_steps(x: torch.Tensor, density: float, workers: int) -> Dict[str, Ca
     codes, _ = quantize(B, values, BITS, SPREAD)
     packed_codes = torch.cat([B.pack_codes(codes, BITS)] * workers)
     packed_offsets = torch.cat([B.pack_offsets(idx, CHUNK, width)] * workers)
-    return {"sum": x.sum,
-            "quantize": lambda: quantize(B, values, BITS, SPREAD),
-            "pack codes": lambda: B.pack_codes(codes, BITS),
-            "unpack codes": lambda: B.unpack_codes(packed_codes, BITS, m),
-            "pack offsets": lambda: B.pack_offsets(idx, CHUNK, width),
-            "unpack offsets": lambda: B.unpack_offsets(packed_offsets, CHUNK, k, width, m)}
+    return m, {"sum": x.sum,
+               "quantize": lambda: quantize(B, values, BITS, SPREAD),
+               "pack codes": lambda: B.pack_codes(codes, BITS),
+               "unpack codes": lambda: B.unpack_codes(packed_codes, BITS, m),
+               "pack offsets": lambda: B.pack_offsets(idx, CHUNK, width),
+               "unpack offsets": lambda: B.unpack_offsets(packed_offsets, CHUNK, k, width, m)}
 
 
 def parser() -> argparse.ArgumentParser:
@@ -76,8 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     rows: List[Dict[str, float]] = []
     for numel in args.numel:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(args.seed))
-        seconds = time_side_by_side(payload_steps(x, args.density, args.workers), args.repeats)
-        m = SparseLoCoOptions(density=args.density, chunk_size=CHUNK).count(numel)
+        m, steps = payload_steps(x, args.density, args.workers)
+        seconds = time_side_by_side(steps, args.repeats)
         row = {"numel": numel, "m": m, **{f"{name}_ms": 1e3 * value for name, value in seconds.items()},
                **{f"{name}_over_sum": seconds[name] / seconds["sum"] for name in STEPS}}
         rows.append(row)
