@@ -1149,6 +1149,17 @@ MUTATIONS: List[Mutation] = [
       '    default_grouping: ClassVar[Any] = "tensor"\n',
       ["tests/torch/test_grouping.py", "-k", "groups_none"],
       "groups=None splits the buckets back into one group per tensor (issue 57: 161 exchanges a ResNet-50 step)"),
+    M("ddp-bucket-copied-per-parameter", P + "ddp/buckets.py",
+      "    return len(groups) == 1 and len(groups[0].params) == len(params) and all(\n",
+      "    return False and len(groups) == 1 and len(groups[0].params) == len(params) and all(\n",
+      ["tests/benchmarks/test_exchange_cost.py", "-k", "within_their_budget and ddp"],
+      "the DDP hook copies each parameter's gradient out of its bucket and its update back in (issue 57: "
+      "nothing per parameter; ResNet-50's 161)"),
+    M("ddp-bucket-split-per-tensor", P + "ddp/buckets.py",
+      "        return [key for key in (others, kept) if key]\n",
+      "        return [(n,) for n in others] + [key for key in (kept,) if key]\n",
+      ["tests/benchmarks/test_exchange_cost.py", "-k", "within_their_budget and ddp"],
+      "the DDP hook exchanges a bucket as one group per tensor (issue 57: a bucket's budget, not one per tensor)"),
     M("device-top-k-ties-to-the-higher-index", P + "torch_core/top_k.py",
       "    positions = steps(_INDEX_SPAN - 1, _INDEX_SPAN - 1 - width, -1, torch.int64, magnitudes.device)\n",
       "    positions = steps(0, width, 1, torch.int64, magnitudes.device)\n",
@@ -1607,7 +1618,7 @@ MUTATIONS: List[Mutation] = [
       '            found += [ddp_row(model, exchange, args) '
       'for exchange in ["dense", *baselines(args.device), *methods]]',
       '            found += [ddp_row(model, exchange, args) for exchange in ["dense", *methods]]',
-      ["tests/benchmarks/test_clis.py", "-k", "exchange_cost"],
+      ["tests/benchmarks/test_exchange_cost.py", "-k", "beside_its_dense"],
       "issue 57's exchange cost leaves out what users would pick instead (PowerSGD, the bf16 hook)"),
     M("bench-powersgd-stock-on-gloo", "benchmarks/shared/ddp_baselines.py",
       '    if device.startswith("cuda"):\n        return (powerSGD_hook.PowerSGDState(',
@@ -1618,7 +1629,7 @@ MUTATIONS: List[Mutation] = [
     M("bench-exchange-cost-whole-step-uncounted", "benchmarks/costs/exchange_cost.py",
       "    return measured(step, ops, args)\n",
       "    return measured(step, DispatchedOps(), args)\n",
-      ["tests/benchmarks/test_clis.py", "-k", "exchange_cost"],
+      ["tests/benchmarks/test_exchange_cost.py", "-k", "beside_its_dense"],
       "the FSDP2 and Horovod rows of issue 57's exchange cost count none of the step's operations"),
 ]
 

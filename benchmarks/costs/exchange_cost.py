@@ -3,7 +3,7 @@ would pick instead (issue 57).
 
     python -m benchmarks.costs.exchange_cost [--models resnet50 gpt2small] [--methods topk micro ...] \\
         [--front-ends ddp fsdp horovod] [--device cpu|cuda] [--steps 5] [--warmup 3] [--accelerator-paths] \\
-        [--results results/exchange_cost.json]
+        [--per-tensor topk ...] [--threads 1] [--results results/exchange_cost.json]
 
 One process and a one-rank ``torch.distributed`` group (Gloo on the CPU, NCCL on ``--device
 cuda``; :mod:`benchmarks.gpu_check` runs it there). Per model, its parameter list
@@ -14,10 +14,11 @@ gradient is ``2p``). Every method at density 0.001 with the front end's defaults
 ``--warmup`` steps (DDP builds its buckets in the first), per row: the operations dispatched in
 one step (ATen operators, views included: each a kernel launch or a host-side call on a GPU),
 their excess over the front end's dense row, that excess per bucket, the host milliseconds of a
-step (until it returns; median of ``--steps``) and on a GPU the device milliseconds (until the
-device finished it, synchronised), each with its ratio to dense. One rank: the collectives move
-nothing, so the figures are the work each exchange adds to a step, the fixed cost issue 57 sets
-budgets for. ``--accelerator-paths`` runs the methods' accelerator code on CPU tensors
+step (until it returns; median of ``--steps``; ``--steps 0`` times none: the operations only)
+and on a GPU the device milliseconds (until the device finished it, synchronised), each with its
+ratio to dense. One rank: the collectives move nothing, so the figures are the work each
+exchange adds to a step, the fixed cost issue 57 sets budgets for. ``--accelerator-paths`` runs
+the methods' accelerator code on CPU tensors
 (:func:`horovod_sparse.torch_core.selection.accelerator_paths`): the operations a GPU would
 launch; without it, the CPU's own paths.
 
@@ -36,9 +37,12 @@ the whole step's (``zero_grad``, forward, backward, ``step``), the same scope in
 ``horovod``: the Horovod PyTorch optimizer's rows (``hs.DistributedOptimizer`` on one Horovod
 process, ``hvd.init()`` without a launcher): its dense row is Horovod's own
 ``DistributedOptimizer``, each method's rows are the method's default grouping and, labelled
-``@tensor``, one group per tensor (``groups="tensor"``, the default before flat buckets); the
-operations are the whole step's; ``buckets`` is the optimizer's groups.
-"""
+``@tensor``, one group per tensor (``groups="tensor"``, the default before flat buckets; for the
+methods ``--per-tensor`` names, by default every one); the operations are the whole step's;
+``buckets`` is the optimizer's groups.
+
+``--threads``: the CPU's threads (one by default, for steady times; the operations' count does
+not depend on it)."""
 from __future__ import annotations
 
 import argparse
@@ -93,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     p.add_argument("--methods", nargs="+", default=list(method_names()), help="the methods' hooks to time")
-    p.add_argument("--steps", type=int, default=5, help="steps measured per row")
+    p.add_argument("--steps", type=int, default=5, help="steps timed per row (0: count the operations only)")
     p.add_argument("--warmup", type=int, default=3, help="steps before the measured ones")
     p.add_argument("--device", default="cpu", help="cpu, or cuda (ddp and fsdp rows; NCCL)")
     p.add_argument("--accelerator-paths", action="store_true",
@@ -101,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--front-ends", nargs="+", choices=FRONT_ENDS, default=["ddp"],
                    help="ddp: the comm hooks; fsdp: FSDP2's replicas; horovod: the Horovod PyTorch optimizer, "
                         "default groups and per tensor")
+    p.add_argument("--per-tensor", nargs="*", metavar="METHOD",
+                   help="the methods with a one-group-per-tensor Horovod row (default: every one of --methods)")
+    p.add_argument("--threads", type=int, default=1, help="the CPU's threads")
     p.add_argument("--results", type=Path, help="also write the rows to this JSON file")
     return p
 
@@ -221,8 +228,8 @@ def horovod_row(model: str, exchange: str, args: argparse.Namespace) -> Dict[str
 def measured(step: Callable[[], None], ops: DispatchedOps, args: argparse.Namespace) -> Dict[str, Any]:
     """``step`` run ``args.warmup`` times, then once with ``ops`` counted from zero, then
     ``args.steps`` times timed: that step's operations (``ops``), the median milliseconds until a
-    step returned (``ms``, the host's) and, on CUDA, until the device finished it (``device_ms``,
-    synchronised; None elsewhere)."""
+    step returned (``ms``, the host's; None for no step timed) and, on CUDA, until the device
+    finished it (``device_ms``, synchronised; None elsewhere)."""
     cuda = args.device.startswith("cuda")
     for _ in range(args.warmup):
         step()
@@ -239,7 +246,7 @@ def measured(step: Callable[[], None], ops: DispatchedOps, args: argparse.Namesp
         if cuda:
             torch.cuda.synchronize()
             device.append(time.perf_counter() - began)
-    return {"ops": counted, "ms": 1e3 * statistics.median(host),
+    return {"ops": counted, "ms": 1e3 * statistics.median(host) if host else None,
             "device_ms": 1e3 * statistics.median(device) if device else None}
 
 
@@ -267,7 +274,7 @@ def compared(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                      if (d["model"], d["front_end"], d["exchange"]) == (r["model"], r["front_end"], "dense"))
         r["excess_ops"] = None if r["ops"] is None else r["ops"] - dense["ops"]
         r["excess_ops_per_bucket"] = None if not r["buckets"] or r["ops"] is None else r["excess_ops"] / r["buckets"]
-        r["over_dense"] = r["ms"] / dense["ms"]
+        r["over_dense"] = None if r["ms"] is None else r["ms"] / dense["ms"]
         r["device_over_dense"] = None if r["device_ms"] is None else r["device_ms"] / dense["device_ms"]
     return rows
 
@@ -280,8 +287,9 @@ def table(rows: List[Dict[str, Any]]) -> List[str]:
         per_bucket = "-" if r["excess_ops_per_bucket"] is None else f"{r['excess_ops_per_bucket']:.1f}"
         device = ("-", "-") if r["device_ms"] is None else (f"{r['device_ms']:.1f}", f"{r['device_over_dense']:.2f}")
         ops = ("-", "-") if r["ops"] is None else (f"{r['ops']:d}", f"{r['excess_ops']:+d}")
+        host = ("-", "-") if r["ms"] is None else (f"{r['ms']:.1f}", f"{r['over_dense']:.2f}")
         lines.append(f"{r['model']:10} {r['front_end']:9} {r['exchange']:14} {ops[0]:>9} {ops[1]:>7} "
-                     f"{r['buckets'] or '-':>7} {per_bucket:>11} {r['ms']:9.1f} {r['over_dense']:8.2f} "
+                     f"{r['buckets'] or '-':>7} {per_bucket:>11} {host[0]:>9} {host[1]:>8} "
                      f"{device[0]:>9} {device[1]:>8}")
     return lines
 
@@ -296,7 +304,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if "ddp" in args.front_ends and args.warmup < POWERSGD_START_ITER:
         p.error(f"--warmup {args.warmup}: PowerSGD's first {POWERSGD_START_ITER} steps are dense; warm up at least "
                 f"{POWERSGD_START_ITER}")
-    torch.set_num_threads(1)
+    if args.steps < 0 or args.threads < 1:
+        p.error(f"--steps {args.steps} --threads {args.threads}: steps are 0 or more, threads 1 or more")
+    if set(args.per_tensor or ()) - set(args.methods):
+        p.error(f"--per-tensor {' '.join(args.per_tensor)}: name methods of --methods ({' '.join(args.methods)})")
+    torch.set_num_threads(args.threads)
     found = []
     if {"ddp", "fsdp"} & set(args.front_ends):
         backend = "nccl" if args.device.startswith("cuda") else "gloo"
@@ -309,13 +321,16 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         import horovod.torch as hvd
 
         hvd.init()
+        per_tensor = args.methods if args.per_tensor is None else args.per_tensor
         found += compared([horovod_row(model, exchange, args) for model in args.models
                            for exchange in ["dense", *[f"{m}{grouping}" for m in args.methods
-                                                       for grouping in ("", "@tensor")]]])
+                                                       for grouping in ("", "@tensor")
+                                                       if not grouping or m in per_tensor]]])
     first = {r["model"]: r for r in found}
+    timed = f"medians of {args.steps} steps" if args.steps else "no step timed"
     for model, r in first.items():
         print(f"{model}: {r['parameters']:,} parameters in {r['tensors']} tensors, one rank on {args.device}, "
-              f"medians of {args.steps} steps after {args.warmup}, the methods' "
+              f"{timed} after {args.warmup}, the methods' "
               f"{'accelerator' if args.accelerator_paths else 'own'} paths")
     print("\n".join(table(found)))
     if args.results:
