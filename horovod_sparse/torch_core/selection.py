@@ -305,7 +305,9 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     threshold); on an accelerator one pass over the slice
     writes the first ``capacity`` indices into a payload of that size (``nonzero_static``, padded
     with :data:`~horovod_sparse.methods.backend.PAD`) and counts the selection on the device:
-    nothing is read on the host."""
+    nothing is read on the host. A capacity of the whole slice (the hard threshold's default)
+    holds every selection: what was found is sent and nothing overflows, with no operation to
+    say so."""
     if not on_accelerator(scanned.x):
         hits = host_pass(scanned, threshold)
         idx = host_pick(scanned, hits, capacity)[0]
@@ -314,6 +316,8 @@ def pick_capped(scanned: BlockScan, threshold: Threshold, capacity: int) -> Capp
     idx = torch.nonzero_static(reaches, size=capacity, fill_value=PAD).squeeze(1)
     if scanned.start:
         idx = torch.where(idx == PAD, idx, idx + scanned.start)
+    if capacity >= scanned.end - scanned.start:
+        return Capped(idx, found, 0, padded=True)
     sent = found.clamp(max=capacity)
     return Capped(idx, sent, found - sent, padded=True)
 
