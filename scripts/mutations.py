@@ -527,7 +527,10 @@ MUTATIONS: List[Mutation] = [
       "an abandoned step's sparse aggregates are zeros, not NaN: a loss scaler does not see the overflow"),
     M("torch-undo-deliveries-no-op", P + "torch_core/communicator.py",
       "        for x, idx, wire_values in reversed(self._deliveries):\n"
-      "            x.index_add_(0, idx, wire_values.to(x.dtype))\n",
+      "            if idx is None:\n"
+      "                x.add_(wire_values.to(x.dtype))\n"
+      "            else:\n"
+      "                x.index_add_(0, idx, wire_values.to(x.dtype))\n",
       "",
       ["tests/common/test_nonfinite.py", "-k", "test_torch"],
       "an abandoned step does not put back what it took out of the residuals"),
@@ -1152,7 +1155,7 @@ MUTATIONS: List[Mutation] = [
     M("whole-slice-capacity-clamps-its-count", P + "torch_core/selection.py",
       "    if capacity >= scanned.end - scanned.start:\n",
       "    if capacity > scanned.end - scanned.start:\n",
-      ["tests/torch_core/test_host_reads.py", "-k", "operations and threshold"],
+      ["tests/torch_core/test_host_reads.py", "-k", "operations and gaussiank"],
       "a capacity that holds the whole scanned slice still clamps the count and subtracts the overflow on "
       "the device (two operations a group for nothing)"),
     M("capped-pick-never-overflows", P + "torch_core/selection.py",
@@ -1160,6 +1163,43 @@ MUTATIONS: List[Mutation] = [
       "    if True:\n",
       ["tests/torch_core/test_host_reads.py", "-k", "overflows"],
       "on an accelerator a selection cut to its capacity counts everything found as sent and none as overflow"),
+    M("whole-group-threshold-padded", P + "methods/threshold.py",
+      "        masked = self.B.decides_on_device(x) and capacity >= numel\n",
+      "        masked = False\n",
+      ["tests/torch_core/test_host_reads.py", "-k", "operations and threshold"],
+      "on an accelerator the hard threshold's default capacity (the whole group) sends a payload padded to "
+      "the group's length and its indices, not the masked group (24 operations a step of 3 groups)"),
+    M("masked-chunks-summed-by-multiply-adds", P + "torch_core/tensor_backend.py",
+      "        values.mul_(constant(scale, out.dtype, out.device))\n"
+      "    for chunk in values.split(out.numel()) if size > 1 else (values,):\n"
+      "        out.add_(chunk)\n",
+      "        pass\n"
+      "    for chunk in values.split(out.numel()) if size > 1 else (values,):\n"
+      "        out.add_(chunk, alpha=scale)\n",
+      ["tests/torch_core/test_masked_payload.py"],
+      "a masked payload's chunks are scaled within the sum (a fused multiply-add), not scaled and then added "
+      "as the indexed payload's index_add_ does"),
+    M("masked-chunks-scaled-in-float32", P + "torch_core/tensor_backend.py",
+      "        values.mul_(constant(scale, out.dtype, out.device))\n",
+      "        values.mul_(scale)\n",
+      ["tests/torch_core/test_masked_payload.py"],
+      "a masked payload's chunks are scaled by the float32 scale, not the scale in their dtype as "
+      "index_add_'s alpha is (bfloat16 groups differ)"),
+    M("masked-union-counts-the-ranks-rows", P + "torch_core/tensor_backend.py",
+      "    return (sent.view(size, -1).any(0) if size > 1 else sent).sum()\n",
+      "    return sent.sum()\n",
+      ["tests/torch_core/test_masked_payload.py"],
+      "the union of the ranks' masked payloads counts a coordinate once per rank that sent it"),
+    M("masked-residual-zeroes-what-was-sent", P + "torch_core/communicator.py",
+      "            return x.sub_(wire_values.to(x.dtype))\n",
+      "            return x.masked_fill_(wire_values != 0, 0)\n",
+      ["tests/torch_core/test_host_reads.py", "-k", "float16_wire"],
+      "a masked payload's residual zeroes what was sent, losing what a float16 wire rounded off"),
+    M("masked-delivery-not-undone", P + "torch_core/communicator.py",
+      "                x.add_(wire_values.to(x.dtype))\n",
+      "                pass\n",
+      ["tests/torch_core/test_host_reads.py", "-k", "nonfinite and threshold"],
+      "an abandoned step leaves a masked payload subtracted from the residual"),
     M("ddp-bucket-copied-per-parameter", P + "ddp/buckets.py",
       "    return len(groups) == 1 and len(groups[0].params) == len(params) and all(\n",
       "    return False and len(groups) == 1 and len(groups[0].params) == len(params) and all(\n",

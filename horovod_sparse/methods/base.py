@@ -237,6 +237,28 @@ class Sparsifier:
             self.note_union(comm, indices, numel, padded=capped.padded)
         return update, residual
 
+    def masked_exchange(self, x: Tensor, reached: Tensor, found: Any, comm: Comm) -> Exchange:
+        """:meth:`allgather_exchange` of a selection whose capacity is the whole group, on an
+        accelerator (the hard threshold's default): every rank allgathers ``x`` with +0.0 where
+        the boolean ``reached`` does not hold, and the chunks are summed in rank order. No
+        indices travel (half the bytes of a payload padded to the group's length) and nothing of
+        the selection's length is made; the update and the residual are bitwise
+        :meth:`allgather_exchange`'s of the same selection (a selected value, at least the
+        threshold, is never +0.0), the union too unless a float16 wire rounds a selected value
+        to 0 (then not delivered: it stays in the residual). ``found``: how many ``reached``
+        holds, a 0-dim tensor left on the device."""
+        B, numel = self.B, self.B.numel(x)
+        comm.stats.note("overflow", 0)
+        wire = self.to_wire(B.kept(x, reached))
+        pending = comm.allgather(wire, "values", "values", rows=[numel] * comm.size)
+        comm.stats.selected = found
+        residual = comm.remove_delivered(x, None, wire)
+        values, = yield [pending]
+        with comm.timer("apply"):
+            comm.stats.union = B.masked_union(values, comm.size)
+            update = B.sum_chunks(comm.output(x), values, comm.size, comm.scale)
+        return update, residual
+
 
 def checked_sparse(compression: Any, front_end: str, backend: Backend, is_dense: Callable[[Any], bool]) -> bool:
     """Whether ``compression`` is a sparsifier, after checking that it suits the front end

@@ -59,9 +59,10 @@ class Comm(Protocol):
     def output(self, x: Tensor) -> Tensor:
         """The zeroed buffer the aggregated update of ``x``'s group is written into."""
 
-    def remove_delivered(self, x: Tensor, idx: Tensor, wire_values: Tensor) -> Tensor:
+    def remove_delivered(self, x: Tensor, idx: Optional[Tensor], wire_values: Tensor) -> Tensor:
         """Subtract from the residual ``x`` what this rank delivered at ``idx`` (as it went on the
-        wire); every change a method makes to its residual goes through here. Returns ``x``."""
+        wire; ``idx`` None, on an accelerator only: every coordinate, a masked payload of ``x``'s
+        length); every change a method makes to its residual goes through here. Returns ``x``."""
 
     def timer(self, phase: str) -> ContextManager[None]:
         """Accumulate the time of the enclosed block under ``phase`` in :attr:`stats`."""

@@ -19,8 +19,9 @@ class HardThreshold(Sparsifier):
     of it sent unless ``capacity`` is set
     (:class:`~horovod_sparse.common.threshold_baselines.HardThresholdOptions`; the rest then
     stays in the residual). Per-rank counts vary, so they are allgathered with the
-    values and indices, except on an accelerator, where every rank sends its capacity.
-    Traceable."""
+    values and indices, except on an accelerator, where every rank sends its capacity: with
+    a capacity of the whole group (the default) the group itself, zeroed where nothing is
+    selected (:meth:`~horovod_sparse.methods.base.Sparsifier.masked_exchange`). Traceable."""
 
     options: HardThresholdOptions
 
@@ -28,8 +29,13 @@ class HardThreshold(Sparsifier):
         numel = self.B.numel(x)
         threshold = self.per_step(lambda s: as_float32(hard_threshold(self.options.count(numel, s))), step,
                                   "float64")
+        capacity = self.capacity(numel, step)
+        masked = self.B.decides_on_device(x) and capacity >= numel
         with comm.timer("select"):
-            capped = self.B.pick_capped(self.B.scan(x, 0, numel, self.block_size(step)), threshold,
-                                        self.capacity(numel, step))
+            scanned = self.B.scan(x, 0, numel, self.block_size(step))
+            selection = (self.B.device_reached(scanned, threshold) if masked
+                         else self.B.pick_capped(scanned, threshold, capacity))
         comm.stats.extra["threshold"] = threshold
-        return (yield from self.allgather_exchange(x, capped, comm))
+        if masked:
+            return (yield from self.masked_exchange(x, *selection, comm))
+        return (yield from self.allgather_exchange(x, selection, comm))

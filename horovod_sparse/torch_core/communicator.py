@@ -65,7 +65,7 @@ class TorchCommunicator(CommunicatorBase):
         #: it is (a wait of this communicator has completed).
         self._stall_seconds = stall_seconds(gloo=self.runs_on_gloo())
         self._under_way = False
-        self._deliveries: List[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._deliveries: List[Tuple[torch.Tensor, Optional[torch.Tensor], torch.Tensor]] = []
         #: The zeroed buffer :meth:`output` hands out (the front end's, reused every step).
         self.output_buffer: Optional[torch.Tensor] = None
 
@@ -140,9 +140,11 @@ class TorchCommunicator(CommunicatorBase):
                                               else pending.received)
         return output
 
-    def remove_delivered(self, x: torch.Tensor, idx: torch.Tensor, wire_values: torch.Tensor) -> torch.Tensor:
+    def remove_delivered(self, x: torch.Tensor, idx: Optional[torch.Tensor],
+                         wire_values: torch.Tensor) -> torch.Tensor:
         """Residual update: subtract from ``x`` what this rank delivered at ``idx`` (distinct
-        indices). Every change a sparsifier makes to its residual goes through here.
+        indices; None: every coordinate, ``wire_values`` of ``x``'s length with +0.0 where nothing
+        was sent). Every change a sparsifier makes to its residual goes through here.
 
         Subtracting the wire values (rather than zeroing) keeps float16 rounding error in the
         residual, so error feedback loses nothing even with ``fp16_values``. Deliveries are
@@ -150,12 +152,17 @@ class TorchCommunicator(CommunicatorBase):
         Returns ``x``, changed in place.
         """
         self._deliveries.append((x, idx, wire_values))
+        if idx is None:
+            return x.sub_(wire_values.to(x.dtype))
         return x.index_add_(0, idx, wire_values.to(x.dtype), alpha=-1)
 
     def undo_deliveries(self) -> None:
         """Add back everything :meth:`remove_delivered` took out of the residual this step."""
         for x, idx, wire_values in reversed(self._deliveries):
-            x.index_add_(0, idx, wire_values.to(x.dtype))
+            if idx is None:
+                x.add_(wire_values.to(x.dtype))
+            else:
+                x.index_add_(0, idx, wire_values.to(x.dtype))
         self._deliveries.clear()
 
     def timer(self, phase: str) -> ContextManager[None]:

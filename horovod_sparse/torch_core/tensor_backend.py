@@ -24,19 +24,21 @@ from horovod_sparse.torch_core.constants import constant
 from horovod_sparse.torch_core.chunked import (bin_means, dequantize, float32, level_codes, moments,  # noqa: F401
                                                pack_codes, pack_offsets, top_k_chunks, unpack_codes,
                                                unpack_offsets)  # (backend API)
-from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, host_count, on_accelerator, pick,
-                                                 pick_capped, pick_with_magnitudes, scan, select)
+from horovod_sparse.torch_core.selection import (BlockScan, count_reaching, device_reached, host_count,
+                                                 on_accelerator, pick, pick_capped, pick_with_magnitudes, scan,
+                                                 select)
 from horovod_sparse.torch_core.top_k import top_k
 
 __all__ = ["DEFERS_STATISTICS", "UNION_BY_MARKS", "all_finite", "as_index", "as_threshold", "at_least", "band",
            "bin_means", "both", "candidate_bar", "chunk_counts", "clone", "coalesce", "concat", "copy_at",
-           "count_reaching", "count_true", "counts_at", "decides_on_device", "delivered", "dequantize", "distinct",
-           "embed", "first_settled", "float32", "from_numpy", "from_saved", "from_wire_mask", "gather", "host_call",
-           "index_dtype", "isin", "kept", "kth_magnitude", "level_codes", "local_histogram", "lowered_thresholds",
-           "mask", "moments", "momentum_step", "numel", "outside_trace", "pack_codes", "pack_offsets", "pick",
-           "pick_capped", "pick_with_magnitudes", "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set",
-           "select", "size", "splits_to", "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k",
-           "top_k_capped", "top_k_chunks", "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
+           "count_reaching", "count_true", "counts_at", "decides_on_device", "delivered", "dequantize",
+           "device_reached", "distinct", "embed", "first_settled", "float32", "from_numpy", "from_saved",
+           "from_wire_mask", "gather", "host_call", "index_dtype", "isin", "kept", "kth_magnitude", "level_codes",
+           "local_histogram", "lowered_thresholds", "mask", "masked_union", "moments", "momentum_step", "numel",
+           "outside_trace", "pack_codes", "pack_offsets", "pick", "pick_capped", "pick_with_magnitudes",
+           "reshape_one", "saved", "scan", "scatter_chunks", "scatter_set", "select", "size", "splits_to",
+           "sum_chunks", "synchronize", "to_numpy", "to_wire", "to_wire_mask", "top_k", "top_k_capped",
+           "top_k_chunks", "unpack_codes", "unpack_offsets", "unpadded", "wire_index"]
 
 #: Statistics may be worked out when read (``Backend.DEFERS_STATISTICS``): a PyTorch step is not traced.
 DEFERS_STATISTICS = True
@@ -153,6 +155,20 @@ def scatter_chunks(out: torch.Tensor, indices: torch.Tensor, values: torch.Tenso
     return out
 
 
+def sum_chunks(out: torch.Tensor, values: torch.Tensor, size: int, scale: float) -> torch.Tensor:
+    values = values.to(out.dtype)
+    if scale != 1:  # index_add_'s alpha: the scale in the values' dtype, a product, then a sum
+        values.mul_(constant(scale, out.dtype, out.device))
+    for chunk in values.split(out.numel()) if size > 1 else (values,):
+        out.add_(chunk)
+    return out
+
+
+def masked_union(values: torch.Tensor, size: int) -> torch.Tensor:
+    sent = values != 0
+    return (sent.view(size, -1).any(0) if size > 1 else sent).sum()
+
+
 def scatter_set(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
     values = values.to(out.dtype)
     return out.index_copy_(0, idx.long(), values * scale if scale != 1 else values)
@@ -209,7 +225,7 @@ def both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 def kept(values: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
-    return values if keep is None else torch.where(keep, values, 0.0)
+    return values if keep is None else torch.where(keep, values, constant(0.0, values.dtype, values.device))
 
 
 def count_true(keep: Optional[torch.Tensor], total: int) -> Union[int, torch.Tensor]:

@@ -28,19 +28,20 @@ BUDGETS = {"topk": 20, "lags": 20, "threshold": 20, "gtopk": 30, "dgc": 40, "gau
 #: the non-finite decisions learnt), "a few dozen" in the issue.
 STEP_END = 24
 #: The methods within their budgets in every front end: held to them.
-WITHIN_BUDGET = ("topk", "lags", "gtopk")
+WITHIN_BUDGET = ("topk", "lags", "threshold", "gtopk")
 
 #: A step's operations beyond the dense step's, per front end and method, as measured (the excess
 #: column of ``python -m benchmarks.costs.exchange_cost --models resnet50 --front-ends ddp fsdp
 #: horovod --accelerator-paths --steps 0 --warmup 2``): a ceiling that fails when a change adds
-#: operations; lower it when a change removes some. Where it is above the budget (the hard
-#: threshold, DGC, Gaussian-k, SparseLoCo, MiCRO, ExDyna) issue 57 is not met yet.
+#: operations; lower it when a change removes some. Where it is above the budget (DGC, Gaussian-k,
+#: SparseLoCo, MiCRO, ExDyna) issue 57 is not met yet. The hard threshold's fell from 128, 34 and 132
+#: when its default capacity (the whole group) sent the masked group itself, not a padded payload.
 RECORDS = {
-    "ddp": {"topk": 90, "lags": 90, "threshold": 128, "gtopk": 70, "dgc": 320, "gaussiank": 300, "sparseloco": 503,
+    "ddp": {"topk": 90, "lags": 90, "threshold": 73, "gtopk": 70, "dgc": 320, "gaussiank": 300, "sparseloco": 503,
             "micro": 857, "exdyna": 857},
-    "fsdp": {"topk": 24, "lags": 24, "threshold": 34, "gtopk": 20, "dgc": 74, "gaussiank": 70, "sparseloco": 105,
+    "fsdp": {"topk": 24, "lags": 24, "threshold": 23, "gtopk": 20, "dgc": 74, "gaussiank": 70, "sparseloco": 105,
              "micro": 187, "exdyna": 187},
-    "horovod": {"topk": 94, "lags": 950, "threshold": 132, "gtopk": 20, "dgc": 324, "gaussiank": 304,
+    "horovod": {"topk": 94, "lags": 950, "threshold": 82, "gtopk": 20, "dgc": 324, "gaussiank": 304,
                 "sparseloco": 510, "micro": 182, "exdyna": 182},
 }
 #: The groups a step exchanges with each front end's defaults: DDP's five buckets (25 MB, the first

@@ -98,8 +98,10 @@ READS_PER_STEP = {method: PER_STEP + groups for method, groups in
 #: by one addition of a constant, not a subtraction and a ``cat``. The hard threshold's by 6 (104
 #: before), DGC's and Gaussian-k's by 2 (226 and 214 before: their group of 30 elements), MiCRO's and
 #: ExDyna's by 9 (534 before) when a capacity that holds the whole scanned slice took what was found
-#: as sent and no overflow, not a ``clamp`` and a subtraction on the device.
-OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 98, "dgc": 224, "gaussiank": 212, "gtopk": 179, "micro": 525,
+#: as sent and no overflow, not a ``clamp`` and a subtraction on the device. The hard threshold's by
+#: 24 (98 before) when its default capacity (the whole group) sent the masked group itself, not a
+#: payload padded to the group's length with its indices (``Sparsifier.masked_exchange``).
+OPS_PER_STEP = {"topk": 83, "lags": 83, "threshold": 74, "dgc": 224, "gaussiank": 212, "gtopk": 179, "micro": 525,
                 "exdyna": 525, "sparseloco": 315}
 
 
@@ -132,7 +134,13 @@ FEW = {**CONFIGS[method_names().index("topk")], "name": "topk_few", "options": {
 #: size, an ``index_put_`` of the gathered indices, a ``sum``.
 UNION_OPS = 3
 
-job = job_fixture("torch_host_reads.py", 2, CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [ONE_GROUP, IN_PLACE, FEW])
+#: The hard threshold with float16 values on the wire: its default capacity sends the masked
+#: group, whose float16 rounding the residual keeps (``Sparsifier.masked_exchange``).
+THRESHOLD_FP16 = {**CONFIGS[method_names().index("threshold")], "name": "threshold_fp16",
+                  "options": {**OPTIONS, "fp16_values": True}}
+
+job = job_fixture("torch_host_reads.py", 2,
+                  CONFIGS + NAN_CONFIGS + CAPPED_CONFIGS + [ONE_GROUP, IN_PLACE, FEW, THRESHOLD_FP16])
 
 
 @pytest.mark.parametrize("method", method_names())
@@ -207,3 +215,12 @@ def test_a_union_of_few_gathered_indices_is_worked_out_only_when_read(job):
     for rank, (a, b) in enumerate(zip(many.meta, few.meta)):
         assert b["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
         assert b["ops"] == a["ops"] - 2 * UNION_OPS, (rank, a["ops"], b["ops"])
+
+
+def test_a_masked_payload_on_a_float16_wire_keeps_its_rounding_in_the_residual(job):
+    """The hard threshold's default capacity on the accelerators' paths sends the masked group
+    itself (no indices); with float16 values the residuals keep what the wire rounded off and
+    the aggregates, residuals and unions are the host paths' (indices and values), bitwise."""
+    for rank, record in enumerate(Observed(job, "threshold_fp16", 2).meta):
+        assert record["same_as_host_paths"], f"rank {rank}: the accelerators' paths computed something else"
+        assert len(record["reads"]) <= budget("threshold"), (rank, len(record["reads"]), record["reads"])
