@@ -223,8 +223,9 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         padded to ``capacity`` (``capacity``: an int, or a scalar tensor while traced)."""
 
     def device_reached(self, scanned: Any, threshold: Any) -> Tuple[Tensor, Any]:
-        """On an accelerator: ``(|x| >= threshold, its count)`` over the scanned slice, the count
-        a 0-dim tensor left there."""
+        """On an accelerator (not needed where ``decides_on_device`` is always False):
+        ``(|x| >= threshold, its count)`` over the scanned slice, the count a 0-dim tensor left
+        there."""
 
     def count_reaching(self, scanned: Any, threshold: Any) -> Any:
         """How many ``|x| >= threshold`` the scanned slice holds: an int, or on an accelerator a
@@ -308,15 +309,16 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
         off the wire (:meth:`wire_index`)."""
 
     def sum_chunks(self, out: Tensor, values: Tensor, size: int, scale: float) -> Tensor:
-        """On an accelerator: ``out += scale * chunk`` for each of the ``size`` equal chunks of
-        ``values`` (every rank's masked payload, as they came off the wire), in rank order, onto
-        the zeroed ``out``; each chunk is scaled before it is added, as :meth:`scatter_chunks`
-        does, so the sum is bitwise what it writes from the chunks' nonzero rows. ``values`` may
-        be changed."""
+        """On an accelerator (not needed where ``decides_on_device`` is always False):
+        ``out += scale * chunk`` for each of the ``size`` equal chunks of ``values`` (every rank's
+        masked payload, as they came off the wire), in rank order, onto the zeroed ``out``; each
+        chunk is scaled before it is added, as :meth:`scatter_chunks` does, so the sum is bitwise
+        what it writes from the chunks' nonzero rows. ``values`` may be changed."""
 
     def masked_union(self, values: Tensor, size: int) -> Any:
-        """On an accelerator: how many coordinates are nonzero in at least one of the ``size``
-        equal chunks of ``values`` (the ranks' masked payloads), a 0-dim tensor left there."""
+        """On an accelerator (not needed where ``decides_on_device`` is always False): how many
+        coordinates are nonzero in at least one of the ``size`` equal chunks of ``values`` (the
+        ranks' masked payloads), a 0-dim tensor left there."""
 
     def scatter_set(self, out: Tensor, idx: Tensor, values: Tensor, scale: float) -> Tensor:
         """``out[idx] = scale * values`` (distinct ``idx``)."""
