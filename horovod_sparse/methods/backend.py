@@ -33,7 +33,8 @@ class Capped:
 
     Attributes:
         idx: the selection's lowest indices, ascending, at most the capacity of them; when
-            ``padded``, exactly the capacity, :data:`PAD` after the first ``sent``.
+            ``padded``, exactly the capacity, :data:`PAD` after the first ``sent`` (cut to its
+            top-k by :meth:`Backend.top_k_capped`: those first ``sent`` in no order).
         sent: how many indices of the selection ``idx`` holds (an int, or a 0-dim tensor left
             on an accelerator).
         overflow: how many the selection held beyond the capacity (left in the residual).
@@ -246,7 +247,8 @@ class Backend(DeviceRounds, ChunkedValues, Protocol):
     def first_settled(self, thresholds: Any, counts: Any, low: float, high: float,
                       checks: int) -> Tuple[Any, Any]:
         """Of thresholds tried in turn and their counts (lists on the host, the thresholds' first
-        ``len(counts)``; on an accelerator every threshold's, :meth:`counts_at`), the first among
+        ``len(counts)``; on an accelerator every threshold's, :meth:`counts_at`: non-decreasing, as
+        the thresholds do not increase), the first among
         the first ``checks`` whose count is at least ``low`` (else the last), and whether its count
         exceeds ``high`` (never for the unchecked last): ``(threshold, cut)``, Python values, or
         on an accelerator 0-dim tensors left there."""

@@ -335,7 +335,9 @@ def lowered_thresholds(threshold: Union[float, torch.Tensor], factor: float,
     if not isinstance(threshold, torch.Tensor):
         return threshold_baselines.lowered_thresholds(threshold, factor, times)
     powers = constant(threshold_baselines.powers(factor, times), torch.float64, threshold.device)
-    return (threshold.double() * powers).float().clamp_min(SMALLEST_THRESHOLD)
+    # The float64 powers give the product their dtype: the float32 threshold is widened (exactly)
+    # inside the multiplication, no cast of its own.
+    return (threshold * powers).float().clamp_min(SMALLEST_THRESHOLD)
 
 
 def counts_at(scanned: BlockScan, thresholds: torch.Tensor) -> torch.Tensor:
@@ -371,14 +373,21 @@ def first_settled(thresholds: Union[Sequence[float], torch.Tensor], counts: Unio
                   low: float, high: float, checks: int) -> Tuple[Union[float, torch.Tensor], Union[bool, torch.Tensor]]:
     if not isinstance(counts, torch.Tensor):
         return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
-    # Every threshold was counted (:func:`counts_at`): the first settled one is chosen on the
-    # device, the count of unsettled ones ahead of it (``checks`` when none settles: the last).
-    # The counts (whole numbers, float32 below 2**24) are compared with ceil(low) and floor(high):
-    # a fractional bound rounded to float32 could land on a count (from 2**23 on) and decide it
-    # otherwise than the host.
-    first = ((counts[:checks] >= math.ceil(low)).cumsum(0) == 0).sum()
+    # Every threshold was counted (:func:`counts_at`): non-increasing thresholds, so the counts
+    # never fall, and the first settled one is the first of the first ``checks`` at or above
+    # ``low``: as many as those below it (``checks`` when none settles: the last threshold, never
+    # cut). Its count exceeds ``high`` exactly when the cut is kept: read among the first
+    # ``checks`` (the last of them when none settles, below ``low``, so not above ``high``: the
+    # rounded bounds keep ceil(low) <= floor(high) + 1). Seven operations on the device (a view among
+    # them), where a cumulative search and a separate test of ``first < checks`` took ten. The counts (whole
+    # numbers, float32 below 2**24) are compared with ceil(low) and floor(high): a fractional bound
+    # rounded to float32 could land on a count (from 2**23 on) and decide it otherwise than the host.
+    if checks == 0:  # nothing checked: the only threshold, never cut
+        return thresholds[0], constant(False, torch.bool, counts.device)
+    checked = counts[:checks]
+    first = (checked < math.ceil(low)).sum()
     # Taken, not indexed: a 0-dim index is read on the host.
-    return thresholds.take(first), (first < checks).logical_and_(counts.take(first) > math.floor(high))
+    return thresholds.take(first), checked.take(first.clamp_max(checks - 1)) > math.floor(high)
 
 
 def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch.Tensor]) -> Capped:
@@ -391,9 +400,11 @@ def top_k_capped(x: torch.Tensor, capped: Capped, k: int, cut: Union[bool, torch
     capacity = idx.numel()
     if k >= capacity:
         return capped
-    # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude),
-    # padded again, taken where ``cut`` says so: no host read.
-    chosen = idx[top_k(torch.where(idx != PAD, x[idx.clamp_min(0)], constant(0.0, x.dtype, x.device)), k)]
+    # The top-k of the payload's rows (a padded row's +0.0 is below any selected magnitude), in
+    # no order (the exchange needs none: a sort fewer), padded again, taken where ``cut`` says so:
+    # no host read.
+    rows = torch.where(idx != PAD, x[idx.clamp_min(0)], constant(0.0, x.dtype, x.device))
+    chosen = idx[top_k(rows, k, ascending=False)]
     chosen = torch.nn.functional.pad(chosen, (0, capacity - k), value=PAD)  # one operation, not a fill and a cat
     return Capped(torch.where(cut, chosen, idx), torch.where(cut, capped.sent.clamp(max=k), capped.sent),
                   capped.overflow, padded=True)

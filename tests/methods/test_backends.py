@@ -303,6 +303,23 @@ def test_dgc_first_settled_on_the_device_is_the_hosts_at_its_bounds(k):
                 assert (float(chosen), bool(cut)) == expected, (k, counts)
 
 
+def test_dgc_first_settled_on_the_device_is_the_hosts_for_every_rising_sequence():
+    """Every non-decreasing sequence of counts (as ``counts_at`` makes them) from values on both
+    sides of both bounds (k = 10: 0.8 k = 8, 1.3 k = 13), for 0 to 3 checks: the device's choice
+    is the host's, also where none of the checked counts settles and the unchecked last one
+    exceeds ``1.3 k`` (never cut) and where nothing is checked."""
+    import itertools
+
+    low, high, values = 8.0, 13.0, (7, 8, 13, 14)
+    for checks in range(4):
+        thresholds = [0.8 ** i for i in range(checks + 1)]
+        for counts in itertools.combinations_with_replacement(values, checks + 1):
+            expected = torch_backend.first_settled(thresholds, list(counts), low, high, checks)
+            chosen, cut = torch_backend.first_settled(torch.tensor(thresholds, dtype=torch.float32),
+                                                      torch.tensor(counts, dtype=torch.float32), low, high, checks)
+            assert (float(chosen), bool(cut)) == (float(np.float32(expected[0])), expected[1]), (checks, counts)
+
+
 def test_dgc_one_pass_counts_stay_exact_beyond_the_integers_of_float32():
     """Above 2**24 magnitudes at one threshold the counts are still exact (float64 counting)."""
     ones = torch.ones(2 ** 24 + 3)
