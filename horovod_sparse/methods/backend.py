@@ -107,8 +107,9 @@ class ChunkedValues(Protocol):
     def float32(self, t: Tensor) -> Tensor:
         """``t`` as float32 (rounded to nearest from float64; exact from float16 and bfloat16)."""
 
-    def moments(self, values: Tensor) -> Tuple[Tensor, Tensor]:
-        """``(mean, std)`` of the ``m`` float32 ``values``, 1-element float32 tensors: ``mean`` the
+    def moments(self, values: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(mean, std, centred)`` of the ``m`` float32 ``values``: ``centred = values - mean``
+        (float32, as the quantizer codes them), and 1-element float32 tensors: ``mean`` the
         float32 rounding of ``S(v) / m``, ``std`` that of ``sqrt(S(c * c)) / sqrt(m - 1)`` (0 for ``m
         <= 1``), where ``c = v - mean`` in float32, squared, summed, rooted and divided in float64,
         and ``S`` a float64 sum in any order (a reduction: within about ``m * 2**-53`` of the exact

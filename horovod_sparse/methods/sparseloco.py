@@ -113,8 +113,7 @@ def quantize(B: Backend, values: Tensor, bits: int, spread: float) -> Tuple[Tens
     delivered as ``table[code] + shift`` (:meth:`~horovod_sparse.methods.backend.Backend.dequantize`).
     """
     bins = 2 ** bits
-    shift, std = B.moments(values)
-    centred = values - shift
+    shift, std, centred = B.moments(values)
     codes = B.level_codes(centred, std * np.float32(spread) / np.float32(bins), bins)
     return codes, B.concat([B.bin_means(centred, codes, bins), shift])
 

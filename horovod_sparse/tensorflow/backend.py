@@ -322,13 +322,14 @@ def _sum(values: tf.Tensor) -> tf.Tensor:
     return tf.reshape(tf.reduce_sum(tf.cast(values, tf.float64)), [1])
 
 
-def moments(values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor]:
+def moments(values: tf.Tensor) -> Tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
     m = numel(values)
     mean = tf.cast(_sum(values) / m, tf.float32)
+    centred = values - mean
     if m <= 1:
-        return mean, tf.zeros([1], tf.float32)
-    centred = tf.cast(values - mean, tf.float64)
-    return mean, tf.cast(tf.sqrt(_sum(centred * centred)) / np.sqrt(m - 1), tf.float32)
+        return mean, tf.zeros([1], tf.float32), centred
+    wide = tf.cast(centred, tf.float64)
+    return mean, tf.cast(tf.sqrt(_sum(wide * wide)) / np.sqrt(m - 1), tf.float32), centred
 
 
 def level_codes(centred: tf.Tensor, scale: tf.Tensor, levels: int) -> tf.Tensor:

@@ -81,8 +81,7 @@ def _top_k_padded_rows(flat: torch.Tensor, chunk: int, k: int, k_last: int) -> O
     dropped = made_once(("chunk tail", rows, k, k_last, flat.device),
                         lambda: torch.arange(rows * k, device=flat.device).view(rows, k) >= (rows - 1) * k + k_last)
     chosen = torch.where(dropped, constant(chunk, torch.int64, flat.device), chosen).sort(dim=1).values
-    starts = steps(0, rows * chunk, chunk, torch.int64, flat.device).unsqueeze(1)
-    return chosen.add_(starts).view(-1)[:(rows - 1) * k + k_last]
+    return chosen.add_(_row_starts(rows, chunk, flat.device)).view(-1)[:(rows - 1) * k + k_last]
 
 
 def top_k_rows(values: torch.Tensor, k: int, by_blocks: bool = True) -> torch.Tensor:
@@ -104,8 +103,15 @@ def top_k_rows(values: torch.Tensor, k: int, by_blocks: bool = True) -> torch.Te
         if keys is None:
             return _top_k_rows_by_level(rows, k)
         chosen = torch.topk(keys, k, dim=1, sorted=False).indices
-    return chosen.sort(dim=1).values.add_(steps(0, full * chunk, chunk, torch.int64,
-                                                values.device).unsqueeze(1)).reshape(-1)
+    return chosen.sort(dim=1).values.add_(_row_starts(full, chunk, values.device)).reshape(-1)
+
+
+def _row_starts(rows: int, chunk: int, device: torch.device) -> torch.Tensor:
+    """The flat starts of ``rows`` rows of ``chunk`` elements, a column (int64), made once per
+    shape where short (:func:`~horovod_sparse.torch_core.constants.kept`): an ``unsqueeze`` of
+    the kept starts would be an operation at each call."""
+    return kept(("row starts", rows, chunk, device), rows,
+                lambda: torch.arange(0, rows * chunk, chunk, dtype=torch.int64, device=device).unsqueeze(1))
 
 
 def _host_top_k_rows_by_blocks(values: torch.Tensor, k: int) -> Optional[torch.Tensor]:
@@ -167,14 +173,15 @@ def _sum(values: torch.Tensor) -> torch.Tensor:
     return torch.sum(values, dim=0, keepdim=True, dtype=torch.float64)
 
 
-def moments(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def moments(values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     m = values.numel()
     mean = (_sum(values) / m).float()
+    centred = values - mean
     if m <= 1:
-        return mean, values.new_zeros(1)
+        return mean, values.new_zeros(1), centred
     # The norm squares, sums and roots in float64 in one operation (a float32 square is exact there).
-    norm = torch.linalg.vector_norm(values - mean, dim=0, keepdim=True, dtype=torch.float64)
-    return mean, (norm / math.sqrt(m - 1)).float()
+    norm = torch.linalg.vector_norm(centred, dim=0, keepdim=True, dtype=torch.float64)
+    return mean, (norm / math.sqrt(m - 1)).float(), centred
 
 
 def level_codes(centred: torch.Tensor, scale: torch.Tensor, levels: int) -> torch.Tensor:
@@ -196,9 +203,13 @@ def bin_means(values: torch.Tensor, codes: torch.Tensor, levels: int) -> torch.T
 
 
 def dequantize(codes: torch.Tensor, tables: torch.Tensor, count: int) -> torch.Tensor:
+    # Codes lie below the levels, so a row's whole table is gathered from (no slice of its levels).
+    if codes.numel() == count:  # one row: its table taken from as it lies (no reshapes)
+        flat = tables if tables.dim() == 1 else tables.view(-1)
+        return flat.take(codes.long()) + flat[-1:]
     codes = codes.reshape(-1, count).long()
     tables = tables.reshape(codes.shape[0], -1)
-    return (tables[:, :-1].gather(1, codes) + tables[:, -1:]).reshape(-1)
+    return (tables.gather(1, codes) + tables[:, -1:]).reshape(-1)
 
 
 def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
@@ -206,18 +217,19 @@ def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    # The codes padded with zero codes in one operation; shifted (a code shifted stays below 256),
-    # a byte's codes sum to its value.
+    # The codes padded with zero codes to whole bytes in one operation (none where they fill them);
+    # shifted (a code shifted stays below 256), a byte's codes sum to its value.
     per = 8 // bits
     nbytes = -(-codes.numel() // per)
-    padded = torch.nn.functional.pad(codes, (0, nbytes * per - codes.numel()))
-    return (padded.view(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
+    return (_padded(codes, nbytes * per).view(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:
     per = 8 // bits
     nbytes = -(-count // per)
     codes = (packed.reshape(-1, nbytes, 1).long() >> _shifts(bits, packed)) & (2 ** bits - 1)
+    if nbytes * per == count:  # no padding codes to cut
+        return codes.view(-1)
     return codes.reshape(-1, nbytes * per)[:, :count].reshape(-1)
 
 

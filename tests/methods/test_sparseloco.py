@@ -153,7 +153,7 @@ def test_the_quantizers_sums_of_16m_values_are_exact_to_float32(framework, many_
     B, tensor = BACKENDS[framework]
     v, exact_mean, exact_std, in_order_std = many_values
     assert abs(in_order_std / exact_std - 1) > 1e-3  # what the test tells apart
-    mean, std = (float(B.to_numpy(t)[0]) for t in B.moments(tensor(v)))
+    mean, std = (float(B.to_numpy(t)[0]) for t in B.moments(tensor(v))[:2])
     assert abs(mean / exact_mean - 1) < 1e-6 and abs(std / exact_std - 1) < 1e-6
     centred = v - np.float32(mean)
     codes = B.to_numpy(B.level_codes(tensor(centred), tensor(np.float32([std * 6 / 4])), 4))
