@@ -462,6 +462,12 @@ MUTATIONS: List[Mutation] = [
       "norm = torch.linalg.vector_norm(centred, dim=0, keepdim=True).double()",
       ["tests/methods/test_sparseloco.py", "-k", "16m or quantizer_match"],
       "the quantizer's deviation is summed in float32 (its squares rounded, the sum too)"),
+    M("whole-blocks-sliced-for-their-maxima", P + "torch_core/selection.py",
+      "        body = self.magnitudes if whole else self.magnitudes[:full]",
+      "        body = self.magnitudes[:full]",
+      ["tests/benchmarks/test_exchange_cost.py"],
+      "a device scan slices magnitudes that hold whole blocks only before taking their maxima (an operation a "
+      "bucket for MiCRO and ExDyna)"),
     M("quantizer-centres-its-values-again", P + "methods/sparseloco.py",
       "    shift, std, centred = B.moments(values)\n",
       "    shift, std, _ = B.moments(values)\n    centred = values - shift\n",

@@ -71,8 +71,10 @@ class BlockScan:
         if self.block_maxima is not None:
             return self.block_maxima
         full = self.full_blocks * self.block
-        maxima = self.magnitudes[:full].view(-1, self.block).amax(1)
-        if full == self.magnitudes.numel():
+        whole = full == self.magnitudes.numel()
+        body = self.magnitudes if whole else self.magnitudes[:full]  # a slice is an operation too
+        maxima = body.view(-1, self.block).amax(1)
+        if whole:
             return maxima
         return torch.cat([maxima, self.magnitudes[full:].amax().view(1)])
 
