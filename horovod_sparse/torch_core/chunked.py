@@ -43,7 +43,7 @@ __all__ = ["bin_means", "dequantize", "float32", "level_codes", "moments", "pack
 
 
 def top_k_chunks(x: torch.Tensor, chunk: int, k: int, k_last: int) -> torch.Tensor:
-    flat = x.reshape(-1)
+    flat = x if x.dim() == 1 else x.reshape(-1)  # a flat buffer's reshape is an operation too
     full = flat.numel() // chunk
     if on_accelerator(flat) and (chosen := _top_k_padded_rows(flat, chunk, k, k_last)) is not None:
         return chosen
@@ -218,10 +218,10 @@ def _shifts(bits: int, like: torch.Tensor) -> torch.Tensor:
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     # The codes padded with zero codes to whole bytes in one operation (none where they fill them);
-    # shifted (a code shifted stays below 256), a byte's codes sum to its value.
+    # shifted (a code shifted stays below 256), a byte's codes sum to its value, summed as bytes.
     per = 8 // bits
     nbytes = -(-codes.numel() // per)
-    return (_padded(codes, nbytes * per).view(nbytes, per) << _shifts(bits, codes)).sum(1).to(torch.uint8)
+    return (_padded(codes, nbytes * per).view(nbytes, per) << _shifts(bits, codes)).sum(1, dtype=torch.uint8)
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, count: int) -> torch.Tensor:

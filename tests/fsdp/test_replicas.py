@@ -78,9 +78,10 @@ FSDP_READS_PER_STEP = {"topk": 2, "lags": 2, "threshold": 2, "dgc": 2, "gaussian
 #: whole group) sent the masked group itself on the accelerators' paths, not a padded payload; gtopk
 #: 170 before its kept values' +0.0 came from the constants (the same note); dgc 217 before its first
 #: settled threshold, lowered thresholds and cut took five operations fewer a unit (the same note);
-#: sparseloco 321 before its quantizer, dequantizing, codes and chunk starts took fewer operations.
+#: sparseloco 321 before its quantizer, dequantizing, codes and chunk starts took fewer operations,
+#: 303 before its codes were summed as bytes and its buffer not reshaped (the same note).
 FSDP_OPS_PER_STEP = {"topk": 80, "lags": 80, "threshold": 68, "dgc": 202, "gaussiank": 205, "gtopk": 167,
-                     "micro": 527, "exdyna": 531, "sparseloco": 303}
+                     "micro": 527, "exdyna": 531, "sparseloco": 297}
 UNITS = list(SHAPES)
 #: The model's parameter names (as ``named_parameters`` gives them) -> (unit, position in it).
 PARAMETERS = {**{f"{unit}.params.{i}": (unit, i) for unit in ("a", "b") for i in range(len(SHAPES[unit]))},
