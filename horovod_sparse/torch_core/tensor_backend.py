@@ -373,15 +373,15 @@ def first_settled(thresholds: Union[Sequence[float], torch.Tensor], counts: Unio
                   low: float, high: float, checks: int) -> Tuple[Union[float, torch.Tensor], Union[bool, torch.Tensor]]:
     if not isinstance(counts, torch.Tensor):
         return threshold_baselines.first_settled(thresholds, counts, low, high, checks)
-    # Every threshold was counted (:func:`counts_at`): non-increasing thresholds, so the counts
-    # never fall, and the first settled one is the first of the first ``checks`` at or above
-    # ``low``: as many as those below it (``checks`` when none settles: the last threshold, never
-    # cut). Its count exceeds ``high`` exactly when the cut is kept: read among the first
-    # ``checks`` (the last of them when none settles, below ``low``, so not above ``high``: the
-    # rounded bounds keep ceil(low) <= floor(high) + 1). Seven operations on the device (a view among
-    # them), where a cumulative search and a separate test of ``first < checks`` took ten. The counts (whole
-    # numbers, float32 below 2**24) are compared with ceil(low) and floor(high): a fractional bound
-    # rounded to float32 could land on a count (from 2**23 on) and decide it otherwise than the host.
+    # Every threshold was counted (:func:`counts_at`). The thresholds never rise, so the counts
+    # never fall: the first settled threshold is the one after every checked count below ``low``
+    # (``checks`` of them when none settles: the last threshold, never cut). The cut is kept where
+    # its count exceeds ``high``, read among the checked counts: where none settles, their last,
+    # below ``low`` and so not above ``high`` (ceil(low) <= floor(high) + 1). Seven operations on
+    # the device (a view among them), where a cumulative search and a test of ``first < checks``
+    # took ten. The counts (whole numbers, float32 below 2**24) are compared with ceil(low) and
+    # floor(high): a fractional bound rounded to float32 could land on a count (from 2**23 on) and
+    # decide it otherwise than the host.
     if checks == 0:  # nothing checked: the only threshold, never cut
         return thresholds[0], constant(False, torch.bool, counts.device)
     checked = counts[:checks]
